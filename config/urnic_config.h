@@ -1,0 +1,130 @@
+// urnicd configuration: one struct per YAML section, defaults in the member
+// initialisers, a table-driven YAML decoder and a dump for round trips.
+// Schema and defaults are documented in config/README.md.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace urnic::config {
+
+// Thrown by load(); message is "FILE:LINE:COL: key 'a.b.c': what".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct EalConfig {
+  uint32_t main_lcore = 0;              // control thread
+  std::vector<uint32_t> workers = {1};  // pinned data-path lcores
+  bool huge = false;                    // false: --no-huge (IOVA as VA)
+  uint32_t memory_mb = 256;             // -m
+  std::string file_prefix = "urnic";    // --file-prefix
+  std::string log_level = "notice";     // --log-level (EAL/PMD)
+  std::vector<std::string> extra_args;  // appended verbatim
+};
+
+struct Ipv4Cidr {
+  uint32_t addr = 0;  // host byte order
+  uint8_t prefix = 0;
+  bool present = false;
+};
+
+struct Ipv6Cidr {
+  uint8_t addr[16] = {};
+  uint8_t prefix = 0;
+  bool present = false;
+};
+
+struct PortConfig {
+  // Exactly one of pci / vdev is set: a PCI address (e1000/igb bound to
+  // vfio-pci) or a DPDK vdev string ("net_af_packet0,iface=veth0").
+  std::string pci;
+  std::string vdev;
+  uint32_t mtu = 1500;                // IP MTU; RoCE path MTU derives from it
+  std::string mac;                    // empty: use the port's own MAC
+  uint16_t rx_desc = 1024;
+  uint16_t tx_desc = 1024;
+  uint16_t vlan = 0;                  // 0: untagged; 1..4094: one 802.1Q tag
+  Ipv4Cidr ipv4;                      // required
+  Ipv6Cidr ipv6;                      // optional
+  uint8_t ttl = 64;                   // IPv4 TTL / IPv6 hop limit we send
+  bool promiscuous = true;            // needed for memif/af_packet peers' MACs
+};
+
+struct MempoolConfig {
+  uint32_t mbufs = 8191;      // per port; 2^n - 1 is optimal for rte_mempool
+  uint32_t cache = 256;       // per-lcore cache
+  uint16_t data_room = 2176;  // RTE_MBUF_DEFAULT_BUF_SIZE
+};
+
+// Idle back-off of a worker lcore: busy-poll for spin_polls empty bursts,
+// then rte_pause() for pause_polls more, then sleep sleep_us per empty poll.
+// sleep_us = 0 keeps pure busy polling (benchmarks).
+struct IdleConfig {
+  uint32_t spin_polls = 256;
+  uint32_t pause_polls = 4096;
+  uint32_t sleep_us = 50;
+};
+
+struct LcoreConfig {
+  uint16_t burst = 32;
+  IdleConfig idle;
+};
+
+struct ControlConfig {
+  std::string socket = "/run/urnic/urnicd.sock";
+  uint32_t mode = 0660;
+};
+
+struct StatsConfig {
+  uint32_t period_ms = 1000;  // 0: no periodic print
+  bool print_on_exit = true;
+};
+
+struct ArpConfig {
+  uint32_t entries = 1024;       // neighbour cache capacity
+  uint32_t reachable_ms = 300000;
+  uint32_t retry_ms = 1000;
+  uint32_t retries = 3;
+  uint32_t queue_len = 64;       // packets held per lcore awaiting resolution
+};
+
+struct Config {
+  std::string source = "<embedded>";  // file name, for messages
+  EalConfig eal;
+  PortConfig port;
+  MempoolConfig mempool;
+  LcoreConfig lcores;
+  ControlConfig control;
+  StatsConfig stats;
+  ArpConfig arp;
+};
+
+// Parses YAML text. `source` names it in errors. `overrides` are
+// "dotted.key=value" strings (urnicd -o) applied before decoding, with the
+// value parsed as YAML. Throws ConfigError on unknown keys, wrong types,
+// out-of-range values and missing required keys.
+Config parse(const std::string& yaml_text, const std::string& source,
+             const std::vector<std::string>& overrides = {});
+Config load_file(const std::string& path,
+                 const std::vector<std::string>& overrides = {});
+
+// The default configuration compiled into urnicd (config/urnicd.yaml).
+const std::string& embedded_default();
+
+// Emits YAML that parse() turns back into an equal Config.
+std::string dump(const Config& cfg);
+
+bool operator==(const Config& a, const Config& b);
+
+// "a.b.c.d" <-> host-order uint32; "x:x::x" <-> 16 bytes.
+bool parse_ipv4(const std::string& s, uint32_t& out);
+bool parse_ipv6(const std::string& s, uint8_t out[16]);
+bool parse_mac(const std::string& s, uint8_t out[6]);
+std::string format_ipv4(uint32_t addr);
+std::string format_ipv6(const uint8_t addr[16]);
+
+}  // namespace urnic::config

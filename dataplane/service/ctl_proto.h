@@ -1,0 +1,31 @@
+// Control-socket protocol between urnicd and its clients (urnicctl; later
+// the verbs shim). Unix SEQPACKET: one request message, one reply message,
+// each a CtlHdr followed by `len` bytes. Versioned so that a mismatched
+// client gets a clear error instead of garbage.
+#pragma once
+
+#include <cstdint>
+
+namespace urnic::ctl {
+
+constexpr uint32_t kMagic = 0x434e5255;  // "URNC" little-endian
+constexpr uint16_t kVersion = 1;
+constexpr uint32_t kMaxMsg = 64 * 1024;
+
+enum class Op : uint16_t {
+  kHello = 1,      // reply: "urnicd <version> proto <n>"
+  kStatsText = 2,  // reply: testpmd-style text
+  kStatsJson = 3,  // reply: JSON
+  kPing = 4,       // payload: IPv4 dotted quad; the service sends one echo
+};
+
+struct Hdr {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t op = 0;
+  int32_t status = 0;  // reply: 0 or -errno; payload then holds a message
+  uint32_t len = 0;    // payload bytes after the header
+};
+static_assert(sizeof(Hdr) == 16);
+
+}  // namespace urnic::ctl

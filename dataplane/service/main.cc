@@ -1,0 +1,237 @@
+// urnicd: owns one Ethernet port through DPDK, runs the worker lcores, and
+// serves the control socket and periodic stats from the main lcore.
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <rte_eal.h>
+#include <rte_lcore.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <thread>
+
+#include "dataplane/service/control.h"
+#include "dataplane/service/service.h"
+
+using namespace urnic;
+using namespace urnic::service;
+
+namespace {
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: urnicd [-c FILE] [-o key=value]... [--check-config] "
+          "[--print-config]\n"
+          "  -c FILE          configuration (default: the embedded demo "
+          "config)\n"
+          "  -o key=value     override one key, e.g. -o eal.file_prefix=x\n"
+          "  --check-config   validate the configuration and exit\n"
+          "  --print-config   print the effective configuration and exit\n");
+}
+
+void on_signal(int) { g_quit.store(true); }
+
+host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
+  host::HostAddrs h;
+  rte_ether_addr mac;
+  rte_eth_macaddr_get(p.port_id, &mac);
+  std::memcpy(h.mac.b, mac.addr_bytes, 6);
+  h.ipv4 = cfg.port.ipv4.addr;
+  h.ipv4_prefix = cfg.port.ipv4.prefix;
+  h.ttl = cfg.port.ttl;
+  if (cfg.port.ipv6.present) {
+    h.has_ipv6 = true;
+    std::memcpy(h.ipv6, cfg.port.ipv6.addr, 16);
+    host::ipv6_link_local(h.mac, h.ipv6_ll);
+  }
+  return h;
+}
+
+int run(const config::Config& cfg, char* prog) {
+  std::vector<std::string> args = eal_args(cfg, prog);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (rte_eal_init(static_cast<int>(args.size()), argv.data()) < 0) {
+    fprintf(stderr, "urnicd: EAL initialisation failed: %s\n",
+            rte_strerror(rte_errno));
+    return 1;
+  }
+  int rc = 0;
+  {
+    PortInfo port;
+    std::vector<std::unique_ptr<Worker>> workers;
+    try {
+      port = port_setup(cfg);
+      const host::HostAddrs addrs = make_addrs(cfg, port);
+      host::NeighbourParams np;
+      np.entries = cfg.arp.entries;
+      np.reachable_ns = uint64_t{cfg.arp.reachable_ms} * 1'000'000;
+      np.retry_ns = uint64_t{cfg.arp.retry_ms} * 1'000'000;
+      np.retries = cfg.arp.retries;
+      host::NeighbourTable neigh(np);
+      for (uint16_t q = 0; q < port.nb_queues; ++q)
+        workers.push_back(std::make_unique<Worker>(cfg, port, addrs, neigh,
+                                                   cfg.eal.workers[q], q));
+      printf("urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
+             "queues %u ipv4 %s/%u%s%s\n",
+             port.port_id, port.driver.c_str(), addrs.mac.b[0], addrs.mac.b[1],
+             addrs.mac.b[2], addrs.mac.b[3], addrs.mac.b[4], addrs.mac.b[5],
+             port.mtu, port.nb_queues,
+             config::format_ipv4(cfg.port.ipv4.addr).c_str(),
+             cfg.port.ipv4.prefix, addrs.has_ipv6 ? " ipv6 " : "",
+             addrs.has_ipv6 ? config::format_ipv6(addrs.ipv6).c_str() : "");
+      if (port.nb_queues < cfg.eal.workers.size())
+        printf("urnicd: %s offers %u queue(s): %zu worker lcore(s) idle\n",
+               port.driver.c_str(), port.nb_queues,
+               cfg.eal.workers.size() - port.nb_queues);
+
+      const uint64_t t0 = now_ns();
+      auto snapshot = [&] {
+        stats::Snapshot s;
+        s.time_ns = now_ns();
+        s.uptime_ns = s.time_ns - t0;
+        port_read_stats(port, s.port);
+        for (auto& w : workers) {
+          stats::LcoreSnapshot l;
+          l.lcore = w->lcore();
+          l.queue = w->queue();
+          l.read(w->counters());
+          s.lcores.push_back(l);
+        }
+        s.neigh_entries = neigh.size();
+        return s;
+      };
+      std::deque<std::unique_ptr<Command>> commands;
+      stats::Snapshot last_query = snapshot();
+      auto handler = [&](ctl::Op op, const std::string& body,
+                         int& status) -> std::string {
+        switch (op) {
+          case ctl::Op::kHello:
+            return "urnicd " URNIC_VERSION " proto " +
+                   std::to_string(ctl::kVersion);
+          case ctl::Op::kStatsText:
+          case ctl::Op::kStatsJson: {
+            stats::Snapshot s = snapshot();
+            std::string out = op == ctl::Op::kStatsJson
+                                  ? stats::format_json(s, &last_query)
+                                  : stats::format_text(s, &last_query);
+            last_query = std::move(s);
+            return out;
+          }
+          case ctl::Op::kPing: {
+            uint32_t ip;
+            if (!config::parse_ipv4(body, ip)) {
+              status = -EINVAL;
+              return "not an IPv4 address: " + body;
+            }
+            auto c = std::make_unique<Command>();
+            c->kind = Command::Kind::kPing;
+            wire::gid_from_ipv4(ip, c->gid);
+            if (!workers[0]->post(c.get())) {
+              status = -EBUSY;
+              return "worker command ring full";
+            }
+            commands.push_back(std::move(c));
+            return "echo request queued to " + body;
+          }
+        }
+        status = -EOPNOTSUPP;
+        return "unknown operation " + std::to_string(static_cast<int>(op));
+      };
+      ControlServer ctl(cfg.control, handler);
+      printf("urnicd: control socket %s\n", ctl.path().c_str());
+      fflush(stdout);
+
+      for (auto& w : workers)
+        rte_eal_remote_launch(&Worker::launch, w.get(), w->lcore());
+
+      stats::Snapshot last_print = snapshot();
+      uint64_t next_print = now_ns() + uint64_t{cfg.stats.period_ms} * 1000000;
+      while (!g_quit.load()) {
+        ctl.poll(20);
+        while (!commands.empty() &&
+               commands.front()->result.load(std::memory_order_acquire) != 1)
+          commands.pop_front();
+        if (cfg.stats.period_ms && now_ns() >= next_print) {
+          stats::Snapshot s = snapshot();
+          fputs(stats::format_text(s, &last_print).c_str(), stdout);
+          fflush(stdout);
+          last_print = std::move(s);
+          next_print += uint64_t{cfg.stats.period_ms} * 1000000;
+        }
+      }
+      rte_eal_mp_wait_lcore();
+      if (cfg.stats.print_on_exit) {
+        stats::Snapshot s = snapshot();
+        fputs(stats::format_text(s, &last_print).c_str(), stdout);
+      }
+      workers.clear();
+      port_teardown(port);
+      printf("urnicd: stopped\n");
+    } catch (const std::exception& e) {
+      fprintf(stderr, "urnicd: %s\n", e.what());
+      g_quit.store(true);
+      rte_eal_mp_wait_lcore();
+      workers.clear();
+      rc = 1;
+    }
+  }
+  rte_eal_cleanup();
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string file;
+  std::vector<std::string> overrides;
+  bool check = false, print = false;
+  static const option opts[] = {{"config", required_argument, nullptr, 'c'},
+                                {"set", required_argument, nullptr, 'o'},
+                                {"check-config", no_argument, nullptr, 'C'},
+                                {"print-config", no_argument, nullptr, 'P'},
+                                {"help", no_argument, nullptr, 'h'},
+                                {nullptr, 0, nullptr, 0}};
+  for (int ch; (ch = getopt_long(argc, argv, "c:o:h", opts, nullptr)) != -1;) {
+    switch (ch) {
+      case 'c': file = optarg; break;
+      case 'o': overrides.push_back(optarg); break;
+      case 'C': check = true; break;
+      case 'P': print = true; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind != argc) {
+    usage(stderr);
+    return 2;
+  }
+  config::Config cfg;
+  try {
+    cfg = file.empty() ? config::parse(config::embedded_default(),
+                                       "<embedded>", overrides)
+                       : config::load_file(file, overrides);
+  } catch (const config::ConfigError& e) {
+    fprintf(stderr, "urnicd: %s\n", e.what());
+    return 2;
+  }
+  if (check) {
+    printf("%s: OK\n", cfg.source.c_str());
+    return 0;
+  }
+  if (print) {
+    fputs(config::dump(cfg).c_str(), stdout);
+    return 0;
+  }
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return run(cfg, argv[0]);
+}

@@ -1,0 +1,172 @@
+// EAL arguments and port bring-up. Offloads and queue counts come from
+// rte_eth_dev_info, so e1000 "em" (one queue), igb (RSS), af_packet, tap,
+// memif and ring ports all come up with what they actually have.
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "dataplane/service/service.h"
+
+namespace urnic::service {
+namespace {
+
+std::string fmt(const char* f, auto... a) {
+  char buf[512];
+  snprintf(buf, sizeof buf, f, a...);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::string> eal_args(const config::Config& cfg,
+                                  const char* prog) {
+  const config::EalConfig& e = cfg.eal;
+  std::vector<std::string> a = {prog};
+  std::string lcores = std::to_string(e.main_lcore);
+  for (uint32_t w : e.workers) lcores += "," + std::to_string(w);
+  a.insert(a.end(), {"-l", lcores, "--main-lcore", std::to_string(e.main_lcore),
+                     "--file-prefix", e.file_prefix, "-m",
+                     std::to_string(e.memory_mb),
+                     "--log-level", "lib.eal:" + e.log_level,
+                     "--log-level", "pmd.*:" + e.log_level});
+  if (!e.huge) a.push_back("--no-huge");
+  if (!cfg.port.pci.empty()) {
+    a.insert(a.end(), {"-a", cfg.port.pci});
+  } else {
+    a.insert(a.end(), {"--no-pci", "--vdev", cfg.port.vdev});
+  }
+  for (const auto& x : e.extra_args) a.push_back(x);
+  return a;
+}
+
+PortInfo port_setup(const config::Config& cfg) {
+  PortInfo p;
+  if (rte_eth_dev_count_avail() != 1)
+    throw std::runtime_error(fmt(
+        "expected exactly one port from '%s', found %u (is the device bound "
+        "to vfio-pci / does the interface exist?)",
+        cfg.port.pci.empty() ? cfg.port.vdev.c_str() : cfg.port.pci.c_str(),
+        rte_eth_dev_count_avail()));
+  uint16_t pid = 0;
+  RTE_ETH_FOREACH_DEV(pid) { break; }
+  p.port_id = pid;
+
+  rte_eth_dev_info info;
+  if (int rc = rte_eth_dev_info_get(pid, &info); rc != 0)
+    throw std::runtime_error(fmt("rte_eth_dev_info_get: %s", strerror(-rc)));
+  p.driver = info.driver_name ? info.driver_name : "?";
+  const uint16_t workers = static_cast<uint16_t>(cfg.eal.workers.size());
+  p.nb_queues = std::min<uint16_t>(
+      workers, std::min(info.max_rx_queues, info.max_tx_queues));
+  if (p.nb_queues == 0) throw std::runtime_error("port has no RX/TX queues");
+
+  rte_eth_conf conf{};
+  if (p.nb_queues > 1) {
+    const uint64_t hf =
+        (RTE_ETH_RSS_IP | RTE_ETH_RSS_UDP) & info.flow_type_rss_offloads;
+    if (hf) {
+      conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+      conf.rx_adv_conf.rss_conf.rss_hf = hf;
+    } else {
+      // No RSS: extra queues would never receive. One RX lcore it is.
+      p.nb_queues = 1;
+    }
+  }
+  // Capability-gated offloads: used where present, never demanded.
+  p.rx_offloads = info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
+  p.tx_offloads = info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+  const uint32_t frame = cfg.port.mtu + RTE_ETHER_HDR_LEN + 4 /* VLAN */;
+  if (frame + RTE_PKTMBUF_HEADROOM > uint32_t{cfg.mempool.data_room}) {
+    if (!(info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER))
+      throw std::runtime_error(fmt(
+          "port.mtu %u needs mbufs of %u bytes or RX scatter, which %s lacks; "
+          "raise mempool.data_room",
+          cfg.port.mtu, frame + RTE_PKTMBUF_HEADROOM, p.driver.c_str()));
+    p.rx_offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
+  }
+  conf.rxmode.offloads = p.rx_offloads;
+  conf.txmode.offloads = p.tx_offloads;
+  if (int rc = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
+    throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-rc)));
+
+  uint16_t mtu = 0;
+  if (rte_eth_dev_get_mtu(pid, &mtu) == 0 && mtu != cfg.port.mtu) {
+    if (rte_eth_dev_set_mtu(pid, static_cast<uint16_t>(cfg.port.mtu)) == 0)
+      mtu = static_cast<uint16_t>(cfg.port.mtu);
+    else
+      fprintf(stderr, "urnicd: port MTU stays %u (PMD refused %u)\n", mtu,
+              cfg.port.mtu);
+  }
+  p.mtu = mtu ? std::min<uint32_t>(mtu, cfg.port.mtu) : cfg.port.mtu;
+
+  uint16_t nb_rxd = cfg.port.rx_desc, nb_txd = cfg.port.tx_desc;
+  if (int rc = rte_eth_dev_adjust_nb_rx_tx_desc(pid, &nb_rxd, &nb_txd))
+    throw std::runtime_error(fmt("adjust descriptors: %s", strerror(-rc)));
+
+  const int socket = rte_eth_dev_socket_id(pid);
+  p.pool = rte_pktmbuf_pool_create("urnic_mbuf_p0", cfg.mempool.mbufs,
+                                   cfg.mempool.cache, 0, cfg.mempool.data_room,
+                                   socket < 0 ? SOCKET_ID_ANY : socket);
+  if (!p.pool)
+    throw std::runtime_error(
+        fmt("mempool of %u mbufs: %s (raise eal.memory_mb?)",
+            cfg.mempool.mbufs, rte_strerror(rte_errno)));
+  for (uint16_t q = 0; q < p.nb_queues; ++q) {
+    rte_eth_rxconf rxc = info.default_rxconf;
+    rxc.offloads = p.rx_offloads;
+    if (int rc = rte_eth_rx_queue_setup(pid, q, nb_rxd, socket, &rxc, p.pool))
+      throw std::runtime_error(fmt("rx queue %u: %s", q, strerror(-rc)));
+    rte_eth_txconf txc = info.default_txconf;
+    txc.offloads = p.tx_offloads;
+    if (int rc = rte_eth_tx_queue_setup(pid, q, nb_txd, socket, &txc))
+      throw std::runtime_error(fmt("tx queue %u: %s", q, strerror(-rc)));
+  }
+  if (!cfg.port.mac.empty()) {
+    rte_ether_addr mac;
+    config::parse_mac(cfg.port.mac, mac.addr_bytes);
+    if (int rc = rte_eth_dev_default_mac_addr_set(pid, &mac))
+      throw std::runtime_error(fmt("setting port.mac %s: %s",
+                                   cfg.port.mac.c_str(), strerror(-rc)));
+  }
+  if (int rc = rte_eth_dev_start(pid))
+    throw std::runtime_error(fmt("rte_eth_dev_start: %s", strerror(-rc)));
+  // Promiscuous/all-multicast are best effort: ND needs solicited-node
+  // multicast; PMDs without the ops still deliver what is addressed to us.
+  if (cfg.port.promiscuous && rte_eth_promiscuous_enable(pid) != 0)
+    fprintf(stderr, "urnicd: %s: promiscuous mode not supported\n",
+            p.driver.c_str());
+  rte_eth_allmulticast_enable(pid);
+  return p;
+}
+
+void port_read_stats(const PortInfo& p, stats::PortSnapshot& out) {
+  out.port_id = p.port_id;
+  out.name = p.driver;
+  rte_eth_stats st{};
+  if (rte_eth_stats_get(p.port_id, &st) == 0) {
+    out.ipackets = st.ipackets;
+    out.opackets = st.opackets;
+    out.ibytes = st.ibytes;
+    out.obytes = st.obytes;
+    out.imissed = st.imissed;
+    out.ierrors = st.ierrors;
+    out.oerrors = st.oerrors;
+    out.rx_nombuf = st.rx_nombuf;
+  }
+  rte_eth_link link{};
+  if (rte_eth_link_get_nowait(p.port_id, &link) == 0) {
+    out.link_up = link.link_status == RTE_ETH_LINK_UP;
+    out.link_speed_mbps = link.link_speed;
+  }
+}
+
+void port_teardown(const PortInfo& p) {
+  rte_eth_dev_stop(p.port_id);
+  rte_eth_dev_close(p.port_id);
+}
+
+}  // namespace urnic::service

@@ -1,0 +1,96 @@
+// urnicd's parts: the port (EAL, ethdev, mempool), the worker lcores (one
+// run-to-completion loop each) and the control thread (socket + stats).
+#pragma once
+
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+#include <rte_ring.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/urnic_config.h"
+#include "dataplane/host/host.h"
+#include "dataplane/host/pending.h"
+#include "dataplane/stats/report.h"
+
+namespace urnic::service {
+
+// Set by SIGINT/SIGTERM; every loop checks it.
+extern std::atomic<bool> g_quit;
+
+uint64_t now_ns();  // CLOCK_MONOTONIC
+
+// Builds the EAL argument vector from the config (exposed for tests/logs).
+std::vector<std::string> eal_args(const config::Config& cfg,
+                                  const char* prog);
+
+struct PortInfo {
+  uint16_t port_id = 0;
+  uint16_t nb_queues = 1;
+  std::string driver;
+  uint64_t rx_offloads = 0, tx_offloads = 0;
+  rte_mempool* pool = nullptr;
+  uint32_t mtu = 1500;
+};
+
+// Probes the one configured port, configures min(workers, PMD limit)
+// queues and the offloads the PMD reports, starts it. Throws on failure.
+PortInfo port_setup(const config::Config& cfg);
+void port_read_stats(const PortInfo& p, stats::PortSnapshot& out);
+void port_teardown(const PortInfo& p);
+
+// A request from the control thread to a worker (rte_ring of pointers).
+struct Command {
+  enum class Kind : uint8_t { kPing } kind = Kind::kPing;
+  uint8_t gid[16] = {};
+  std::atomic<int> result{1};  // 1: pending, then 0 or -errno
+};
+
+// Per-lcore state; touched only by its lcore except the counters (read
+// relaxed by the control thread) and the command ring (SP/SC).
+class alignas(64) Worker {
+ public:
+  Worker(const config::Config& cfg, const PortInfo& port,
+         const host::HostAddrs& addrs, host::NeighbourTable& nt,
+         uint32_t lcore, uint16_t queue);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  static int launch(void* self);  // rte_eal_remote_launch entry
+  uint32_t lcore() const { return lcore_; }
+  uint16_t queue() const { return queue_; }
+  const stats::LcoreCounters& counters() const { return ctr_; }
+  // Control thread: hands a command over; false if the ring is full.
+  bool post(Command* c) { return rte_ring_enqueue(cmd_ring_, c) == 0; }
+
+ private:
+  void loop_st();
+  void handle_st(rte_mbuf* m, uint64_t now);
+  void commands_st(uint64_t now);
+  void send_ip_st(rte_mbuf* m, const uint8_t gid[16], uint64_t now);
+  void send_resolve_request_st(const uint8_t gid[16]);
+  void tx_st(rte_mbuf* m);
+  void tx_flush_st();
+  bool frame_is_ours(const wire::FrameInfo& fi, const rte_mbuf* m) const;
+
+  const config::Config& cfg_;
+  const PortInfo& port_;
+  const host::HostAddrs& addrs_;
+  host::NeighbourTable& nt_;
+  uint32_t lcore_;
+  uint16_t queue_;
+  uint16_t burst_;
+  uint16_t vlan_tci_;
+  stats::LcoreCounters ctr_;
+  rte_ring* cmd_ring_ = nullptr;
+  host::PendingQueue<rte_mbuf*> pending_;
+  uint16_t tx_n_ = 0;
+  uint16_t ping_seq_ = 0;
+  rte_mbuf* tx_[64];
+};
+
+}  // namespace urnic::service

@@ -1,0 +1,292 @@
+// The worker lcore loop, top to bottom: commands and resolution timers,
+// rx_burst, classify, handle, buffered tx_burst, idle back-off.
+#include <rte_cycles.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_pause.h>
+#include <rte_prefetch.h>
+
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+
+#include "dataplane/service/service.h"
+
+namespace urnic::service {
+
+using stats::Ctr;
+using wire::FrameKind;
+
+std::atomic<bool> g_quit{false};
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u +
+         static_cast<uint64_t>(ts.tv_nsec);
+}
+
+namespace {
+constexpr uint32_t kMaxSegs = 32;
+constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period
+}  // namespace
+
+Worker::Worker(const config::Config& cfg, const PortInfo& port,
+               const host::HostAddrs& addrs, host::NeighbourTable& nt,
+               uint32_t lcore, uint16_t queue)
+    : cfg_(cfg),
+      port_(port),
+      addrs_(addrs),
+      nt_(nt),
+      lcore_(lcore),
+      queue_(queue),
+      burst_(std::min<uint16_t>(cfg.lcores.burst, 64)),
+      vlan_tci_(cfg.port.vlan),
+      pending_(cfg.arp.queue_len) {
+  const std::string name = "urnic_cmd_" + std::to_string(lcore);
+  cmd_ring_ = rte_ring_create(name.c_str(), 64, SOCKET_ID_ANY,
+                              RING_F_SP_ENQ | RING_F_SC_DEQ);
+  if (!cmd_ring_)
+    throw std::runtime_error("command ring: " +
+                             std::string(rte_strerror(rte_errno)));
+}
+
+Worker::~Worker() {
+  pending_.clear([](rte_mbuf* m) { rte_pktmbuf_free(m); });
+  rte_ring_free(cmd_ring_);
+}
+
+int Worker::launch(void* self) {
+  static_cast<Worker*>(self)->loop_st();
+  return 0;
+}
+
+void Worker::tx_st(rte_mbuf* m) {
+  tx_[tx_n_++] = m;
+  if (tx_n_ == burst_) tx_flush_st();
+}
+
+void Worker::tx_flush_st() {
+  if (tx_n_ == 0) return;
+  // Sum lengths first: once handed to the PMD an mbuf may be freed.
+  uint64_t bytes = 0;
+  for (uint16_t i = 0; i < tx_n_; ++i) bytes += tx_[i]->pkt_len;
+  const uint16_t sent = rte_eth_tx_burst(port_.port_id, queue_, tx_, tx_n_);
+  for (uint16_t i = sent; i < tx_n_; ++i) bytes -= tx_[i]->pkt_len;
+  ctr_.add(Ctr::tx_packets, sent);
+  ctr_.add(Ctr::tx_bytes, bytes);
+  if (sent < tx_n_) {
+    // The TX ring is full: drop rather than stall the RX path; counted.
+    ctr_.add(Ctr::tx_dropped, tx_n_ - sent);
+    for (uint16_t i = sent; i < tx_n_; ++i) rte_pktmbuf_free(tx_[i]);
+  }
+  tx_n_ = 0;
+}
+
+void Worker::send_resolve_request_st(const uint8_t gid[16]) {
+  rte_mbuf* m = rte_pktmbuf_alloc(port_.pool);
+  if (!m) return;  // counted by the pool; the retry timer tries again
+  uint8_t* buf = rte_pktmbuf_mtod(m, uint8_t*);
+  const uint32_t len = host::build_resolve_request(addrs_, vlan_tci_, gid, buf);
+  if (len == 0) {
+    rte_pktmbuf_free(m);
+    return;
+  }
+  m->data_len = m->pkt_len = len;
+  ctr_.inc(wire::gid_is_ipv4(gid) ? Ctr::arp_tx_request : Ctr::nd_tx_ns);
+  tx_st(m);
+}
+
+void Worker::send_ip_st(rte_mbuf* m, const uint8_t gid[16], uint64_t now) {
+  wire::MacAddr mac;
+  switch (nt_.lookup(gid, now, mac)) {
+    case host::Lookup::kHit:
+      std::memcpy(rte_pktmbuf_mtod(m, uint8_t*), mac.b, 6);
+      tx_st(m);
+      return;
+    case host::Lookup::kFailed:
+      ctr_.inc(Ctr::neigh_failed);
+      rte_pktmbuf_free(m);
+      return;
+    case host::Lookup::kPending:
+      break;
+  }
+  if (!pending_.push(m, gid)) {
+    ctr_.inc(Ctr::pending_dropped);
+    rte_pktmbuf_free(m);
+    return;
+  }
+  ctr_.inc(Ctr::pending_queued);
+  bool full = false;
+  if (nt_.start(gid, now, &full)) send_resolve_request_st(gid);
+  if (full) ctr_.inc(Ctr::neigh_table_full);
+}
+
+void Worker::commands_st(uint64_t now) {
+  void* obj;
+  while (rte_ring_dequeue(cmd_ring_, &obj) == 0) {
+    auto* c = static_cast<Command*>(obj);
+    ctr_.inc(Ctr::commands);
+    int result = 0;
+    if (c->kind == Command::Kind::kPing) {
+      rte_mbuf* m = rte_pktmbuf_alloc(port_.pool);
+      if (!m) {
+        result = -ENOMEM;
+      } else if (!wire::gid_is_ipv4(c->gid)) {
+        rte_pktmbuf_free(m);
+        result = -EAFNOSUPPORT;
+      } else {
+        const uint32_t len = host::build_icmp_echo_request(
+            addrs_, vlan_tci_, wire::gid_to_ipv4(c->gid),
+            static_cast<uint16_t>(lcore_), ++ping_seq_,
+            rte_pktmbuf_mtod(m, uint8_t*));
+        m->data_len = m->pkt_len = len;
+        ctr_.inc(Ctr::icmp_echo_req_tx);
+        send_ip_st(m, c->gid, now);
+      }
+    }
+    c->result.store(result, std::memory_order_release);
+  }
+}
+
+bool Worker::frame_is_ours(const wire::FrameInfo& fi, const rte_mbuf* m) const {
+  const auto* eth = rte_pktmbuf_mtod(m, const wire::EthHdr*);
+  if (!eth->dst.is_multicast() && !(eth->dst == addrs_.mac)) return false;
+  const uint16_t vid = fi.roce.vlan ? (fi.roce.vlan_tci & 0xfff) : 0;
+  return vid == vlan_tci_;
+}
+
+void Worker::handle_st(rte_mbuf* m, uint64_t now) {
+  ctr_.add(Ctr::rx_bytes, m->pkt_len);
+  wire::ConstBuf segs[kMaxSegs];
+  uint32_t n = 0;
+  for (const rte_mbuf* s = m; s && n < kMaxSegs; s = s->next)
+    segs[n++] = {rte_pktmbuf_mtod(s, const uint8_t*), s->data_len};
+  wire::FrameInfo fi;
+  wire::decode({segs, n}, m->pkt_len, fi);
+
+  if (fi.kind == FrameKind::kMalformed) {
+    ctr_.add_malformed(fi.why);
+    rte_pktmbuf_free(m);
+    return;
+  }
+  if (!frame_is_ours(fi, m)) {
+    ctr_.inc(fi.kind == FrameKind::kOtherL2 ? Ctr::other_l2
+                                            : Ctr::vlan_mismatch);
+    rte_pktmbuf_free(m);
+    return;
+  }
+  uint32_t len = m->data_len;
+  host::HostVerdict v = host::HostVerdict::kConsumed;
+  uint8_t* frame = rte_pktmbuf_mtod(m, uint8_t*);
+  switch (fi.kind) {
+    case FrameKind::kRoce:
+      if (!(wire::gid_is_ipv4(fi.roce.dgid)
+                ? wire::gid_to_ipv4(fi.roce.dgid) == addrs_.ipv4
+                : addrs_.owns_ipv6(fi.roce.dgid))) {
+        ctr_.inc(Ctr::not_for_us);
+        break;
+      }
+      ctr_.inc(Ctr::roce_rx);
+      // No QP exists until the transport lands: IBTA drops packets for
+      // unknown QPs silently (C9-xx); counted.
+      ctr_.inc(Ctr::roce_no_qp);
+      break;
+    case FrameKind::kArp:
+      v = host::handle_arp(addrs_, nt_, ctr_, frame, &len, fi, now);
+      break;
+    case FrameKind::kIcmpv4:
+      if (m->nb_segs == 1)
+        v = host::handle_icmpv4(addrs_, ctr_, frame, &len, fi);
+      else
+        ctr_.inc(Ctr::icmp_other);
+      break;
+    case FrameKind::kIcmpv6:
+      if (m->nb_segs == 1)
+        v = host::handle_icmpv6(addrs_, nt_, ctr_, frame, &len,
+                                m->data_len + rte_pktmbuf_tailroom(m), fi,
+                                now);
+      else
+        ctr_.inc(Ctr::icmp6_other);
+      break;
+    case FrameKind::kOtherIp:
+      ctr_.inc(Ctr::non_roce_ignored);
+      break;
+    case FrameKind::kOtherL2:
+      ctr_.inc(Ctr::other_l2);
+      break;
+    case FrameKind::kMalformed:
+      break;
+  }
+  if (v == host::HostVerdict::kReply) {
+    m->data_len = static_cast<uint16_t>(len);
+    m->pkt_len = len;
+    tx_st(m);
+  } else {
+    rte_pktmbuf_free(m);
+  }
+}
+
+void Worker::loop_st() {
+  const config::IdleConfig& idle = cfg_.lcores.idle;
+  uint32_t empty_polls = 0;
+  uint64_t next_timer = 0;
+  rte_mbuf* pkts[64];
+  uint64_t t_prev = rte_rdtsc();
+  while (!g_quit.load(std::memory_order_relaxed)) {
+    const uint64_t now = now_ns();
+    // 1. Commands from the control thread and resolution timers.
+    if (now >= next_timer) {
+      commands_st(now);
+      pending_.poll(
+          nt_, now,
+          [&](rte_mbuf* m, const wire::MacAddr& mac) {
+            std::memcpy(rte_pktmbuf_mtod(m, uint8_t*), mac.b, 6);
+            ctr_.inc(Ctr::pending_sent);
+            tx_st(m);
+          },
+          [&](rte_mbuf* m) {
+            ctr_.inc(Ctr::neigh_failed);
+            rte_pktmbuf_free(m);
+          },
+          [&](const uint8_t* gid) { send_resolve_request_st(gid); });
+      next_timer = now + kTimerNs;
+    }
+    // 2. Receive, classify, handle.
+    const uint16_t n = rte_eth_rx_burst(port_.port_id, queue_, pkts, burst_);
+    if (n) {
+      ctr_.inc(Ctr::rx_bursts);
+      ctr_.add(Ctr::rx_packets, n);
+    }
+    for (uint16_t i = 0; i < n; ++i) {
+      if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
+      handle_st(pkts[i], now);
+    }
+    // 3. Transmit what the burst produced.
+    tx_flush_st();
+    // 4. Poll accounting and idle back-off (poll -> pause -> sleep).
+    const uint64_t t = rte_rdtsc();
+    if (n) {
+      ctr_.inc(Ctr::poll_busy);
+      ctr_.add(Ctr::cycles_busy, t - t_prev);
+      empty_polls = 0;
+    } else {
+      ctr_.inc(Ctr::poll_idle);
+      ctr_.add(Ctr::cycles_idle, t - t_prev);
+      ++empty_polls;
+      if (empty_polls > idle.spin_polls + idle.pause_polls && idle.sleep_us) {
+        rte_delay_us_sleep(idle.sleep_us);
+        next_timer = 0;  // slept: look at timers and commands at once
+      } else if (empty_polls > idle.spin_polls) {
+        rte_pause();
+      }
+    }
+    // Time spent pausing or sleeping is idle time too.
+    const uint64_t t_end = rte_rdtsc();
+    if (!n) ctr_.add(Ctr::cycles_idle, t_end - t);
+    t_prev = t_end;
+  }
+  tx_flush_st();
+}
+
+}  // namespace urnic::service

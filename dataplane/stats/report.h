@@ -1,0 +1,54 @@
+// Stats snapshots and their two renderings: testpmd's "NIC statistics"
+// layout for people, JSON for scripts. Built on the control thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dataplane/stats/counters.h"
+
+namespace urnic::stats {
+
+struct PortSnapshot {
+  uint16_t port_id = 0;
+  std::string name;  // PMD driver name
+  bool link_up = false;
+  uint32_t link_speed_mbps = 0;
+  // rte_eth_stats
+  uint64_t ipackets = 0, opackets = 0, ibytes = 0, obytes = 0;
+  uint64_t imissed = 0, ierrors = 0, oerrors = 0, rx_nombuf = 0;
+};
+
+struct LcoreSnapshot {
+  uint32_t lcore = 0;
+  uint16_t queue = 0;
+  uint64_t v[kNumCtr] = {};
+  uint64_t malformed[kNumMalformed] = {};
+
+  uint64_t get(Ctr c) const { return v[static_cast<size_t>(c)]; }
+  uint64_t get(wire::Malformed m) const {
+    return malformed[static_cast<size_t>(m)];
+  }
+  void read(const LcoreCounters& c);
+};
+
+struct Snapshot {
+  uint64_t time_ns = 0;  // CLOCK_MONOTONIC
+  uint64_t uptime_ns = 0;
+  PortSnapshot port;
+  std::vector<LcoreSnapshot> lcores;
+  uint32_t neigh_entries = 0;
+
+  uint64_t total(Ctr c) const;
+  uint64_t total(wire::Malformed m) const;
+};
+
+// testpmd's layout: totals, then "Throughput (since last show)" against
+// `prev` (rates are 0 when prev is null), then urnic's own counters.
+std::string format_text(const Snapshot& cur, const Snapshot* prev);
+// {"port": {...}, "throughput": {...}, "totals": {...}, "malformed":
+//  {...}, "lcores": [...]} with every counter by name.
+std::string format_json(const Snapshot& cur, const Snapshot* prev);
+
+}  // namespace urnic::stats

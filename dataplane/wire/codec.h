@@ -1,0 +1,154 @@
+// Frame classification and RoCEv2 encode/decode on plain byte buffers (no
+// DPDK types, so it is unit-tested and fuzzed alone). Decoding never reads
+// outside the buffers it is given and reports each malformation by reason.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "dataplane/wire/headers.h"
+#include "dataplane/wire/opcode.h"
+
+namespace urnic::wire {
+
+// One contiguous piece of a frame (an mbuf segment, an external buffer).
+struct ConstBuf {
+  const uint8_t* data;
+  uint32_t len;
+};
+
+// Why a frame was rejected. Each reason has its own counter (name table in
+// codec.cc, checked against this enum at compile time).
+enum class Malformed : uint8_t {
+  kNone,
+  kTruncated,         // frame shorter than the headers it announces
+  kSplitHeaders,      // headers not contiguous in the first segment
+  kVlanStacked,       // QinQ / more than one tag
+  kIpVersion,         // version nibble disagrees with the EtherType
+  kIpHeaderLen,       // IPv4 IHL < 5
+  kIpTotalLen,        // IP length beyond the frame or below the header
+  kIpChecksum,        // IPv4 header checksum
+  kIpFragment,        // RoCEv2 is never fragmented (Annex A17.4.5.4)
+  kUdpLen,            // UDP length disagrees with the IP length
+  kBthVersion,        // TVer != 0
+  kUnknownOpcode,     // not RC/UC/UD/CNP (includes RD)
+  kBadLength,         // payload+pad not a multiple of 4, or shorter than pad
+  kPayloadNotAllowed, // opcode carries no payload, but there is some
+  kBadIcrc,
+  kCount
+};
+const char* malformed_name(Malformed m);
+
+enum class FrameKind : uint8_t {
+  kRoce,       // valid RoCEv2 (UDP 4791, ICRC checked)
+  kArp,
+  kIcmpv4,     // for the host's ICMP handler
+  kIcmpv6,     // includes neighbour discovery
+  kOtherIp,    // valid IP, not for us to handle (other UDP ports, TCP, ...)
+  kOtherL2,    // not IP or ARP
+  kMalformed,
+};
+
+// Fields of one RoCEv2 packet, both what encode() takes and what decode
+// produces; GIDs are IPv4-mapped (::ffff:a.b.c.d) for IPv4.
+struct RoceFields {
+  MacAddr dst_mac{};
+  MacAddr src_mac{};
+  bool vlan = false;
+  uint16_t vlan_tci = 0;
+  bool ipv6 = false;
+  uint8_t sgid[16] = {};
+  uint8_t dgid[16] = {};
+  uint8_t tclass = 0;  // IPv4 TOS or IPv6 traffic class
+  uint8_t ttl = 64;    // or hop limit
+  uint32_t flow_label = 0;
+  uint16_t ip_id = 0;
+  bool dont_fragment = true;
+  uint16_t udp_sport = 0xc000;
+  // BTH
+  uint8_t opcode = 0;
+  bool se = false;
+  bool migreq = false;
+  uint16_t pkey = 0xffff;
+  bool fecn = false;
+  bool becn = false;
+  uint32_t dqpn = 0;
+  bool ack_req = false;
+  uint32_t psn = 0;
+  // Extension headers (used when the opcode carries them)
+  uint64_t reth_va = 0;
+  uint32_t reth_rkey = 0;
+  uint32_t reth_len = 0;
+  uint8_t aeth_syndrome = 0;
+  uint32_t aeth_msn = 0;
+  uint64_t atomic_va = 0;
+  uint32_t atomic_rkey = 0;
+  uint64_t atomic_swap_add = 0;
+  uint64_t atomic_compare = 0;
+  uint64_t atomic_orig = 0;
+  uint32_t imm = 0;  // ImmDt as a big-endian number
+  uint32_t ieth_rkey = 0;
+  uint32_t deth_qkey = 0;
+  uint32_t deth_src_qp = 0;
+  uint32_t payload_len = 0;  // excluding pad and ICRC
+
+  bool operator==(const RoceFields&) const = default;
+};
+
+// Where things are in a decoded frame (offsets from the frame start).
+struct FrameInfo {
+  FrameKind kind = FrameKind::kMalformed;
+  Malformed why = Malformed::kNone;
+  uint16_t l3_off = 0;
+  uint16_t l4_off = 0;      // UDP / ICMP / ARP body
+  uint16_t bth_off = 0;
+  uint32_t payload_off = 0;
+  uint32_t l3_len = 0;      // IP total length (header + payload)
+  uint16_t ether_type = 0;  // after the VLAN tag
+  uint8_t ip_hdr_len = 0;
+  uint8_t l4_proto = 0;
+  const OpcodeInfo* op = nullptr;
+  RoceFields roce;          // filled for kRoce only
+};
+
+// Classifies and, for RoCEv2, fully decodes a frame whose bytes are
+// `segs` (in order; headers must sit in segs[0]). `frame_len` is the frame
+// length (Ethernet padding after the IP packet is allowed). ICRC is
+// verified over all segments.
+void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
+            FrameInfo& out);
+inline void decode(const uint8_t* frame, uint32_t len, FrameInfo& out) {
+  const ConstBuf seg{frame, len};
+  decode({&seg, 1}, len, out);
+}
+
+// Length of L2..extension headers that encode_headers() writes.
+uint32_t header_len(const RoceFields& f);
+// Pad bytes after a payload of `len` (IBTA 9.2.2: to a 4-byte boundary).
+constexpr uint32_t pad_for(uint32_t len) { return (4 - (len & 3)) & 3; }
+
+// Writes Ethernet (+VLAN), IP, UDP, BTH and extension headers for a packet
+// that will carry f.payload_len bytes of payload; lengths and the IPv4
+// header checksum are filled in. Returns bytes written, or 0 if `cap` is too
+// small, the opcode is unknown, or it may not carry payload.
+uint32_t encode_headers(const RoceFields& f, uint8_t* buf, uint32_t cap);
+
+// Given headers written by encode_headers() and the payload pieces, writes
+// pad bytes and the ICRC to `trailer` (room for 3 + 4). Returns its length.
+uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
+                        std::span<const ConstBuf> payload, uint8_t* trailer);
+
+// Encodes a whole frame into one buffer. Returns its length, or 0.
+uint32_t encode_frame(const RoceFields& f, const uint8_t* payload,
+                      uint8_t* buf, uint32_t cap);
+
+// Internet checksum (RFC 1071) of `n` bytes, folded, not complemented.
+uint32_t csum_partial(const uint8_t* p, size_t n, uint32_t sum = 0);
+uint16_t csum_fold(uint32_t sum);
+
+// IPv4-mapped GID helpers.
+void gid_from_ipv4(uint32_t addr, uint8_t gid[16]);
+bool gid_is_ipv4(const uint8_t gid[16]);
+uint32_t gid_to_ipv4(const uint8_t gid[16]);
+
+}  // namespace urnic::wire

@@ -1,0 +1,39 @@
+// RoCEv2 Invariant CRC (IBTA Annex A17.3.3): CRC-32 over 8 bytes of 0xFF
+// (the masked LRH), the IP/UDP/BTH headers with their variant fields set to
+// ones, and the rest of the packet up to the ICRC. CRC-32 is ISA-L's
+// crc32_gzip_refl, which chains: the header and each payload piece (mbuf
+// segment, external buffer) are fed in turn without copying.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace urnic::wire {
+
+class Icrc {
+ public:
+  // Starts the CRC with the masked headers. `l3` points at the IPv4 or IPv6
+  // header, followed contiguously by the UDP header and the BTH;
+  // `ip_hdr_len` includes IPv4 options. Bytes after the BTH are not read.
+  void begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6);
+  // Adds bytes that follow (extension headers, payload, pad).
+  void update(const uint8_t* p, size_t n);
+  // The ICRC value; on the wire it is stored least significant byte first.
+  uint32_t value() const { return crc_; }
+
+  static void store(uint8_t* p, uint32_t icrc) {
+    for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(icrc >> (8 * i));
+  }
+  static uint32_t load(const uint8_t* p) {
+    return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
+           uint32_t{p[3]} << 24;
+  }
+
+ private:
+  uint32_t crc_ = 0;
+};
+
+// Plain CRC-32 (IEEE, reflected) over a buffer, chained from `crc`.
+uint32_t crc32(uint32_t crc, const uint8_t* p, size_t n);
+
+}  // namespace urnic::wire

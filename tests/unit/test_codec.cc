@@ -1,0 +1,306 @@
+// Encode/decode round trips for every opcode and the rejection of every
+// malformed-packet class, each by its own reason.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dataplane/wire/codec.h"
+#include "dataplane/wire/icrc.h"
+
+using namespace urnic::wire;
+
+namespace {
+
+RoceFields random_fields(std::mt19937_64& rng, uint8_t op, bool ipv6,
+                         bool vlan, uint32_t payload) {
+  RoceFields f;
+  auto r = [&] { return rng(); };
+  for (auto& b : f.dst_mac.b) b = static_cast<uint8_t>(r());
+  for (auto& b : f.src_mac.b) b = static_cast<uint8_t>(r());
+  f.vlan = vlan;
+  f.vlan_tci = vlan ? static_cast<uint16_t>(r() & 0xefff) : 0;
+  f.ipv6 = ipv6;
+  if (ipv6) {
+    for (auto& b : f.sgid) b = static_cast<uint8_t>(r());
+    for (auto& b : f.dgid) b = static_cast<uint8_t>(r());
+    f.sgid[0] = 0xfd;  // not IPv4-mapped
+    f.flow_label = r() & 0xfffff;
+    f.dont_fragment = true;  // IPv6 has no DF; decode leaves the default
+    f.ip_id = 0;
+  } else {
+    gid_from_ipv4(static_cast<uint32_t>(r()), f.sgid);
+    gid_from_ipv4(static_cast<uint32_t>(r()), f.dgid);
+    f.ip_id = static_cast<uint16_t>(r());
+  }
+  f.tclass = static_cast<uint8_t>(r());
+  f.ttl = static_cast<uint8_t>(r() | 1);
+  f.udp_sport = static_cast<uint16_t>(r());
+  f.opcode = op;
+  f.se = r() & 1;
+  f.migreq = r() & 1;
+  f.pkey = static_cast<uint16_t>(r());
+  f.fecn = r() & 1;
+  f.becn = r() & 1;
+  f.dqpn = r() & kMask24;
+  f.ack_req = r() & 1;
+  f.psn = r() & kMask24;
+  const OpcodeInfo& i = opcode_info(op);
+  if (i.has_ext(Ext::kReth)) {
+    f.reth_va = r();
+    f.reth_rkey = static_cast<uint32_t>(r());
+    f.reth_len = static_cast<uint32_t>(r());
+  }
+  if (i.has_ext(Ext::kAeth)) {
+    f.aeth_syndrome = static_cast<uint8_t>(r());
+    f.aeth_msn = r() & kMask24;
+  }
+  if (i.has_ext(Ext::kAtomicEth)) {
+    f.atomic_va = r();
+    f.atomic_rkey = static_cast<uint32_t>(r());
+    f.atomic_swap_add = r();
+    f.atomic_compare = r();
+  }
+  if (i.has_ext(Ext::kAtomicAckEth)) f.atomic_orig = r();
+  if (i.has_ext(Ext::kImmDt)) f.imm = static_cast<uint32_t>(r());
+  if (i.has_ext(Ext::kIeth)) f.ieth_rkey = static_cast<uint32_t>(r());
+  if (i.has_ext(Ext::kDeth)) {
+    f.deth_qkey = static_cast<uint32_t>(r());
+    f.deth_src_qp = r() & kMask24;
+  }
+  f.payload_len = (i.mask & kPayload) ? payload : 0;
+  return f;
+}
+
+std::vector<uint8_t> encode(const RoceFields& f, std::vector<uint8_t>* pl = nullptr) {
+  std::vector<uint8_t> payload(f.payload_len);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  std::vector<uint8_t> buf(f.payload_len + 256);
+  const uint32_t n = encode_frame(f, payload.data(), buf.data(), static_cast<uint32_t>(buf.size()));
+  buf.resize(n);
+  if (pl) *pl = payload;
+  return buf;
+}
+
+// A valid IPv4 RC SEND_ONLY frame with 10 bytes of payload.
+std::vector<uint8_t> sample() {
+  std::mt19937_64 rng(7);
+  RoceFields f = random_fields(rng, opcode::kRcSendOnly, false, false, 10);
+  f.fecn = f.becn = false;
+  return encode(f);
+}
+
+Malformed why(const std::vector<uint8_t>& frame, int64_t len = -1) {
+  FrameInfo fi;
+  decode(frame.data(),
+         len >= 0 ? static_cast<uint32_t>(len) : static_cast<uint32_t>(frame.size()),
+         fi);
+  return fi.kind == FrameKind::kMalformed ? fi.why : Malformed::kNone;
+}
+
+void fix_ipv4_csum(std::vector<uint8_t>& f) {
+  f[24] = f[25] = 0;
+  const uint16_t c = static_cast<uint16_t>(~csum_fold(csum_partial(&f[14], 20)));
+  f[24] = static_cast<uint8_t>(c >> 8);
+  f[25] = static_cast<uint8_t>(c);
+}
+
+// Recomputes the ICRC of an IPv4 untagged frame in place.
+void fix_icrc(std::vector<uint8_t>& f) {
+  Icrc c;
+  c.begin(&f[14], 20, false);
+  c.update(&f[14 + 20 + 8 + 12], f.size() - (14 + 20 + 8 + 12) - 4);
+  Icrc::store(&f[f.size() - 4], c.value());
+}
+
+}  // namespace
+
+TEST(Codec, RoundTripEveryOpcode) {
+  std::mt19937_64 rng(2024);
+  int n = 0;
+  for (int op = 0; op < 256; ++op) {
+    if (!opcode_info(static_cast<uint8_t>(op)).valid()) continue;
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool ipv6 = variant & 1, vlan = variant & 2;
+      const uint32_t payload = (variant >> 2) ? 1 + rng() % 4096 : 0;
+      const RoceFields f = random_fields(rng, static_cast<uint8_t>(op), ipv6, vlan, payload);
+      std::vector<uint8_t> pl;
+      const std::vector<uint8_t> frame = encode(f, &pl);
+      ASSERT_FALSE(frame.empty()) << opcode_info(static_cast<uint8_t>(op)).name;
+      FrameInfo fi;
+      decode(frame.data(), static_cast<uint32_t>(frame.size()), fi);
+      ASSERT_EQ(fi.kind, FrameKind::kRoce)
+          << opcode_info(static_cast<uint8_t>(op)).name << " "
+          << malformed_name(fi.why);
+      EXPECT_EQ(fi.roce, f) << opcode_info(static_cast<uint8_t>(op)).name;
+      EXPECT_EQ(fi.op, &opcode_info(static_cast<uint8_t>(op)));
+      ASSERT_EQ(fi.payload_off + f.payload_len + pad_for(f.payload_len) + 4, frame.size());
+      EXPECT_EQ(0, std::memcmp(frame.data() + fi.payload_off, pl.data(), pl.size()));
+      ++n;
+    }
+  }
+  EXPECT_EQ(n, 38 * 8);
+}
+
+// Headers in one buffer, payload in another, trailer in a third: what the
+// zero-copy TX path will send must decode like a flat frame.
+TEST(Codec, ScatteredEncodeMatchesFlat) {
+  std::mt19937_64 rng(5);
+  const RoceFields f = random_fields(rng, opcode::kRcWriteOnlyImm, false, true, 1001);
+  std::vector<uint8_t> pl;
+  const std::vector<uint8_t> flat = encode(f, &pl);
+  uint8_t hdr[256], trailer[8];
+  const uint32_t hl = encode_headers(f, hdr, sizeof hdr);
+  const ConstBuf pieces[] = {{pl.data(), 500}, {pl.data() + 500, 501}};
+  const uint32_t tl = encode_trailer(hdr, f, pieces, trailer);
+  std::vector<uint8_t> joined(hdr, hdr + hl);
+  joined.insert(joined.end(), pl.begin(), pl.end());
+  joined.insert(joined.end(), trailer, trailer + tl);
+  EXPECT_EQ(joined, flat);
+}
+
+TEST(Codec, EncodeRefusesBadRequests) {
+  RoceFields f;
+  uint8_t buf[512];
+  f.opcode = 0x40;  // RD: unsupported
+  EXPECT_EQ(encode_headers(f, buf, sizeof buf), 0u);
+  f.opcode = opcode::kRcAck;
+  f.payload_len = 4;  // ACKs carry no payload
+  EXPECT_EQ(encode_headers(f, buf, sizeof buf), 0u);
+  f.payload_len = 0;
+  EXPECT_EQ(encode_headers(f, buf, 20), 0u);  // no room
+  EXPECT_NE(encode_headers(f, buf, sizeof buf), 0u);
+}
+
+TEST(Codec, ClassifiesNonRoce) {
+  std::vector<uint8_t> f = sample();
+  FrameInfo fi;
+  f[14 + 20 + 2] = 0x13;  // UDP dst port no longer 4791 (0x12b7)
+  decode(f.data(), static_cast<uint32_t>(f.size()), fi);
+  EXPECT_EQ(fi.kind, FrameKind::kOtherIp);
+  f = sample();
+  f[12] = 0x88;
+  f[13] = 0xcc;  // LLDP
+  decode(f.data(), static_cast<uint32_t>(f.size()), fi);
+  EXPECT_EQ(fi.kind, FrameKind::kOtherL2);
+  f = sample();
+  f[14 + 9] = 6;  // TCP
+  fix_ipv4_csum(f);
+  decode(f.data(), static_cast<uint32_t>(f.size()), fi);
+  EXPECT_EQ(fi.kind, FrameKind::kOtherIp);
+}
+
+TEST(Codec, EthernetPaddingAfterIpIsAllowed) {
+  std::vector<uint8_t> f = sample();
+  f.resize(f.size() + 6, 0);
+  EXPECT_EQ(why(f), Malformed::kNone);
+}
+
+// Every malformed class, each with its own reason.
+TEST(Codec, RejectsEveryMalformedClass) {
+  const std::vector<uint8_t> good = sample();
+  ASSERT_EQ(why(good), Malformed::kNone);
+  std::vector<uint8_t> f;
+
+  // Expect: truncated at every length below the full frame, never a crash.
+  for (uint32_t len = 0; len < good.size(); ++len)
+    EXPECT_NE(why(good, len), Malformed::kNone) << len;
+  EXPECT_EQ(why(good, 10), Malformed::kTruncated);
+
+  f = good;  // QinQ
+  f[12] = 0x88;
+  f[13] = 0xa8;
+  EXPECT_EQ(why(f), Malformed::kVlanStacked);
+
+  f = good;  // IPv4 EtherType, version 6 inside
+  f[14] = 0x65;
+  EXPECT_EQ(why(f), Malformed::kIpVersion);
+
+  f = good;  // IHL 4
+  f[14] = 0x44;
+  EXPECT_EQ(why(f), Malformed::kIpHeaderLen);
+
+  f = good;  // total length beyond the frame
+  f[16] = 0x0f;
+  fix_ipv4_csum(f);
+  EXPECT_EQ(why(f), Malformed::kIpTotalLen);
+
+  f = good;
+  f[25] ^= 1;
+  EXPECT_EQ(why(f), Malformed::kIpChecksum);
+
+  f = good;  // more-fragments
+  f[20] |= 0x20;
+  fix_ipv4_csum(f);
+  EXPECT_EQ(why(f), Malformed::kIpFragment);
+
+  f = good;  // UDP length one short of the IP payload
+  f[14 + 20 + 5] -= 1;
+  EXPECT_EQ(why(f), Malformed::kUdpLen);
+
+  f = good;  // TVer 1
+  f[14 + 20 + 8 + 1] |= 1;
+  EXPECT_EQ(why(f), Malformed::kBthVersion);
+
+  f = good;  // RD opcode
+  f[14 + 20 + 8] = 0x44;
+  EXPECT_EQ(why(f), Malformed::kUnknownOpcode);
+
+  f = good;  // pad count larger than the padded payload
+  f[14 + 20 + 8] = opcode::kRcSendOnly;
+  {
+    // A frame with no payload but PadCnt 3.
+    std::mt19937_64 rng(1);
+    RoceFields z = random_fields(rng, opcode::kRcSendOnly, false, false, 0);
+    f = encode(z);
+    f[14 + 20 + 8 + 1] |= 0x30;
+    fix_icrc(f);
+    EXPECT_EQ(why(f), Malformed::kBadLength);
+  }
+
+  {  // an ACK with 4 bytes of payload
+    std::mt19937_64 rng(1);
+    RoceFields a = random_fields(rng, opcode::kRcAck, false, false, 0);
+    f = encode(a);
+    f.insert(f.end() - 4, {1, 2, 3, 4});
+    f[14 + 3] += 4;         // IP total length
+    f[14 + 20 + 5] += 4;    // UDP length
+    fix_ipv4_csum(f);
+    fix_icrc(f);
+    EXPECT_EQ(why(f), Malformed::kPayloadNotAllowed);
+  }
+
+  f = good;
+  f[f.size() - 7] ^= 0x80;  // a payload bit
+  EXPECT_EQ(why(f), Malformed::kBadIcrc);
+  f = good;
+  f.back() ^= 1;  // an ICRC bit
+  EXPECT_EQ(why(f), Malformed::kBadIcrc);
+}
+
+TEST(Codec, VariantFieldsDoNotAffectIcrc) {
+  std::vector<uint8_t> f = sample();
+  f[15] = 0x03;  // ECN CE marked in flight
+  f[22] = 1;     // TTL decremented
+  fix_ipv4_csum(f);
+  f[14 + 20 + 6] = 0x12;  // UDP checksum
+  f[14 + 20 + 8 + 4] |= 0x80;  // FECN
+  EXPECT_EQ(why(f), Malformed::kNone);
+}
+
+TEST(Codec, SplitHeadersAreReportedNotRead) {
+  const std::vector<uint8_t> good = sample();
+  const ConstBuf segs[] = {{good.data(), 40}, {good.data() + 40, static_cast<uint32_t>(good.size() - 40)}};
+  FrameInfo fi;
+  decode(segs, static_cast<uint32_t>(good.size()), fi);
+  EXPECT_EQ(fi.kind, FrameKind::kMalformed);
+  EXPECT_EQ(fi.why, Malformed::kSplitHeaders);
+}
+
+TEST(Codec, MalformedNamesAreDistinct) {
+  for (size_t a = 0; a < static_cast<size_t>(Malformed::kCount); ++a)
+    for (size_t b = a + 1; b < static_cast<size_t>(Malformed::kCount); ++b)
+      EXPECT_STRNE(malformed_name(static_cast<Malformed>(a)),
+                   malformed_name(static_cast<Malformed>(b)));
+}

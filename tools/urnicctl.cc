@@ -1,0 +1,124 @@
+// urnicctl: talks to a running urnicd over its control socket.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "dataplane/service/ctl_proto.h"
+
+namespace ctl = urnic::ctl;
+
+namespace {
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: urnicctl [-s SOCKET] COMMAND\n"
+          "  stats [--json]   counters of the running service (rates since "
+          "the last query)\n"
+          "  ping IPV4        make the service send one ICMP echo request\n"
+          "  version          service and protocol version\n"
+          "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
+}
+
+// Sends one request; prints the reply payload. Returns the exit code.
+int call(const std::string& path, ctl::Op op, const std::string& body,
+         std::string& out) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (fd < 0 || path.size() >= sizeof sa.sun_path) {
+    fprintf(stderr, "urnicctl: bad socket path %s\n", path.c_str());
+    return 1;
+  }
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    fprintf(stderr, "urnicctl: urnicd is not running at %s (%s)\n",
+            path.c_str(), strerror(errno));
+    close(fd);
+    return 1;
+  }
+  ctl::Hdr h;
+  h.op = static_cast<uint16_t>(op);
+  h.len = static_cast<uint32_t>(body.size());
+  std::string msg(reinterpret_cast<const char*>(&h), sizeof h);
+  msg += body;
+  if (send(fd, msg.data(), msg.size(), MSG_NOSIGNAL) < 0) {
+    fprintf(stderr, "urnicctl: send: %s\n", strerror(errno));
+    close(fd);
+    return 1;
+  }
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 5000) != 1) {
+    fprintf(stderr, "urnicctl: no answer from %s within 5 s\n", path.c_str());
+    close(fd);
+    return 1;
+  }
+  static char buf[ctl::kMaxMsg];
+  const ssize_t n = recv(fd, buf, sizeof buf, 0);
+  close(fd);
+  ctl::Hdr r;
+  if (n < static_cast<ssize_t>(sizeof r)) {
+    fprintf(stderr, "urnicctl: connection closed by urnicd\n");
+    return 1;
+  }
+  std::memcpy(&r, buf, sizeof r);
+  if (r.magic != ctl::kMagic || r.len != n - sizeof r) {
+    fprintf(stderr, "urnicctl: malformed reply\n");
+    return 1;
+  }
+  out.assign(buf + sizeof r, r.len);
+  if (r.status != 0) {
+    fprintf(stderr, "urnicctl: %s (%s)\n", out.c_str(), strerror(-r.status));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* env = getenv("URNIC_SOCKET");
+  std::string path = env && *env ? env : "/run/urnic/urnicd.sock";
+  int i = 1;
+  if (i + 1 < argc && std::strcmp(argv[i], "-s") == 0) {
+    path = argv[i + 1];
+    i += 2;
+  }
+  if (i >= argc) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[i++];
+  std::string out;
+  int rc;
+  if (cmd == "stats") {
+    const bool json = i < argc && std::strcmp(argv[i], "--json") == 0;
+    if (json) ++i;
+    if (i != argc) {
+      usage(stderr);
+      return 2;
+    }
+    rc = call(path, json ? ctl::Op::kStatsJson : ctl::Op::kStatsText, "", out);
+  } else if (cmd == "ping" && i + 1 == argc) {
+    rc = call(path, ctl::Op::kPing, argv[i], out);
+    if (rc == 0) out += "\n";
+  } else if (cmd == "version" && i == argc) {
+    rc = call(path, ctl::Op::kHello, "", out);
+    if (rc == 0) out += "\n";
+  } else if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  } else {
+    usage(stderr);
+    return 2;
+  }
+  if (rc == 0) fputs(out.c_str(), stdout);
+  return rc;
+}
