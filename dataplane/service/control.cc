@@ -42,15 +42,7 @@ ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h)
   const size_t slash = path_.rfind('/');
   if (slash != std::string::npos && slash > 0) mkdir_p(path_.substr(0, slash));
 
-  // A live service on the path wins; a dead one's socket file is removed.
-  const int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (probe >= 0) {
-    const bool live =
-        connect(probe, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
-    close(probe);
-    if (live)
-      throw std::runtime_error("another urnicd is already serving " + path_);
-  }
+  ensure_free(path_);
   unlink(path_.c_str());
 
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -61,6 +53,22 @@ ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h)
     close(listen_fd_);
     throw std::runtime_error(e);
   }
+}
+
+void ControlServer::ensure_free(const std::string& path) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.size() >= sizeof sa.sun_path)
+    throw std::runtime_error("control.socket path too long: " + path);
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  // A live service on the path wins; a dead one's socket file is removed.
+  const int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (probe < 0) return;
+  const bool live =
+      connect(probe, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  close(probe);
+  if (live)
+    throw std::runtime_error("another urnicd is already serving " + path);
 }
 
 ControlServer::~ControlServer() {

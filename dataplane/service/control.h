@@ -24,6 +24,10 @@ class ControlServer {
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
 
+  // Throws if a live service already answers on `path` (checked before EAL
+  // start-up so a second instance fails fast and touches no port).
+  static void ensure_free(const std::string& path);
+
   // Waits up to timeout_ms for activity, serves it.
   void poll(int timeout_ms);
   const std::string& path() const { return path_; }

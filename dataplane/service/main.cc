@@ -227,6 +227,12 @@ int main(int argc, char** argv) {
     fputs(config::dump(cfg).c_str(), stdout);
     return 0;
   }
+  try {
+    ControlServer::ensure_free(cfg.control.socket);
+  } catch (const std::exception& e) {
+    fprintf(stderr, "urnicd: %s\n", e.what());
+    return 1;
+  }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   struct sigaction sa{};
   sa.sa_handler = on_signal;

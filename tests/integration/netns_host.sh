@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Integration: urnicd on net_af_packet over a veth pair between two network
+# namespaces this test creates. Checks ARP/ICMP/ND answers, the resolver
+# (urnicctl ping), RoCEv2 ICRC rejection (scapy), JSON stats, a second
+# instance refused, clean SIGTERM exit. Everything it starts or creates is
+# removed on exit, pass or fail.
+# usage: netns_host.sh URNICD URNICCTL
+set -euo pipefail
+URNICD=$1
+URNICCTL=$2
+PY=/usr/bin/python3  # Debian's python: scapy lives there
+
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
+
+id=$$
+SVC=urnic-it-s-$id
+PEER=urnic-it-p-$id
+IF_S=uit${id}s
+IF_P=uit${id}p
+TMP=$(mktemp -d /tmp/urnic-it.XXXXXX)
+SOCK=$TMP/urnicd.sock
+PID=
+pass=0
+fail=0
+
+cleanup() {
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+    kill -TERM "$PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$PID" 2>/dev/null || true
+  fi
+  ip netns del "$SVC" 2>/dev/null || true
+  ip netns del "$PEER" 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+check() {  # check NAME COMMAND...
+  local name=$1
+  shift
+  if "$@" >"$TMP/out" 2>&1; then
+    echo "ok   - $name"
+    pass=$((pass + 1))
+  else
+    echo "FAIL - $name"
+    sed 's/^/       /' "$TMP/out" | tail -20
+    fail=$((fail + 1))
+  fi
+}
+
+ip netns add "$SVC"
+ip netns add "$PEER"
+ip link add "$IF_S" netns "$SVC" type veth peer name "$IF_P" netns "$PEER"
+ip -n "$SVC" link set lo up
+ip -n "$SVC" link set "$IF_S" up
+ip -n "$PEER" link set lo up
+ip -n "$PEER" addr add 10.77.0.2/24 dev "$IF_P"
+ip -n "$PEER" addr add fd00:77::2/64 dev "$IF_P" nodad
+ip -n "$PEER" link set "$IF_P" up
+
+ip netns exec "$SVC" "$URNICD" \
+  -o "port.vdev=net_af_packet0,iface=$IF_S,qpairs=1" \
+  -o port.ipv6=fd00:77::1/64 \
+  -o "control.socket=$SOCK" -o "eal.file_prefix=urnic-it-$id" \
+  -o stats.period_ms=0 >"$TMP/urnicd.log" 2>&1 &
+PID=$!
+
+ctl() { "$URNICCTL" -s "$SOCK" "$@"; }
+counter() {  # counter SECTION NAME
+  ctl stats --json | $PY -c "import json,sys; print(json.load(sys.stdin)['$1']['$2'])"
+}
+wait_counter() {  # wait_counter SECTION NAME MIN
+  for _ in $(seq 50); do
+    [ "$(counter "$1" "$2")" -ge "$3" ] && return 0
+    sleep 0.1
+  done
+  echo "$1.$2 = $(counter "$1" "$2"), expected >= $3"
+  return 1
+}
+
+up=0
+for _ in $(seq 100); do
+  if ctl version >/dev/null 2>&1; then up=1; break; fi
+  kill -0 "$PID" 2>/dev/null || break
+  sleep 0.2
+done
+if [ $up = 0 ]; then
+  echo "FAIL - urnicd did not come up"; cat "$TMP/urnicd.log"; exit 1
+fi
+echo "ok   - urnicd up: $(ctl version)"
+
+# The resolver first, before the peer has talked to us: ARP request out,
+# reply learned, the queued echo request released, its reply counted.
+check "urnicctl ping resolves the peer by ARP" ctl ping 10.77.0.2
+check "echo reply received" wait_counter totals icmp_echo_reply_rx 1
+check "resolver counters" bash -c "
+  j=\$('$URNICCTL' -s '$SOCK' stats --json)
+  echo \"\$j\" | $PY -c 'import json,sys; t=json.load(sys.stdin)[\"totals\"]; \
+    assert t[\"arp_tx_request\"] >= 1, t; assert t[\"neigh_resolved\"] >= 1, t; \
+    assert t[\"pending_sent\"] >= 1, t'"
+
+check "ping from the peer gets 3 replies" \
+  ip netns exec "$PEER" ping -c 3 -i 0.2 -W 2 10.77.0.1
+check "arping from the peer gets answers" \
+  ip netns exec "$PEER" arping -c 2 -w 4 -I "$IF_P" 10.77.0.1
+check "IPv6 ping (ND + ICMPv6 echo) gets replies" \
+  ip netns exec "$PEER" ping -6 -c 2 -i 0.2 -W 2 fd00:77::1
+
+MAC=$(ip netns exec "$SVC" cat "/sys/class/net/$IF_S/address")
+before_icrc=$(counter malformed bad_icrc)
+before_roce=$(counter totals roce_rx)
+before_trunc=$(counter malformed truncated)
+before_other=$(counter totals non_roce_ignored)
+check "scapy sends good, bad-ICRC, truncated and non-RoCE packets" \
+  ip netns exec "$PEER" $PY - "$IF_P" "$MAC" <<'PYEOF'
+import sys
+from scapy.all import Ether, IP, UDP, Raw, sendp, conf
+from scapy.contrib.roce import BTH
+conf.verb = 0
+iface, mac = sys.argv[1], sys.argv[2]
+p = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
+     UDP(sport=49152, dport=4791) / BTH(opcode=4, dqpn=17, psn=5) /
+     Raw(b"urnic-it"))
+good = bytes(p)
+bad = bytearray(good); bad[-1] ^= 0xff
+# Truncated: UDP says more than the frame holds -> IP total length error;
+# craft a BTH cut short inside a consistent IP/UDP instead.
+short = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
+         UDP(sport=49152, dport=4791) / Raw(b"\x04\x00\xff\xff\x00\x00"))
+other = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
+         UDP(sport=5000, dport=5001) / Raw(b"x"))
+for f in (good, bytes(bad), bytes(short), bytes(other)):
+    sendp(Ether(f), iface=iface)
+PYEOF
+check "good RoCE packet counted" wait_counter totals roce_rx $((before_roce + 1))
+check "bad ICRC dropped and counted" wait_counter malformed bad_icrc $((before_icrc + 1))
+check "truncated RoCE dropped and counted" wait_counter malformed truncated $((before_trunc + 1))
+check "non-RoCE UDP ignored and counted" wait_counter totals non_roce_ignored $((before_other + 1))
+check "urnicctl stats --json parses" bash -c "'$URNICCTL' -s '$SOCK' stats --json | $PY -m json.tool >/dev/null"
+check "urnicctl stats prints the testpmd layout" bash -c \
+  "'$URNICCTL' -s '$SOCK' stats | grep -q 'Throughput (since last show)'"
+
+# Bad use: a second service on the same socket is refused before it touches
+# any port; a client of a missing service gets a clear error.
+check "second urnicd on the same socket refused" bash -c "
+  ! ip netns exec '$SVC' '$URNICD' -o 'control.socket=$SOCK' \
+     -o eal.file_prefix=urnic-it2-$id 2>'$TMP/second.err' &&
+  grep -q 'already serving' '$TMP/second.err'"
+check "urnicctl names a missing service" bash -c "
+  ! '$URNICCTL' -s '$TMP/nope.sock' stats 2>'$TMP/nope.err' &&
+  grep -q 'not running at' '$TMP/nope.err'"
+check "urnicd still serving after all of the above" ctl version
+
+kill -TERM "$PID"
+rc=0
+for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$PID" 2>/dev/null; then
+  echo "FAIL - urnicd ignored SIGTERM"; fail=$((fail + 1))
+else
+  wait "$PID" || rc=$?
+  PID=
+  check "urnicd exited 0 on SIGTERM" test "$rc" = 0
+  check "final stats printed and 'stopped'" grep -q 'urnicd: stopped' "$TMP/urnicd.log"
+  check "control socket removed" test ! -e "$SOCK"
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
