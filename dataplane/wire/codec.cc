@@ -222,11 +222,15 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
   }
   const uint8_t* p = segs[0].data;
   const uint32_t first_len = std::min(segs[0].len, frame_len);
-  if (first_len < sizeof(EthHdr)) {
-    fail(out, frame_len < sizeof(EthHdr) ? Malformed::kTruncated
-                                         : Malformed::kSplitHeaders);
-    return;
-  }
+  // Headers must be in the first segment: a frame too short for them is
+  // truncated; a long frame whose first segment is short is split.
+  auto missing = [&](uint32_t need) {
+    if (first_len >= need) return false;
+    fail(out, frame_len < need ? Malformed::kTruncated
+                               : Malformed::kSplitHeaders);
+    return true;
+  };
+  if (missing(sizeof(EthHdr))) return;
   const auto* eth = at<EthHdr>(p, 0);
   out.roce.dst_mac = eth->dst;
   out.roce.src_mac = eth->src;
@@ -237,10 +241,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
     return;
   }
   if (type == kEtherTypeVlan) {
-    if (first_len < l3 + sizeof(VlanTag)) {
-      fail(out, Malformed::kTruncated);
-      return;
-    }
+    if (missing(l3 + sizeof(VlanTag))) return;
     const auto* tag = at<VlanTag>(p, l3);
     out.roce.vlan = true;
     out.roce.vlan_tci = tag->tci.get();
@@ -256,10 +257,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
   const uint32_t l3_room = frame_len - l3;  // bytes of frame after L2
 
   if (type == kEtherTypeArp) {
-    if (first_len < l3 + sizeof(ArpHdr)) {
-      fail(out, Malformed::kTruncated);
-      return;
-    }
+    if (missing(l3 + sizeof(ArpHdr))) return;
     out.l4_off = out.l3_off;
     out.kind = FrameKind::kArp;
     return;
@@ -267,10 +265,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
 
   uint8_t proto;
   if (type == kEtherTypeIpv4) {
-    if (first_len < l3 + sizeof(Ipv4Hdr)) {
-      fail(out, Malformed::kTruncated);
-      return;
-    }
+    if (missing(l3 + sizeof(Ipv4Hdr))) return;
     const auto* ip = at<Ipv4Hdr>(p, l3);
     if ((ip->version_ihl >> 4) != 4) {
       fail(out, Malformed::kIpVersion);
@@ -281,10 +276,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
       fail(out, Malformed::kIpHeaderLen);
       return;
     }
-    if (first_len < l3 + ihl) {
-      fail(out, Malformed::kTruncated);
-      return;
-    }
+    if (missing(l3 + ihl)) return;
     const uint32_t tot = ip->total_length.get();
     if (tot < ihl || tot > l3_room) {
       fail(out, Malformed::kIpTotalLen);
@@ -309,10 +301,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
     f.ip_id = ip->id.get();
     f.dont_fragment = ip->frag.get() & 0x4000;
   } else if (type == kEtherTypeIpv6) {
-    if (first_len < l3 + sizeof(Ipv6Hdr)) {
-      fail(out, Malformed::kTruncated);
-      return;
-    }
+    if (missing(l3 + sizeof(Ipv6Hdr))) return;
     const auto* ip = at<Ipv6Hdr>(p, l3);
     const uint32_t vtc = ip->vtc_flow.get();
     if ((vtc >> 28) != 6) {
@@ -368,10 +357,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
     fail(out, Malformed::kUdpLen);
     return;
   }
-  if (first_len < out.l4_off + sizeof(UdpHdr)) {
-    fail(out, Malformed::kSplitHeaders);
-    return;
-  }
+  if (missing(out.l4_off + sizeof(UdpHdr))) return;
   if (at<UdpHdr>(p, out.l4_off)->dst_port.get() != kRoceV2Port) {
     out.kind = FrameKind::kOtherIp;
     return;
