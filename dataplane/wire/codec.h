@@ -115,8 +115,10 @@ struct FrameInfo {
 // `segs` (in order; headers must sit in segs[0]). `frame_len` is the frame
 // length (Ethernet padding after the IP packet is allowed). ICRC is
 // verified over all segments.
+// `ip_csum_ok`: the NIC verified the IPv4 header checksum (an RX offload
+// flag), so it is not recomputed.
 void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
-            FrameInfo& out);
+            FrameInfo& out, bool ip_csum_ok = false);
 inline void decode(const uint8_t* frame, uint32_t len, FrameInfo& out) {
   const ConstBuf seg{frame, len};
   decode({&seg, 1}, len, out);
