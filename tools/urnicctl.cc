@@ -23,6 +23,7 @@ void usage(FILE* f) {
           "  stats [--json]   counters of the running service (rates since "
           "the last query)\n"
           "  ping IPV4        make the service send one ICMP echo request\n"
+          "  gids             the port's GID table (index, GID, type)\n"
           "  version          service and protocol version\n"
           "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
 }
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
   } else if (cmd == "ping" && i + 1 == argc) {
     rc = call(path, ctl::Op::kPing, argv[i], out);
     if (rc == 0) out += "\n";
+  } else if (cmd == "gids" && i == argc) {
+    rc = call(path, ctl::Op::kGids, "", out);
   } else if (cmd == "version" && i == argc) {
     rc = call(path, ctl::Op::kHello, "", out);
     if (rc == 0) out += "\n";

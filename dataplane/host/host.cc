@@ -2,7 +2,11 @@
 // (RFC 4443) for the service's own addresses.
 #include "dataplane/host/host.h"
 
+#include "dataplane/host/gid_table.h"
+
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 namespace urnic::host {
 
@@ -397,4 +401,13 @@ uint32_t build_resolve_request(const HostAddrs& h, uint16_t vlan_tci,
   return build_neighbour_solicit(h, vlan_tci, gid, buf);
 }
 
+}  // namespace urnic::host
+
+namespace urnic::host {
+std::string format_gid(const uint8_t g[16]) {
+  char buf[40];
+  for (int i = 0; i < 8; ++i)
+    snprintf(buf + i * 5, 6, "%02x%02x%s", g[2 * i], g[2 * i + 1], i < 7 ? ":" : "");
+  return buf;
+}
 }  // namespace urnic::host

@@ -17,6 +17,7 @@ enum class Op : uint16_t {
   kStatsText = 2,  // reply: testpmd-style text
   kStatsJson = 3,  // reply: JSON
   kPing = 4,       // payload: IPv4 dotted quad; the service sends one echo
+  kGids = 5,       // reply: one "index gid" line per GID
 };
 
 struct Hdr {

@@ -122,6 +122,14 @@ int run(const config::Config& cfg, char* prog) {
             last_query = std::move(s);
             return out;
           }
+          case ctl::Op::kGids: {
+            const host::GidTable gids(addrs);
+            std::string out;
+            for (uint32_t i = 0; i < gids.count; ++i)
+              out += std::to_string(i) + " " + host::format_gid(gids.gid[i]) +
+                     (i == 0 ? " RoCEv2 IPv4\n" : " RoCEv2 IPv6\n");
+            return out;
+          }
           case ctl::Op::kPing: {
             uint32_t ip;
             if (!config::parse_ipv4(body, ip)) {
@@ -150,12 +158,26 @@ int run(const config::Config& cfg, char* prog) {
         rte_eal_remote_launch(&Worker::launch, w.get(), w->lcore());
 
       stats::Snapshot last_print = snapshot();
+      bool link_up = !last_print.port.link_up;  // report the first state
+      uint64_t next_link_check = 0;
       uint64_t next_print = now_ns() + uint64_t{cfg.stats.period_ms} * 1000000;
       while (!g_quit.load()) {
         ctl.poll(20);
         while (!commands.empty() &&
                commands.front()->result.load(std::memory_order_acquire) != 1)
           commands.pop_front();
+        if (now_ns() >= next_link_check) {
+          stats::PortSnapshot ps;
+          port_read_stats(port, ps);
+          if (ps.link_up != link_up) {
+            link_up = ps.link_up;
+            printf("urnicd: port %u link %s", port.port_id,
+                   link_up ? "up" : "down");
+            if (link_up) printf(" %u Mb/s", ps.link_speed_mbps);
+            printf("\n");
+          }
+          next_link_check = now_ns() + 500'000'000;
+        }
         if (cfg.stats.period_ms && now_ns() >= next_print) {
           stats::Snapshot s = snapshot();
           fputs(stats::format_text(s, &last_print).c_str(), stdout);

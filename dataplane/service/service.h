@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/urnic_config.h"
+#include "dataplane/host/gid_table.h"
 #include "dataplane/host/host.h"
 #include "dataplane/host/pending.h"
 #include "dataplane/stats/report.h"
@@ -80,6 +81,7 @@ class alignas(64) Worker {
   const config::Config& cfg_;
   const PortInfo& port_;
   const host::HostAddrs& addrs_;
+  const host::GidTable gids_;
   host::NeighbourTable& nt_;
   uint32_t lcore_;
   uint16_t queue_;

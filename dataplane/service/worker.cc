@@ -37,6 +37,7 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
     : cfg_(cfg),
       port_(port),
       addrs_(addrs),
+      gids_(addrs),
       nt_(nt),
       lcore_(lcore),
       queue_(queue),
@@ -185,9 +186,7 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
   uint8_t* frame = rte_pktmbuf_mtod(m, uint8_t*);
   switch (fi.kind) {
     case FrameKind::kRoce:
-      if (!(wire::gid_is_ipv4(fi.roce.dgid)
-                ? wire::gid_to_ipv4(fi.roce.dgid) == addrs_.ipv4
-                : addrs_.owns_ipv6(fi.roce.dgid))) {
+      if (gids_.find(fi.roce.dgid) < 0) {
         ctr_.inc(Ctr::not_for_us);
         break;
       }

@@ -89,6 +89,13 @@ if [ $up = 0 ]; then
 fi
 echo "ok   - urnicd up: $(ctl version)"
 
+check "GID table: IPv4-mapped at 0, link-local at 1, fd00:77::1 at 2" bash -c "
+  g=\$('$URNICCTL' -s '$SOCK' gids); echo \"\$g\";
+  echo \"\$g\" | grep -q '^0 0000:0000:0000:0000:0000:ffff:0a4d:0001 RoCEv2 IPv4' &&
+  echo \"\$g\" | grep -q '^1 fe80:' &&
+  echo \"\$g\" | grep -q '^2 fd00:0077:0000:0000:0000:0000:0000:0001 RoCEv2 IPv6'"
+check "link state logged" grep -q 'link up' "$TMP/urnicd.log"
+
 # The resolver first, before the peer has talked to us: ARP request out,
 # reply learned, the queued echo request released, its reply counted.
 check "urnicctl ping resolves the peer by ARP" ctl ping 10.77.0.2

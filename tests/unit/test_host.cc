@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dataplane/host/gid_table.h"
 #include "dataplane/host/host.h"
 
 using namespace urnic;
@@ -213,4 +214,20 @@ TEST_F(HostTest, ResolveRequestPicksArpOrNs) {
   v6[15] = 2;
   decode(buf, host::build_resolve_request(h, 0, v6, buf), fi);
   EXPECT_EQ(fi.kind, FrameKind::kIcmpv6);
+}
+
+TEST_F(HostTest, GidTableFromAddresses) {
+  host::GidTable t(h);
+  ASSERT_EQ(t.count, 3u);
+  EXPECT_EQ(host::format_gid(t.gid[0]),
+            "0000:0000:0000:0000:0000:ffff:0a4d:0001");
+  EXPECT_EQ(host::format_gid(t.gid[1]),
+            "fe80:0000:0000:0000:0000:00ff:fe00:0001");  // EUI-64 of 02:..:01
+  EXPECT_EQ(t.find(h.ipv6), 2);
+  uint8_t other[16];
+  gid_from_ipv4(kPeerIp, other);
+  EXPECT_EQ(t.find(other), -1);
+  host::HostAddrs v4only = h;
+  v4only.has_ipv6 = false;
+  EXPECT_EQ(host::GidTable(v4only).count, 1u);
 }
