@@ -3,6 +3,7 @@
 #include "dataplane/wire/codec.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "dataplane/wire/icrc.h"
 
@@ -110,9 +111,10 @@ void decode_roce(std::span<const ConstBuf> segs, const uint8_t* p,
 
   // ICRC over everything after the BTH up to the ICRC itself.
   Icrc icrc;
-  icrc.begin(p + out.l3_off, out.ip_hdr_len, out.ether_type == kEtherTypeIpv6);
+  icrc.begin(p + out.l3_off, out.ip_hdr_len, out.ether_type == kEtherTypeIpv6,
+             op.hdr_len - sizeof(Bth));
   const uint32_t icrc_off = out.bth_off + roce_len - kIcrcSize;
-  const uint32_t rest_off = out.bth_off + sizeof(Bth);
+  const uint32_t rest_off = out.bth_off + op.hdr_len;
   for_range(segs, rest_off, icrc_off - rest_off,
             [&](const uint8_t* d, uint32_t n) { icrc.update(d, n); });
   uint8_t wire_icrc[kIcrcSize];
@@ -186,10 +188,18 @@ const char* malformed_name(Malformed m) {
 }
 
 uint32_t csum_partial(const uint8_t* p, size_t n, uint32_t sum) {
+  // 32-bit big-endian words into a 64-bit accumulator: the one's-complement
+  // sum of 32-bit words folds to the same 16-bit sum (RFC 1071 2.(B)).
   uint64_t s = sum;
-  for (; n >= 2; p += 2, n -= 2) s += uint32_t{p[0]} << 8 | p[1];
+  for (; n >= 4; p += 4, n -= 4) s += load_be32(p);
+  if (n >= 2) {
+    s += uint32_t{p[0]} << 8 | p[1];
+    p += 2;
+    n -= 2;
+  }
   if (n) s += uint32_t{p[0]} << 8;
-  while (s >> 32) s = (s & 0xffffffff) + (s >> 32);
+  s = (s & 0xffffffff) + (s >> 32);
+  s = (s & 0xffffffff) + (s >> 32);
   return static_cast<uint32_t>(s);
 }
 
@@ -209,7 +219,10 @@ uint32_t gid_to_ipv4(const uint8_t gid[16]) { return load_be32(gid + 12); }
 
 void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
             FrameInfo& out, bool ip_csum_ok) {
-  out = FrameInfo{};
+  // Zero-fill (FrameInfo is trivially copyable): cheaper than assigning a
+  // value-initialised temporary. Decode sets every field it reports.
+  static_assert(std::is_trivially_copyable_v<FrameInfo>);
+  std::memset(static_cast<void*>(&out), 0, sizeof out);
   if (segs.empty()) {
     fail(out, Malformed::kTruncated);
     return;
@@ -323,6 +336,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
     f.tclass = static_cast<uint8_t>(vtc >> 20);
     f.flow_label = vtc & 0xfffff;
     f.ttl = ip->hop_limit;
+    f.dont_fragment = true;  // IPv6 routers never fragment
   } else {
     out.kind = FrameKind::kOtherL2;
     return;
@@ -478,10 +492,8 @@ uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
   const OpcodeInfo& op = opcode_info(f.opcode);
   const uint32_t l3 = sizeof(EthHdr) + (f.vlan ? sizeof(VlanTag) : 0);
   const uint32_t ip_len = f.ipv6 ? sizeof(Ipv6Hdr) : sizeof(Ipv4Hdr);
-  const uint32_t bth = l3 + ip_len + sizeof(UdpHdr);
   Icrc icrc;
-  icrc.begin(hdrs + l3, ip_len, f.ipv6);
-  icrc.update(hdrs + bth + sizeof(Bth), op.hdr_len - sizeof(Bth));
+  icrc.begin(hdrs + l3, ip_len, f.ipv6, op.hdr_len - sizeof(Bth));
   for (const ConstBuf& b : payload) icrc.update(b.data, b.len);
   const uint32_t pad = pad_for(f.payload_len);
   std::memset(trailer, 0, pad);

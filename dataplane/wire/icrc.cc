@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "dataplane/wire/headers.h"
+#include "dataplane/wire/opcode.h"
 
 namespace urnic::wire {
 
@@ -15,10 +16,17 @@ uint32_t crc32(uint32_t crc, const uint8_t* p, size_t n) {
   return crc32_gzip_refl(crc, p, n);
 }
 
-void Icrc::begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6) {
-  // 8 (LRH) + 60 (max IPv4 header; IPv6 is 40) + UDP + BTH.
-  uint8_t buf[8 + 60 + sizeof(UdpHdr) + sizeof(Bth)];
-  const uint32_t hdrs = ip_hdr_len + sizeof(UdpHdr) + sizeof(Bth);
+void Icrc::begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6,
+                 uint32_t ext_len) {
+  // 8 (LRH) + 60 (max IPv4 header; IPv6 is 40) + UDP + BTH + the largest
+  // extension header set of the opcode table.
+  uint8_t buf[8 + 60 + sizeof(UdpHdr) + sizeof(Bth) + kMaxExtLen];
+  if (ext_len > kMaxExtLen) {  // not from the opcode table: chain it
+    begin(l3, ip_hdr_len, ipv6, 0);
+    update(l3 + ip_hdr_len + sizeof(UdpHdr) + sizeof(Bth), ext_len);
+    return;
+  }
+  const uint32_t hdrs = ip_hdr_len + sizeof(UdpHdr) + sizeof(Bth) + ext_len;
   std::memset(buf, 0xff, 8);
   std::memcpy(buf + 8, l3, hdrs);
   uint8_t* ip = buf + 8;

@@ -168,6 +168,16 @@ inline constexpr std::array<OpcodeInfo, 256> kOpcodeTable =
 
 constexpr const OpcodeInfo& opcode_info(uint8_t op) { return kOpcodeTable[op]; }
 
+// Longest extension-header set of any opcode (AtomicETH: 28).
+constexpr uint8_t kMaxExtLen = [] {
+  uint8_t m = 0;
+  for (const OpcodeInfo& i : kOpcodeTable)
+    if (i.valid() && i.hdr_len - sizeof(Bth) > m)
+      m = static_cast<uint8_t>(i.hdr_len - sizeof(Bth));
+  return m;
+}();
+static_assert(kMaxExtLen == sizeof(AtomicEth));
+
 // Compile-time spot checks of the derived layout against IBTA.
 static_assert(opcode_info(opcode::kRcWriteOnlyImm).hdr_len == 12 + 16 + 4);
 static_assert(opcode_info(opcode::kRcAtomicAck).hdr_len == 12 + 4 + 8);
