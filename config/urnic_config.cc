@@ -5,6 +5,7 @@
 #include "config/urnic_config.h"
 
 #include <arpa/inet.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
@@ -638,6 +640,57 @@ Loc loc_at(std::string file, const YAML::Mark& mark, int col_offset = 0) {
   return loc;
 }
 
+// Records where each document starts, building nothing.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    marks.push_back(mark);
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  std::vector<YAML::Mark> marks;
+};
+
+// Parses text holding at most one YAML document (a Null node if none).
+// Errors name `file`; col_offset shifts columns of the first line (an
+// override's value starts after "key="). A first pass walks the documents
+// itself because yaml-cpp 0.7 never consumes a stray ',' ']' or '}' outside
+// a collection: LoadAll() then loops forever and Load() ignores the rest.
+YAML::Node load_single_document(const std::string& text,
+                                const std::string& file, int col_offset) {
+  try {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentStarts starts;
+    while (parser.HandleNextDocument(starts)) {
+      const auto& m = starts.marks;
+      if (m.size() >= 2 && m[m.size() - 1].pos == m[m.size() - 2].pos) {
+        const auto pos = static_cast<size_t>(m.back().pos);
+        fail_plain(loc_at(file, m.back(), col_offset),
+                   "YAML syntax error: unexpected " +
+                       quote(pos < text.size() ? text.substr(pos, 1) : ""));
+      }
+    }
+    if (starts.marks.size() > 1) {
+      fail_plain(loc_at(file, starts.marks[1], col_offset),
+                 "expected a single YAML document");
+    }
+    return YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    fail_plain(loc_at(file, e.mark, col_offset), "YAML syntax error: " + e.msg);
+  }
+}
+
 class Decoder {
  public:
   explicit Decoder(std::string source) : source_(std::move(source)) {}
@@ -717,26 +770,17 @@ class Decoder {
 };
 
 YAML::Node Decoder::load_document(const std::string& text) const {
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(text);
-  } catch (const YAML::ParserException& e) {
-    fail_plain(loc_at(source_, e.mark), "YAML syntax error: " + e.msg);
-  }
-  if (docs.size() > 1) {
-    fail_plain(loc_at(source_, docs[1].Mark()),
-               "expected a single YAML document");
-  }
-  if (docs.empty() || docs[0].IsNull()) {
+  YAML::Node root = load_single_document(text, source_, 0);
+  if (root.IsNull()) {
     return YAML::Node(YAML::NodeType::Map);  // empty file: all defaults
   }
-  if (!docs[0].IsMap()) {
-    fail_plain(loc_at(source_, docs[0].Mark()),
+  if (!root.IsMap()) {
+    fail_plain(loc_at(source_, root.Mark()),
                "top level must be a map of sections (eal, port, mempool, "
                "lcores, control, stats, arp), got " +
-                   describe(docs[0]));
+                   describe(root));
   }
-  return docs[0];
+  return root;
 }
 
 // True when parts name a key or section in S's schema.
@@ -805,13 +849,8 @@ void Decoder::apply_override(YAML::Node& root, const std::string& text) {
   if (!known_path<Config>(parts)) fail(key_loc, key, "unknown key");
 
   const int offset = static_cast<int>(eq + 1);
-  YAML::Node value;
-  try {
-    value = YAML::Load(text.substr(eq + 1));
-  } catch (const YAML::ParserException& e) {
-    fail_plain(loc_at(std::string(kOverrideFile), e.mark, offset),
-               "YAML syntax error: " + e.msg);
-  }
+  const YAML::Node value = load_single_document(
+      text.substr(eq + 1), std::string(kOverrideFile), offset);
   set_path(root, parts, value, "");
   // Anything previously overridden beneath key is gone now.
   for (auto it = overrides_.lower_bound(key);

@@ -10,7 +10,8 @@
 
 namespace urnic::config {
 
-// Thrown by load(); message is "FILE:LINE:COL: key 'a.b.c': what".
+// Thrown by parse() and load_file(); message is
+// "FILE:LINE:COL: key 'a.b.c': what" (FILE is "<override>" for -o errors).
 class ConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -76,7 +77,7 @@ struct LcoreConfig {
 
 struct ControlConfig {
   std::string socket = "/run/urnic/urnicd.sock";
-  uint32_t mode = 0660;
+  uint32_t mode = 0660;  // YAML digits are always octal: 0660, 660, "0660"
 };
 
 struct StatsConfig {
@@ -118,6 +119,8 @@ const std::string& embedded_default();
 // Emits YAML that parse() turns back into an equal Config.
 std::string dump(const Config& cfg);
 
+// Compares every configuration field. Ignores `source` and the address bytes
+// of an absent (present == false) Ipv4Cidr / Ipv6Cidr.
 bool operator==(const Config& a, const Config& b);
 
 // "a.b.c.d" <-> host-order uint32; "x:x::x" <-> 16 bytes.

@@ -345,6 +345,21 @@ TEST(ConfigErrors, EmptyValueIsReportedAtItsKey) {
             "t.yaml:4:3: key 'port.mtu': expected an integer, got nothing");
 }
 
+TEST(ConfigErrors, StrayFlowTokensAreSyntaxErrors) {
+  // yaml-cpp 0.7's LoadAll() never returns on these; Load() ignores them.
+  EXPECT_EQ(parse_error(",a"),
+            "t.yaml:1:1: YAML syntax error: unexpected \",\"");
+  EXPECT_EQ(parse_error(std::string(kMinimal) + "]\n")
+                .rfind("t.yaml:4:1: YAML syntax error: ", 0),
+            0u);
+  EXPECT_EQ(parse_error("}").rfind("t.yaml:1:1: YAML syntax error: ", 0), 0u);
+}
+
+TEST(ConfigErrors, DocumentMarkersAreAllowed) {
+  EXPECT_NO_THROW(
+      parse("%YAML 1.2\n---\n" + std::string(kMinimal) + "...\n", "t.yaml"));
+}
+
 TEST(ConfigErrors, LoadFileMissing) {
   EXPECT_EQ(error_of([] { load_file("/nonexistent/urnicd.yaml"); }),
             "cannot open /nonexistent/urnicd.yaml: No such file or directory");
@@ -590,6 +605,17 @@ TEST(ConfigOverrides, BadValuesAreReportedInTheOverride) {
             0u);
   EXPECT_EQ(parse_error(kMinimal, {"port=5"}),
             "<override>:1:6: key 'port': expected a map, got \"5\"");
+}
+
+TEST(ConfigOverrides, ValueMustBeOneWellFormedDocument) {
+  // yaml-cpp by itself would ignore the stray ']' and accept [1, 2].
+  EXPECT_EQ(parse_error(kMinimal, {"eal.workers=[1,2]]"})
+                .rfind("<override>:1:18: YAML syntax error: ", 0),
+            0u);
+  EXPECT_EQ(parse_error(kMinimal, {"eal.workers=,"}),
+            "<override>:1:13: YAML syntax error: unexpected \",\"");
+  EXPECT_EQ(parse_error(kMinimal, {"eal.workers=[2]\n---\n[3]"}),
+            "<override>:2:1: expected a single YAML document");
 }
 
 TEST(ConfigOverrides, OverrideCanFixTheFile) {
