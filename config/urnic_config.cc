@@ -155,7 +155,7 @@ template <>
 struct Schema<LcoreConfig> {
   using S = LcoreConfig;
   static constexpr Field<S> kFields[] = {
-      {.key = "burst", .member = &S::burst, .min = 1, .max = 512},
+      {.key = "burst", .member = &S::burst, .min = 1, .max = kMaxBurst},
       {.key = "idle", .member = &S::idle},
   };
 };

@@ -70,8 +70,11 @@ struct IdleConfig {
   uint32_t sleep_us = 50;
 };
 
+// The worker keeps RX and TX arrays of this many mbufs on its stack/state.
+constexpr uint16_t kMaxBurst = 64;
+
 struct LcoreConfig {
-  uint16_t burst = 32;
+  uint16_t burst = 32;  // 1..kMaxBurst
   IdleConfig idle;
 };
 

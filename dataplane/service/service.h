@@ -92,7 +92,7 @@ class alignas(64) Worker {
   host::PendingQueue<rte_mbuf*> pending_;
   uint16_t tx_n_ = 0;
   uint16_t ping_seq_ = 0;
-  rte_mbuf* tx_[64];
+  rte_mbuf* tx_[config::kMaxBurst];
 };
 
 }  // namespace urnic::service

@@ -41,7 +41,7 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
       nt_(nt),
       lcore_(lcore),
       queue_(queue),
-      burst_(std::min<uint16_t>(cfg.lcores.burst, 64)),
+      burst_(cfg.lcores.burst),
       vlan_tci_(cfg.port.vlan),
       pending_(cfg.arp.queue_len) {
   const std::string name = "urnic_cmd_" + std::to_string(lcore);
@@ -234,7 +234,7 @@ void Worker::loop_st() {
   const config::IdleConfig& idle = cfg_.lcores.idle;
   uint32_t empty_polls = 0;
   uint64_t next_timer = 0;
-  rte_mbuf* pkts[64];
+  rte_mbuf* pkts[config::kMaxBurst];
   uint64_t t_prev = rte_rdtsc();
   while (!g_quit.load(std::memory_order_relaxed)) {
     const uint64_t now = now_ns();

@@ -92,12 +92,16 @@ else
 fi
 
 # --- net_memif pair: two services resolve and ping each other ---------------
+# The shipped example pair, as a user would start it (sockets and prefixes
+# moved to this test's own).
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
 MS=$TMP/memif.sock
-if start memA "" -- -o "port.vdev=net_memif0,role=server,socket=$MS,id=0,mac=02:00:00:88:00:01" \
-     -o port.ipv4=10.88.0.1/24 -o eal.memory_mb=128; then
+memif_vdev() { sed -n 's/^ *vdev: "\(.*\)"/\1/p' "$SRC/config/examples/$1" | sed "s|socket=[^,]*|socket=$MS|"; }
+if start memA "" -- -c "$SRC/config/examples/memif-a.yaml" \
+     -o "port.vdev=$(memif_vdev memif-a.yaml)" -o eal.memory_mb=128; then
   A=$LAST_PID
-  if start memB "" -- -o "port.vdev=net_memif0,role=client,socket=$MS,id=0,mac=02:00:00:88:00:02" \
-       -o port.ipv4=10.88.0.2/24 -o eal.memory_mb=128; then
+  if start memB "" -- -c "$SRC/config/examples/memif-b.yaml" \
+       -o "port.vdev=$(memif_vdev memif-b.yaml)" -o eal.memory_mb=128; then
     B=$LAST_PID
     wait_json memA "j['port']['link_up']" && ok "memif: link up" || bad "memif: link up"
     "$URNICCTL" -s "$TMP/memA.sock" ping 10.88.0.2 >/dev/null
