@@ -107,6 +107,17 @@ PortInfo port_setup(const config::Config& cfg) {
   if (int rc = rte_eth_dev_adjust_nb_rx_tx_desc(pid, &nb_rxd, &nb_txd))
     throw std::runtime_error(fmt("adjust descriptors: %s", strerror(-rc)));
 
+  // Every RX descriptor holds an mbuf, TX rings and per-lcore caches hold
+  // more; a pool smaller than that starves RX silently, so refuse it here.
+  const uint64_t need = uint64_t{p.nb_queues} * (nb_rxd + nb_txd) +
+                        uint64_t{p.nb_queues} * cfg.mempool.cache +
+                        uint64_t{p.nb_queues} * 2 * config::kMaxBurst;
+  if (cfg.mempool.mbufs < need)
+    throw std::runtime_error(fmt(
+        "mempool.mbufs %u is too small: %u queue(s) x (%u RX + %u TX "
+        "descriptors) plus caches need %llu",
+        cfg.mempool.mbufs, p.nb_queues, nb_rxd, nb_txd,
+        static_cast<unsigned long long>(need)));
   const int socket = rte_eth_dev_socket_id(pid);
   p.pool = rte_pktmbuf_pool_create("urnic_mbuf_p0", cfg.mempool.mbufs,
                                    cfg.mempool.cache, 0, cfg.mempool.data_room,

@@ -142,5 +142,16 @@ for vd in ring null; do
   fi
 done
 
+# --- a pool too small for the rings is refused with a clear error ----------
+if "$URNICD" -o port.vdev=net_ring0 -o port.ipv4=10.79.0.1/24 \
+     -o mempool.mbufs=1023 -o mempool.cache=0 -o "control.socket=$TMP/small.sock" \
+     -o "eal.file_prefix=urnic-vd-small-$id" >"$TMP/small.log" 2>&1; then
+  bad "small mempool accepted"
+elif grep -q 'mempool.mbufs 1023 is too small' "$TMP/small.log"; then
+  ok "small mempool refused: $(grep -o 'mempool.mbufs.*' "$TMP/small.log")"
+else
+  bad "small mempool: unexpected error"; cat "$TMP/small.log"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
