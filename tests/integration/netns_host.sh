@@ -156,6 +156,36 @@ check "second urnicd on the same socket refused" bash -c "
 check "urnicctl names a missing service" bash -c "
   ! '$URNICCTL' -s '$TMP/nope.sock' stats 2>'$TMP/nope.err' &&
   grep -q 'not running at' '$TMP/nope.err'"
+check "control protocol: short, foreign, wrong-version, bad-length, unknown-op and bad-argument messages get errors" \
+  $PY - "$SOCK" <<'PYEOF'
+import socket, struct, sys, errno
+path = sys.argv[1]
+MAGIC = 0x434e5255
+def ask(msg):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(path)
+    s.send(msg)
+    r = s.recv(70000)
+    s.close()
+    magic, ver, op, status, ln = struct.unpack("<IHHiI", r[:16])
+    return status, r[16:16 + ln].decode()
+cases = [
+    (b"hi", -errno.EPROTO, "short message"),
+    (struct.pack("<IHHiI", 0xdeadbeef, 1, 1, 0, 0), -errno.EPROTO, "not an urnic"),
+    (struct.pack("<IHHiI", MAGIC, 99, 1, 0, 0), -errno.EPROTONOSUPPORT, "version 99"),
+    (struct.pack("<IHHiI", MAGIC, 1, 1, 0, 5), -errno.EPROTO, "length mismatch"),
+    (struct.pack("<IHHiI", MAGIC, 1, 777, 0, 0), -errno.EOPNOTSUPP, "unknown operation"),
+    (struct.pack("<IHHiI", MAGIC, 1, 4, 0, 3) + b"x.y", -errno.EINVAL, "not an IPv4"),
+]
+for msg, want, text in cases:
+    st, body = ask(msg)
+    assert st == want and text in body, (msg, st, body)
+    print("ok", st, body)
+# A client that connects and dies without a word costs nothing.
+for _ in range(100):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect(path); s.close()
+PYEOF
 check "urnicd still serving after all of the above" ctl version
 
 kill -TERM "$PID"
