@@ -211,7 +211,11 @@ HostVerdict handle_icmpv6(const HostAddrs& h, NeighbourTable& nt,
   auto* ip = at<Ipv6Hdr>(frame, fi.l3_off);
   uint8_t* l4 = frame + fi.l4_off;
   const uint32_t l4_len = fi.l3_len - fi.ip_hdr_len;
-  if (!h.has_ipv6 || l4_len < 4 || icmpv6_checksum(*ip, l4, l4_len) != 0) {
+  if (!h.has_ipv6) {  // no IPv6 configured: none of it is addressed to us
+    c.inc(Ctr::not_for_us);
+    return HostVerdict::kConsumed;
+  }
+  if (l4_len < 4 || icmpv6_checksum(*ip, l4, l4_len) != 0) {
     c.inc(Ctr::icmp6_other);
     return HostVerdict::kConsumed;
   }

@@ -47,8 +47,10 @@ PortInfo port_setup(const config::Config& cfg) {
   PortInfo p;
   if (rte_eth_dev_count_avail() != 1)
     throw std::runtime_error(fmt(
-        "expected exactly one port from '%s', found %u (is the device bound "
-        "to vfio-pci / does the interface exist?)",
+        "expected exactly one port from '%s', found %u (see the EAL lines "
+        "above: a PCI NIC must be bound to vfio-pci, or to uio_pci_generic "
+        "with eal.huge: true since it needs physical addresses; a vdev's "
+        "interface or socket must exist)",
         cfg.port.pci.empty() ? cfg.port.vdev.c_str() : cfg.port.pci.c_str(),
         rte_eth_dev_count_avail()));
   uint16_t pid = 0;

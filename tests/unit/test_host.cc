@@ -231,3 +231,19 @@ TEST_F(HostTest, GidTableFromAddresses) {
   v4only.has_ipv6 = false;
   EXPECT_EQ(host::GidTable(v4only).count, 1u);
 }
+
+TEST_F(HostTest, Icmpv6WithoutIpv6ConfiguredIsNotForUs) {
+  host::HostAddrs peer = h;
+  peer.mac = kPeerMac;
+  std::vector<uint8_t> f(256, 0);
+  f.resize(host::build_neighbour_solicit(peer, 0, h.ipv6, f.data()));
+  host::HostAddrs v4only = h;
+  v4only.has_ipv6 = false;
+  uint32_t len = static_cast<uint32_t>(f.size());
+  FrameInfo fi = classify(f);
+  // Expect: no advertisement, counted as traffic not addressed to us.
+  EXPECT_EQ(host::handle_icmpv6(v4only, nt, c, f.data(), &len, 256, fi, 1),
+            host::HostVerdict::kConsumed);
+  EXPECT_EQ(c.get(Ctr::not_for_us), 1u);
+  EXPECT_EQ(c.get(Ctr::nd_tx_na), 0u);
+}
