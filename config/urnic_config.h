@@ -44,15 +44,15 @@ struct PortConfig {
   // vfio-pci) or a DPDK vdev string ("net_af_packet0,iface=veth0").
   std::string pci;
   std::string vdev;
-  uint32_t mtu = 1500;                // IP MTU; RoCE path MTU derives from it
-  std::string mac;                    // empty: use the port's own MAC
+  uint32_t mtu = 1500;  // IP MTU; RoCE path MTU derives from it
+  std::string mac;      // empty: use the port's own MAC
   uint16_t rx_desc = 1024;
   uint16_t tx_desc = 1024;
-  uint16_t vlan = 0;                  // 0: untagged; 1..4094: one 802.1Q tag
-  Ipv4Cidr ipv4;                      // required
-  Ipv6Cidr ipv6;                      // optional
-  uint8_t ttl = 64;                   // IPv4 TTL / IPv6 hop limit we send
-  bool promiscuous = true;            // needed for memif/af_packet peers' MACs
+  uint16_t vlan = 0;        // 0: untagged; 1..4094: one 802.1Q tag
+  Ipv4Cidr ipv4;            // required
+  Ipv6Cidr ipv6;            // optional
+  uint8_t ttl = 64;         // IPv4 TTL / IPv6 hop limit we send
+  bool promiscuous = true;  // needed for memif/af_packet peers' MACs
 };
 
 struct MempoolConfig {
@@ -89,11 +89,11 @@ struct StatsConfig {
 };
 
 struct ArpConfig {
-  uint32_t entries = 1024;       // neighbour cache capacity
+  uint32_t entries = 1024;  // neighbour cache capacity
   uint32_t reachable_ms = 300000;
   uint32_t retry_ms = 1000;
   uint32_t retries = 3;
-  uint32_t queue_len = 64;       // packets held per lcore awaiting resolution
+  uint32_t queue_len = 64;  // packets held per lcore awaiting resolution
 };
 
 struct Config {

@@ -33,8 +33,8 @@ void BM_Decode(benchmark::State& st) {
   const uint32_t payload = static_cast<uint32_t>(st.range(0));
   const RoceFields f = fields(payload);
   std::vector<uint8_t> pl(payload, 0x5a), buf(payload + 256);
-  const uint32_t n = encode_frame(f, pl.data(), buf.data(),
-                                  static_cast<uint32_t>(buf.size()));
+  const uint32_t n =
+      encode_frame(f, pl.data(), buf.data(), static_cast<uint32_t>(buf.size()));
   FrameInfo fi;
   for (auto _ : st) {
     decode(buf.data(), n, fi);

@@ -2,11 +2,11 @@
 // (RFC 4443) for the service's own addresses.
 #include "dataplane/host/host.h"
 
-#include "dataplane/host/gid_table.h"
-
 #include <cstdio>
 #include <cstring>
 #include <string>
+
+#include "dataplane/host/gid_table.h"
 
 namespace urnic::host {
 
@@ -28,8 +28,8 @@ T* at(uint8_t* p, uint32_t off) {
 }
 
 void solicited_node(const uint8_t target[16], uint8_t out[16]) {
-  static constexpr uint8_t kPrefix[13] = {0xff, 0x02, 0, 0, 0, 0, 0,
-                                          0,    0,    0, 1, 0xff};
+  static constexpr uint8_t kPrefix[13] = {0xff, 0x02, 0, 0, 0, 0,
+                                          0,    0,    0, 0, 1, 0xff};
   std::memcpy(out, kPrefix, 13);
   std::memcpy(out + 13, target + 13, 3);
 }
@@ -391,7 +391,8 @@ uint32_t build_icmp_echo_request(const HostAddrs& h, uint16_t vlan_tci,
   icmp->checksum.set(0);
   icmp->id.set(id);
   icmp->seq.set(seq);
-  for (uint32_t i = 0; i < kData; ++i) l4[sizeof(IcmpHdr) + i] = static_cast<uint8_t>(i);
+  for (uint32_t i = 0; i < kData; ++i)
+    l4[sizeof(IcmpHdr) + i] = static_cast<uint8_t>(i);
   icmp->checksum.set(static_cast<uint16_t>(
       ~csum_fold(csum_partial(l4, sizeof(IcmpHdr) + kData))));
   return l3 + sizeof(Ipv4Hdr) + sizeof(IcmpHdr) + kData;
@@ -411,7 +412,8 @@ namespace urnic::host {
 std::string format_gid(const uint8_t g[16]) {
   char buf[40];
   for (int i = 0; i < 8; ++i)
-    snprintf(buf + i * 5, 6, "%02x%02x%s", g[2 * i], g[2 * i + 1], i < 7 ? ":" : "");
+    snprintf(buf + i * 5, 6, "%02x%02x%s", g[2 * i], g[2 * i + 1],
+             i < 7 ? ":" : "");
   return buf;
 }
 }  // namespace urnic::host

@@ -72,10 +72,9 @@ NeighbourTable::Entry* NeighbourTable::find_locked(const uint8_t a[16],
     if (std::memcmp(e.addr, a, 16) == 0) return &e;
     // An expired mapping or a failed resolution may be taken over; lookups
     // of other keys still probe past it because it stays non-empty.
-    const bool stale =
-        (e.state == kReachable && now >= e.deadline) ||
-        (e.state == kIncomplete && e.tries >= p_.retries &&
-         now >= e.deadline + p_.retry_ns);
+    const bool stale = (e.state == kReachable && now >= e.deadline) ||
+                       (e.state == kIncomplete && e.tries >= p_.retries &&
+                        now >= e.deadline + p_.retry_ns);
     if (stale && !reuse) reuse = &e;
   }
   return create ? reuse : nullptr;

@@ -21,9 +21,9 @@ struct NeighbourParams {
 };
 
 enum class Lookup : uint8_t {
-  kHit,       // mac is valid
-  kPending,   // a request is outstanding: queue the packet
-  kFailed,    // retries exhausted: drop the packet
+  kHit,      // mac is valid
+  kPending,  // a request is outstanding: queue the packet
+  kFailed,   // retries exhausted: drop the packet
 };
 
 class NeighbourTable {
@@ -32,8 +32,7 @@ class NeighbourTable {
 
   // Lock-free. Reports kPending for an address never asked about, too; the
   // caller then calls start() to decide whether to send a request.
-  Lookup lookup(const uint8_t addr[16], uint64_t now,
-                wire::MacAddr& mac) const;
+  Lookup lookup(const uint8_t addr[16], uint64_t now, wire::MacAddr& mac) const;
 
   // Starts resolution (or a retry) if one is due at `now`. Returns true if
   // the caller must transmit a request now; false if a request is already

@@ -45,7 +45,8 @@ ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h)
   ensure_free(path_);
   unlink(path_.c_str());
 
-  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  listen_fd_ =
+      socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) throw std::runtime_error(errstr("socket"));
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
       chmod(path_.c_str(), cfg.mode) != 0 || listen(listen_fd_, 16) != 0) {

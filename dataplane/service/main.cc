@@ -32,7 +32,9 @@ void usage(FILE* f) {
           "  --print-config   print the effective configuration and exit\n");
 }
 
-void on_signal(int) { g_quit.store(true); }
+void on_signal(int) {
+  g_quit.store(true);
+}
 
 host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
   host::HostAddrs h;
@@ -76,14 +78,15 @@ int run(const config::Config& cfg, char* prog) {
       for (uint16_t q = 0; q < port.nb_queues; ++q)
         workers.push_back(std::make_unique<Worker>(cfg, port, addrs, neigh,
                                                    cfg.eal.workers[q], q));
-      printf("urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
-             "queues %u ipv4 %s/%u%s%s\n",
-             port.port_id, port.driver.c_str(), addrs.mac.b[0], addrs.mac.b[1],
-             addrs.mac.b[2], addrs.mac.b[3], addrs.mac.b[4], addrs.mac.b[5],
-             port.mtu, port.nb_queues,
-             config::format_ipv4(cfg.port.ipv4.addr).c_str(),
-             cfg.port.ipv4.prefix, addrs.has_ipv6 ? " ipv6 " : "",
-             addrs.has_ipv6 ? config::format_ipv6(addrs.ipv6).c_str() : "");
+      printf(
+          "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
+          "queues %u ipv4 %s/%u%s%s\n",
+          port.port_id, port.driver.c_str(), addrs.mac.b[0], addrs.mac.b[1],
+          addrs.mac.b[2], addrs.mac.b[3], addrs.mac.b[4], addrs.mac.b[5],
+          port.mtu, port.nb_queues,
+          config::format_ipv4(cfg.port.ipv4.addr).c_str(), cfg.port.ipv4.prefix,
+          addrs.has_ipv6 ? " ipv6 " : "",
+          addrs.has_ipv6 ? config::format_ipv6(addrs.ipv6).c_str() : "");
       if (port.nb_queues < cfg.eal.workers.size())
         printf("urnicd: %s offers %u queue(s): %zu worker lcore(s) idle\n",
                port.driver.c_str(), port.nb_queues,
@@ -220,12 +223,24 @@ int main(int argc, char** argv) {
                                 {nullptr, 0, nullptr, 0}};
   for (int ch; (ch = getopt_long(argc, argv, "c:o:h", opts, nullptr)) != -1;) {
     switch (ch) {
-      case 'c': file = optarg; break;
-      case 'o': overrides.push_back(optarg); break;
-      case 'C': check = true; break;
-      case 'P': print = true; break;
-      case 'h': usage(stdout); return 0;
-      default: usage(stderr); return 2;
+      case 'c':
+        file = optarg;
+        break;
+      case 'o':
+        overrides.push_back(optarg);
+        break;
+      case 'C':
+        check = true;
+        break;
+      case 'P':
+        print = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
   }
   if (optind != argc) {
@@ -234,8 +249,8 @@ int main(int argc, char** argv) {
   }
   config::Config cfg;
   try {
-    cfg = file.empty() ? config::parse(config::embedded_default(),
-                                       "<embedded>", overrides)
+    cfg = file.empty() ? config::parse(config::embedded_default(), "<embedded>",
+                                       overrides)
                        : config::load_file(file, overrides);
   } catch (const config::ConfigError& e) {
     fprintf(stderr, "urnicd: %s\n", e.what());
@@ -256,7 +271,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);

@@ -22,17 +22,16 @@ std::string fmt(const char* f, auto... a) {
 
 }  // namespace
 
-std::vector<std::string> eal_args(const config::Config& cfg,
-                                  const char* prog) {
+std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   const config::EalConfig& e = cfg.eal;
   std::vector<std::string> a = {prog};
   std::string lcores = std::to_string(e.main_lcore);
   for (uint32_t w : e.workers) lcores += "," + std::to_string(w);
-  a.insert(a.end(), {"-l", lcores, "--main-lcore", std::to_string(e.main_lcore),
-                     "--file-prefix", e.file_prefix, "-m",
-                     std::to_string(e.memory_mb),
-                     "--log-level", "lib.eal:" + e.log_level,
-                     "--log-level", "pmd.*:" + e.log_level});
+  a.insert(a.end(),
+           {"-l", lcores, "--main-lcore", std::to_string(e.main_lcore),
+            "--file-prefix", e.file_prefix, "-m", std::to_string(e.memory_mb),
+            "--log-level", "lib.eal:" + e.log_level, "--log-level",
+            "pmd.*:" + e.log_level});
   if (!e.huge) a.push_back("--no-huge");
   if (!cfg.port.pci.empty()) {
     a.insert(a.end(), {"-a", cfg.port.pci});
@@ -46,15 +45,17 @@ std::vector<std::string> eal_args(const config::Config& cfg,
 PortInfo port_setup(const config::Config& cfg) {
   PortInfo p;
   if (rte_eth_dev_count_avail() != 1)
-    throw std::runtime_error(fmt(
-        "expected exactly one port from '%s', found %u (see the EAL lines "
-        "above: a PCI NIC must be bound to vfio-pci, or to uio_pci_generic "
-        "with eal.huge: true since it needs physical addresses; a vdev's "
-        "interface or socket must exist)",
-        cfg.port.pci.empty() ? cfg.port.vdev.c_str() : cfg.port.pci.c_str(),
-        rte_eth_dev_count_avail()));
+    throw std::runtime_error(
+        fmt("expected exactly one port from '%s', found %u (see the EAL lines "
+            "above: a PCI NIC must be bound to vfio-pci, or to uio_pci_generic "
+            "with eal.huge: true since it needs physical addresses; a vdev's "
+            "interface or socket must exist)",
+            cfg.port.pci.empty() ? cfg.port.vdev.c_str() : cfg.port.pci.c_str(),
+            rte_eth_dev_count_avail()));
   uint16_t pid = 0;
-  RTE_ETH_FOREACH_DEV(pid) { break; }
+  RTE_ETH_FOREACH_DEV(pid) {
+    break;
+  }
   p.port_id = pid;
 
   rte_eth_dev_info info;
@@ -115,19 +116,19 @@ PortInfo port_setup(const config::Config& cfg) {
                         uint64_t{p.nb_queues} * cfg.mempool.cache +
                         uint64_t{p.nb_queues} * 2 * config::kMaxBurst;
   if (cfg.mempool.mbufs < need)
-    throw std::runtime_error(fmt(
-        "mempool.mbufs %u is too small: %u queue(s) x (%u RX + %u TX "
-        "descriptors) plus caches need %llu",
-        cfg.mempool.mbufs, p.nb_queues, nb_rxd, nb_txd,
-        static_cast<unsigned long long>(need)));
+    throw std::runtime_error(
+        fmt("mempool.mbufs %u is too small: %u queue(s) x (%u RX + %u TX "
+            "descriptors) plus caches need %llu",
+            cfg.mempool.mbufs, p.nb_queues, nb_rxd, nb_txd,
+            static_cast<unsigned long long>(need)));
   const int socket = rte_eth_dev_socket_id(pid);
   p.pool = rte_pktmbuf_pool_create("urnic_mbuf_p0", cfg.mempool.mbufs,
                                    cfg.mempool.cache, 0, cfg.mempool.data_room,
                                    socket < 0 ? SOCKET_ID_ANY : socket);
   if (!p.pool)
     throw std::runtime_error(
-        fmt("mempool of %u mbufs: %s (raise eal.memory_mb?)",
-            cfg.mempool.mbufs, rte_strerror(rte_errno)));
+        fmt("mempool of %u mbufs: %s (raise eal.memory_mb?)", cfg.mempool.mbufs,
+            rte_strerror(rte_errno)));
   for (uint16_t q = 0; q < p.nb_queues; ++q) {
     rte_eth_rxconf rxc = info.default_rxconf;
     rxc.offloads = p.rx_offloads;
@@ -142,8 +143,8 @@ PortInfo port_setup(const config::Config& cfg) {
     rte_ether_addr mac;
     config::parse_mac(cfg.port.mac, mac.addr_bytes);
     if (int rc = rte_eth_dev_default_mac_addr_set(pid, &mac))
-      throw std::runtime_error(fmt("setting port.mac %s: %s",
-                                   cfg.port.mac.c_str(), strerror(-rc)));
+      throw std::runtime_error(
+          fmt("setting port.mac %s: %s", cfg.port.mac.c_str(), strerror(-rc)));
   }
   if (int rc = rte_eth_dev_start(pid))
     throw std::runtime_error(fmt("rte_eth_dev_start: %s", strerror(-rc)));

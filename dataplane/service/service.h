@@ -25,8 +25,7 @@ extern std::atomic<bool> g_quit;
 uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // Builds the EAL argument vector from the config (exposed for tests/logs).
-std::vector<std::string> eal_args(const config::Config& cfg,
-                                  const char* prog);
+std::vector<std::string> eal_args(const config::Config& cfg, const char* prog);
 
 struct PortInfo {
   uint16_t port_id = 0;
@@ -55,8 +54,8 @@ struct Command {
 class alignas(64) Worker {
  public:
   Worker(const config::Config& cfg, const PortInfo& port,
-         const host::HostAddrs& addrs, host::NeighbourTable& nt,
-         uint32_t lcore, uint16_t queue);
+         const host::HostAddrs& addrs, host::NeighbourTable& nt, uint32_t lcore,
+         uint16_t queue);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;

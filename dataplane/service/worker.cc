@@ -207,8 +207,7 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
     case FrameKind::kIcmpv6:
       if (m->nb_segs == 1)
         v = host::handle_icmpv6(addrs_, nt_, ctr_, frame, &len,
-                                m->data_len + rte_pktmbuf_tailroom(m), fi,
-                                now);
+                                m->data_len + rte_pktmbuf_tailroom(m), fi, now);
       else
         ctr_.inc(Ctr::icmp6_other);
       break;

@@ -33,7 +33,8 @@ void appendf(std::string& s, const char* fmt, ...) {
   va_start(ap, fmt);
   const int n = vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  if (n > 0) s.append(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
+  if (n > 0)
+    s.append(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
 }
 
 }  // namespace
@@ -60,30 +61,39 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
   const PortSnapshot& p = cur.port;
   const Rates r = rates(cur, prev);
   std::string s;
-  appendf(s, "\n  ######################## NIC statistics for port %-2u "
-             "#########################\n", p.port_id);
-  appendf(s, "  RX-packets: %-10" PRIu64 " RX-missed: %-10" PRIu64
-             " RX-bytes:  %-" PRIu64 "\n", p.ipackets, p.imissed, p.ibytes);
+  appendf(s,
+          "\n  ######################## NIC statistics for port %-2u "
+          "#########################\n",
+          p.port_id);
+  appendf(s,
+          "  RX-packets: %-10" PRIu64 " RX-missed: %-10" PRIu64
+          " RX-bytes:  %-" PRIu64 "\n",
+          p.ipackets, p.imissed, p.ibytes);
   appendf(s, "  RX-errors: %" PRIu64 "\n", p.ierrors);
   appendf(s, "  RX-nombuf:  %-10" PRIu64 "\n", p.rx_nombuf);
-  appendf(s, "  TX-packets: %-10" PRIu64 " TX-errors: %-10" PRIu64
-             " TX-bytes:  %-" PRIu64 "\n", p.opackets, p.oerrors, p.obytes);
+  appendf(s,
+          "  TX-packets: %-10" PRIu64 " TX-errors: %-10" PRIu64
+          " TX-bytes:  %-" PRIu64 "\n",
+          p.opackets, p.oerrors, p.obytes);
   appendf(s, "\n  Throughput (since last show)\n");
   appendf(s, "  Rx-pps: %12" PRIu64 "          Rx-bps: %12" PRIu64 "\n",
           r.rx_pps, r.rx_bps);
   appendf(s, "  Tx-pps: %12" PRIu64 "          Tx-bps: %12" PRIu64 "\n",
           r.tx_pps, r.tx_bps);
-  appendf(s, "  ---------------------- urnic (%s, link %s %u Mb/s) "
-             "----------------------\n", p.name.c_str(),
-          p.link_up ? "up" : "down", p.link_speed_mbps);
-  appendf(s, "  RoCE-rx: %-10" PRIu64 " ICRC-errors: %-8" PRIu64
-             " Malformed: %-8" PRIu64 " Non-RoCE: %" PRIu64 "\n",
+  appendf(s,
+          "  ---------------------- urnic (%s, link %s %u Mb/s) "
+          "----------------------\n",
+          p.name.c_str(), p.link_up ? "up" : "down", p.link_speed_mbps);
+  appendf(s,
+          "  RoCE-rx: %-10" PRIu64 " ICRC-errors: %-8" PRIu64
+          " Malformed: %-8" PRIu64 " Non-RoCE: %" PRIu64 "\n",
           cur.total(Ctr::roce_rx), cur.total(wire::Malformed::kBadIcrc),
           cur.total(Ctr::malformed),
           cur.total(Ctr::non_roce_ignored) + cur.total(Ctr::other_l2));
-  appendf(s, "  ARP req/rep rx: %" PRIu64 "/%" PRIu64 "  tx: %" PRIu64
-             "/%" PRIu64 "   ICMP echo: %" PRIu64 "  ICMPv6 echo: %" PRIu64
-             "  ND ns/na: %" PRIu64 "/%" PRIu64 "  neigh: %u\n",
+  appendf(s,
+          "  ARP req/rep rx: %" PRIu64 "/%" PRIu64 "  tx: %" PRIu64 "/%" PRIu64
+          "   ICMP echo: %" PRIu64 "  ICMPv6 echo: %" PRIu64
+          "  ND ns/na: %" PRIu64 "/%" PRIu64 "  neigh: %u\n",
           cur.total(Ctr::arp_rx_request), cur.total(Ctr::arp_rx_reply),
           cur.total(Ctr::arp_tx_request), cur.total(Ctr::arp_tx_reply),
           cur.total(Ctr::icmp_echo_rx), cur.total(Ctr::icmp6_echo_rx),
@@ -98,15 +108,17 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
   for (const LcoreSnapshot& l : cur.lcores) {
     const uint64_t busy = l.get(Ctr::cycles_busy);
     const uint64_t all = busy + l.get(Ctr::cycles_idle);
-    appendf(s, "  lcore %-3u queue %-2u rx %-10" PRIu64 " tx %-10" PRIu64
-               " tx-drop %-6" PRIu64 " busy %5.1f%%\n",
+    appendf(s,
+            "  lcore %-3u queue %-2u rx %-10" PRIu64 " tx %-10" PRIu64
+            " tx-drop %-6" PRIu64 " busy %5.1f%%\n",
             l.lcore, l.queue, l.get(Ctr::rx_packets), l.get(Ctr::tx_packets),
             l.get(Ctr::tx_dropped),
             all ? 100.0 * static_cast<double>(busy) / static_cast<double>(all)
                 : 0.0);
   }
-  appendf(s, "  ####################################################"
-             "########################\n");
+  appendf(s,
+          "  ####################################################"
+          "########################\n");
   return s;
 }
 
@@ -119,16 +131,18 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
   for (char ch : p.name)  // driver names are identifiers; escape defensively
     if (ch != '"' && ch != '\\' && static_cast<unsigned char>(ch) >= 0x20)
       s += ch;
-  appendf(s, "\",\"link_up\":%s,\"link_speed_mbps\":%u,", 
+  appendf(s, "\",\"link_up\":%s,\"link_speed_mbps\":%u,",
           p.link_up ? "true" : "false", p.link_speed_mbps);
-  appendf(s, "\"rx_packets\":%" PRIu64 ",\"rx_missed\":%" PRIu64
-             ",\"rx_bytes\":%" PRIu64 ",\"rx_errors\":%" PRIu64
-             ",\"rx_nombuf\":%" PRIu64 ",\"tx_packets\":%" PRIu64
-             ",\"tx_errors\":%" PRIu64 ",\"tx_bytes\":%" PRIu64 "},",
+  appendf(s,
+          "\"rx_packets\":%" PRIu64 ",\"rx_missed\":%" PRIu64
+          ",\"rx_bytes\":%" PRIu64 ",\"rx_errors\":%" PRIu64
+          ",\"rx_nombuf\":%" PRIu64 ",\"tx_packets\":%" PRIu64
+          ",\"tx_errors\":%" PRIu64 ",\"tx_bytes\":%" PRIu64 "},",
           p.ipackets, p.imissed, p.ibytes, p.ierrors, p.rx_nombuf, p.opackets,
           p.oerrors, p.obytes);
-  appendf(s, "\"throughput\":{\"rx_pps\":%" PRIu64 ",\"rx_bps\":%" PRIu64
-             ",\"tx_pps\":%" PRIu64 ",\"tx_bps\":%" PRIu64 "},",
+  appendf(s,
+          "\"throughput\":{\"rx_pps\":%" PRIu64 ",\"rx_bps\":%" PRIu64
+          ",\"tx_pps\":%" PRIu64 ",\"tx_bps\":%" PRIu64 "},",
           r.rx_pps, r.rx_bps, r.tx_pps, r.tx_bps);
   appendf(s, "\"neigh_entries\":%u,\"totals\":{", cur.neigh_entries);
   for (size_t i = 0; i < kNumCtr; ++i)
@@ -137,8 +151,8 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
   s += "},\"malformed\":{";
   for (size_t m = 1; m < kNumMalformed; ++m) {
     const auto why = static_cast<wire::Malformed>(m);
-    appendf(s, "%s\"%s\":%" PRIu64, m > 1 ? "," : "",
-            wire::malformed_name(why), cur.total(why));
+    appendf(s, "%s\"%s\":%" PRIu64, m > 1 ? "," : "", wire::malformed_name(why),
+            cur.total(why));
   }
   s += "},\"lcores\":[";
   for (size_t k = 0; k < cur.lcores.size(); ++k) {

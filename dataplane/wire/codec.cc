@@ -21,7 +21,8 @@ constexpr const char* kMalformedNames[] = {
 static_assert(std::size(kMalformedNames) ==
               static_cast<size_t>(Malformed::kCount));
 
-constexpr uint8_t kV4MappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+constexpr uint8_t kV4MappedPrefix[12] = {0, 0, 0, 0, 0,    0,
+                                         0, 0, 0, 0, 0xff, 0xff};
 
 // Walks [off, off+len) of the concatenated segments, calling fn(ptr, n).
 template <typename Fn>
@@ -215,10 +216,12 @@ void gid_from_ipv4(uint32_t addr, uint8_t gid[16]) {
 bool gid_is_ipv4(const uint8_t gid[16]) {
   return std::memcmp(gid, kV4MappedPrefix, 12) == 0;
 }
-uint32_t gid_to_ipv4(const uint8_t gid[16]) { return load_be32(gid + 12); }
+uint32_t gid_to_ipv4(const uint8_t gid[16]) {
+  return load_be32(gid + 12);
+}
 
-void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
-            FrameInfo& out, bool ip_csum_ok) {
+void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
+            bool ip_csum_ok) {
   // Zero-fill (FrameInfo is trivially copyable): cheaper than assigning a
   // value-initialised temporary. Decode sets every field it reports.
   static_assert(std::is_trivially_copyable_v<FrameInfo>);
@@ -239,8 +242,8 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
   // truncated; a long frame whose first segment is short is split.
   auto missing = [&](uint32_t need) {
     if (first_len >= need) return false;
-    fail(out, frame_len < need ? Malformed::kTruncated
-                               : Malformed::kSplitHeaders);
+    fail(out,
+         frame_len < need ? Malformed::kTruncated : Malformed::kSplitHeaders);
     return true;
   };
   if (missing(sizeof(EthHdr))) return;
@@ -502,8 +505,8 @@ uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
   return pad + kIcrcSize;
 }
 
-uint32_t encode_frame(const RoceFields& f, const uint8_t* payload,
-                      uint8_t* buf, uint32_t cap) {
+uint32_t encode_frame(const RoceFields& f, const uint8_t* payload, uint8_t* buf,
+                      uint32_t cap) {
   const uint32_t hl = encode_headers(f, buf, cap);
   if (hl == 0) return 0;
   const uint32_t total =

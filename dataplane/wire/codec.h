@@ -21,31 +21,31 @@ struct ConstBuf {
 // codec.cc, checked against this enum at compile time).
 enum class Malformed : uint8_t {
   kNone,
-  kTruncated,         // frame shorter than the headers it announces
-  kSplitHeaders,      // headers not contiguous in the first segment
-  kVlanStacked,       // QinQ / more than one tag
-  kIpVersion,         // version nibble disagrees with the EtherType
-  kIpHeaderLen,       // IPv4 IHL < 5
-  kIpTotalLen,        // IP length beyond the frame or below the header
-  kIpChecksum,        // IPv4 header checksum
-  kIpFragment,        // RoCEv2 is never fragmented (Annex A17.4.5.4)
-  kUdpLen,            // UDP length disagrees with the IP length
-  kBthVersion,        // TVer != 0
-  kUnknownOpcode,     // not RC/UC/UD/CNP (includes RD)
-  kBadLength,         // payload+pad not a multiple of 4, or shorter than pad
-  kPayloadNotAllowed, // opcode carries no payload, but there is some
+  kTruncated,          // frame shorter than the headers it announces
+  kSplitHeaders,       // headers not contiguous in the first segment
+  kVlanStacked,        // QinQ / more than one tag
+  kIpVersion,          // version nibble disagrees with the EtherType
+  kIpHeaderLen,        // IPv4 IHL < 5
+  kIpTotalLen,         // IP length beyond the frame or below the header
+  kIpChecksum,         // IPv4 header checksum
+  kIpFragment,         // RoCEv2 is never fragmented (Annex A17.4.5.4)
+  kUdpLen,             // UDP length disagrees with the IP length
+  kBthVersion,         // TVer != 0
+  kUnknownOpcode,      // not RC/UC/UD/CNP (includes RD)
+  kBadLength,          // payload+pad not a multiple of 4, or shorter than pad
+  kPayloadNotAllowed,  // opcode carries no payload, but there is some
   kBadIcrc,
   kCount
 };
 const char* malformed_name(Malformed m);
 
 enum class FrameKind : uint8_t {
-  kRoce,       // valid RoCEv2 (UDP 4791, ICRC checked)
+  kRoce,  // valid RoCEv2 (UDP 4791, ICRC checked)
   kArp,
-  kIcmpv4,     // for the host's ICMP handler
-  kIcmpv6,     // includes neighbour discovery
-  kOtherIp,    // valid IP, not for us to handle (other UDP ports, TCP, ...)
-  kOtherL2,    // not IP or ARP
+  kIcmpv4,   // for the host's ICMP handler
+  kIcmpv6,   // includes neighbour discovery
+  kOtherIp,  // valid IP, not for us to handle (other UDP ports, TCP, ...)
+  kOtherL2,  // not IP or ARP
   kMalformed,
 };
 
@@ -100,7 +100,7 @@ struct FrameInfo {
   FrameKind kind = FrameKind::kMalformed;
   Malformed why = Malformed::kNone;
   uint16_t l3_off = 0;
-  uint16_t l4_off = 0;      // UDP / ICMP / ARP body
+  uint16_t l4_off = 0;  // UDP / ICMP / ARP body
   uint16_t bth_off = 0;
   uint32_t payload_off = 0;
   uint32_t l3_len = 0;      // IP total length (header + payload)
@@ -108,7 +108,7 @@ struct FrameInfo {
   uint8_t ip_hdr_len = 0;
   uint8_t l4_proto = 0;
   const OpcodeInfo* op = nullptr;
-  RoceFields roce;          // filled for kRoce only
+  RoceFields roce;  // filled for kRoce only
 };
 
 // Classifies and, for RoCEv2, fully decodes a frame whose bytes are
@@ -117,8 +117,8 @@ struct FrameInfo {
 // verified over all segments.
 // `ip_csum_ok`: the NIC verified the IPv4 header checksum (an RX offload
 // flag), so it is not recomputed.
-void decode(std::span<const ConstBuf> segs, uint32_t frame_len,
-            FrameInfo& out, bool ip_csum_ok = false);
+void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
+            bool ip_csum_ok = false);
 inline void decode(const uint8_t* frame, uint32_t len, FrameInfo& out) {
   const ConstBuf seg{frame, len};
   decode({&seg, 1}, len, out);
@@ -127,7 +127,9 @@ inline void decode(const uint8_t* frame, uint32_t len, FrameInfo& out) {
 // Length of L2..extension headers that encode_headers() writes.
 uint32_t header_len(const RoceFields& f);
 // Pad bytes after a payload of `len` (IBTA 9.2.2: to a 4-byte boundary).
-constexpr uint32_t pad_for(uint32_t len) { return (4 - (len & 3)) & 3; }
+constexpr uint32_t pad_for(uint32_t len) {
+  return (4 - (len & 3)) & 3;
+}
 
 // Writes Ethernet (+VLAN), IP, UDP, BTH and extension headers for a packet
 // that will carry f.payload_len bytes of payload; lengths and the IPv4
@@ -141,8 +143,8 @@ uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
                         std::span<const ConstBuf> payload, uint8_t* trailer);
 
 // Encodes a whole frame into one buffer. Returns its length, or 0.
-uint32_t encode_frame(const RoceFields& f, const uint8_t* payload,
-                      uint8_t* buf, uint32_t cap);
+uint32_t encode_frame(const RoceFields& f, const uint8_t* payload, uint8_t* buf,
+                      uint32_t cap);
 
 // Internet checksum (RFC 1071) of `n` bytes, folded, not complemented.
 uint32_t csum_partial(const uint8_t* p, size_t n, uint32_t sum = 0);

@@ -36,9 +36,9 @@ void Icrc::begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6,
     ip[1] = ip[2] = ip[3] = 0xff;
     ip[7] = 0xff;  // hop limit
   } else {
-    ip[1] = 0xff;               // TOS (DSCP + ECN)
-    ip[8] = 0xff;               // TTL
-    ip[10] = ip[11] = 0xff;     // header checksum
+    ip[1] = 0xff;            // TOS (DSCP + ECN)
+    ip[8] = 0xff;            // TTL
+    ip[10] = ip[11] = 0xff;  // header checksum
   }
   uint8_t* udp = ip + ip_hdr_len;
   udp[6] = udp[7] = 0xff;  // UDP checksum
@@ -47,6 +47,8 @@ void Icrc::begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6,
   crc_ = crc32(0, buf, 8 + hdrs);
 }
 
-void Icrc::update(const uint8_t* p, size_t n) { crc_ = crc32(crc_, p, n); }
+void Icrc::update(const uint8_t* p, size_t n) {
+  crc_ = crc32(crc_, p, n);
+}
 
 }  // namespace urnic::wire

@@ -29,9 +29,12 @@ constexpr uint8_t kExtSize[kExtCount] = {
     sizeof(Deth),         sizeof(Reth),  sizeof(AtomicEth), sizeof(Aeth),
     sizeof(AtomicAckEth), sizeof(ImmDt), sizeof(Ieth),      sizeof(CnpPad)};
 constexpr const char* kExtName[kExtCount] = {
-    "DETH", "RETH", "AtomicETH", "AETH", "AtomicAckETH", "ImmDt", "IETH", "CNP"};
+    "DETH",         "RETH",  "AtomicETH", "AETH",
+    "AtomicAckETH", "ImmDt", "IETH",      "CNP"};
 
-constexpr uint32_t ext_bit(Ext e) { return 1u << static_cast<uint8_t>(e); }
+constexpr uint32_t ext_bit(Ext e) {
+  return 1u << static_cast<uint8_t>(e);
+}
 
 // Property bits (above the Ext bits).
 enum OpMask : uint32_t {
@@ -76,16 +79,15 @@ struct OpcodeInfo {
 
 namespace opcode {
 // RC 0x00-0x1f, UC 0x20-0x3f, UD 0x60-0x7f, CNP 0x81 (IBTA table 38).
-constexpr uint8_t kRcSendFirst = 0x00, kRcSendMiddle = 0x01,
-                  kRcSendLast = 0x02, kRcSendLastImm = 0x03,
-                  kRcSendOnly = 0x04, kRcSendOnlyImm = 0x05,
-                  kRcWriteFirst = 0x06, kRcWriteMiddle = 0x07,
-                  kRcWriteLast = 0x08, kRcWriteLastImm = 0x09,
-                  kRcWriteOnly = 0x0a, kRcWriteOnlyImm = 0x0b,
-                  kRcReadRequest = 0x0c, kRcReadRespFirst = 0x0d,
-                  kRcReadRespMiddle = 0x0e, kRcReadRespLast = 0x0f,
-                  kRcReadRespOnly = 0x10, kRcAck = 0x11, kRcAtomicAck = 0x12,
-                  kRcCmpSwap = 0x13, kRcFetchAdd = 0x14,
+constexpr uint8_t kRcSendFirst = 0x00, kRcSendMiddle = 0x01, kRcSendLast = 0x02,
+                  kRcSendLastImm = 0x03, kRcSendOnly = 0x04,
+                  kRcSendOnlyImm = 0x05, kRcWriteFirst = 0x06,
+                  kRcWriteMiddle = 0x07, kRcWriteLast = 0x08,
+                  kRcWriteLastImm = 0x09, kRcWriteOnly = 0x0a,
+                  kRcWriteOnlyImm = 0x0b, kRcReadRequest = 0x0c,
+                  kRcReadRespFirst = 0x0d, kRcReadRespMiddle = 0x0e,
+                  kRcReadRespLast = 0x0f, kRcReadRespOnly = 0x10, kRcAck = 0x11,
+                  kRcAtomicAck = 0x12, kRcCmpSwap = 0x13, kRcFetchAdd = 0x14,
                   kRcSendLastInv = 0x16, kRcSendOnlyInv = 0x17;
 constexpr uint8_t kUcBase = 0x20;  // UC opcode = kUcBase + RC send/write op
 constexpr uint8_t kUdSendOnly = 0x64, kUdSendOnlyImm = 0x65;
@@ -166,7 +168,9 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
 inline constexpr std::array<OpcodeInfo, 256> kOpcodeTable =
     detail::build_table();
 
-constexpr const OpcodeInfo& opcode_info(uint8_t op) { return kOpcodeTable[op]; }
+constexpr const OpcodeInfo& opcode_info(uint8_t op) {
+  return kOpcodeTable[op];
+}
 
 // Longest extension-header set of any opcode (AtomicETH: 28).
 constexpr uint8_t kMaxExtLen = [] {

@@ -36,8 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Round trip: re-encoding the decoded fields must give back a frame
     // that decodes to the same fields (IP options/trailers aside).
     std::vector<uint8_t> out(size + 64);
-    const uint32_t n = encode_frame(flat.roce, frame.data() + flat.payload_off,
-                                    out.data(), static_cast<uint32_t>(out.size()));
+    const uint32_t n =
+        encode_frame(flat.roce, frame.data() + flat.payload_off, out.data(),
+                     static_cast<uint32_t>(out.size()));
     if (n == 0) __builtin_trap();
     FrameInfo again;
     decode(out.data(), n, again);

@@ -56,7 +56,8 @@ int main() {
       f.deth_qkey = 0x11111111;
       f.deth_src_qp = 0x000abc;
       static const uint32_t kSizes[] = {0, 1, 61, 1024};
-      f.payload_len = (info.mask & kPayload) ? kSizes[(v >> 2) * 2 + (seq & 1)] : 0;
+      f.payload_len =
+          (info.mask & kPayload) ? kSizes[(v >> 2) * 2 + (seq & 1)] : 0;
       std::vector<uint8_t> payload(f.payload_len);
       for (size_t i = 0; i < payload.size(); ++i)
         payload[i] = static_cast<uint8_t>(i ^ seq);
@@ -67,8 +68,8 @@ int main() {
         fprintf(stderr, "encode failed for %s\n", info.name);
         return 1;
       }
-      printf("enc_%02x_%s%s_%u %d 1 ", op, info.name, f.vlan ? "_vlan" : "", seq,
-             f.ipv6 ? 6 : 4);
+      printf("enc_%02x_%s%s_%u %d 1 ", op, info.name, f.vlan ? "_vlan" : "",
+             seq, f.ipv6 ? 6 : 4);
       for (uint32_t i = 0; i < n; ++i) printf("%02x", buf[i]);
       printf("\n");
       ++seq;

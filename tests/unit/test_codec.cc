@@ -13,8 +13,8 @@ using namespace urnic::wire;
 
 namespace {
 
-RoceFields random_fields(std::mt19937_64& rng, uint8_t op, bool ipv6,
-                         bool vlan, uint32_t payload) {
+RoceFields random_fields(std::mt19937_64& rng, uint8_t op, bool ipv6, bool vlan,
+                         uint32_t payload) {
   RoceFields f;
   auto r = [&] { return rng(); };
   for (auto& b : f.dst_mac.b) b = static_cast<uint8_t>(r());
@@ -73,11 +73,14 @@ RoceFields random_fields(std::mt19937_64& rng, uint8_t op, bool ipv6,
   return f;
 }
 
-std::vector<uint8_t> encode(const RoceFields& f, std::vector<uint8_t>* pl = nullptr) {
+std::vector<uint8_t> encode(const RoceFields& f,
+                            std::vector<uint8_t>* pl = nullptr) {
   std::vector<uint8_t> payload(f.payload_len);
-  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  for (size_t i = 0; i < payload.size(); ++i)
+    payload[i] = static_cast<uint8_t>(i * 7 + 3);
   std::vector<uint8_t> buf(f.payload_len + 256);
-  const uint32_t n = encode_frame(f, payload.data(), buf.data(), static_cast<uint32_t>(buf.size()));
+  const uint32_t n = encode_frame(f, payload.data(), buf.data(),
+                                  static_cast<uint32_t>(buf.size()));
   buf.resize(n);
   if (pl) *pl = payload;
   return buf;
@@ -94,14 +97,16 @@ std::vector<uint8_t> sample() {
 Malformed why(const std::vector<uint8_t>& frame, int64_t len = -1) {
   FrameInfo fi;
   decode(frame.data(),
-         len >= 0 ? static_cast<uint32_t>(len) : static_cast<uint32_t>(frame.size()),
+         len >= 0 ? static_cast<uint32_t>(len)
+                  : static_cast<uint32_t>(frame.size()),
          fi);
   return fi.kind == FrameKind::kMalformed ? fi.why : Malformed::kNone;
 }
 
 void fix_ipv4_csum(std::vector<uint8_t>& f) {
   f[24] = f[25] = 0;
-  const uint16_t c = static_cast<uint16_t>(~csum_fold(csum_partial(&f[14], 20)));
+  const uint16_t c =
+      static_cast<uint16_t>(~csum_fold(csum_partial(&f[14], 20)));
   f[24] = static_cast<uint8_t>(c >> 8);
   f[25] = static_cast<uint8_t>(c);
 }
@@ -124,7 +129,8 @@ TEST(Codec, RoundTripEveryOpcode) {
     for (int variant = 0; variant < 8; ++variant) {
       const bool ipv6 = variant & 1, vlan = variant & 2;
       const uint32_t payload = (variant >> 2) ? 1 + rng() % 4096 : 0;
-      const RoceFields f = random_fields(rng, static_cast<uint8_t>(op), ipv6, vlan, payload);
+      const RoceFields f =
+          random_fields(rng, static_cast<uint8_t>(op), ipv6, vlan, payload);
       std::vector<uint8_t> pl;
       const std::vector<uint8_t> frame = encode(f, &pl);
       ASSERT_FALSE(frame.empty()) << opcode_info(static_cast<uint8_t>(op)).name;
@@ -135,9 +141,11 @@ TEST(Codec, RoundTripEveryOpcode) {
           << malformed_name(fi.why);
       EXPECT_EQ(fi.roce, f) << opcode_info(static_cast<uint8_t>(op)).name;
       EXPECT_EQ(fi.op, &opcode_info(static_cast<uint8_t>(op)));
-      ASSERT_EQ(fi.payload_off + f.payload_len + pad_for(f.payload_len) + 4, frame.size());
+      ASSERT_EQ(fi.payload_off + f.payload_len + pad_for(f.payload_len) + 4,
+                frame.size());
       if (!pl.empty()) {
-        EXPECT_EQ(0, std::memcmp(frame.data() + fi.payload_off, pl.data(), pl.size()));
+        EXPECT_EQ(0, std::memcmp(frame.data() + fi.payload_off, pl.data(),
+                                 pl.size()));
       }
       ++n;
     }
@@ -149,7 +157,8 @@ TEST(Codec, RoundTripEveryOpcode) {
 // zero-copy TX path will send must decode like a flat frame.
 TEST(Codec, ScatteredEncodeMatchesFlat) {
   std::mt19937_64 rng(5);
-  const RoceFields f = random_fields(rng, opcode::kRcWriteOnlyImm, false, true, 1001);
+  const RoceFields f =
+      random_fields(rng, opcode::kRcWriteOnlyImm, false, true, 1001);
   std::vector<uint8_t> pl;
   const std::vector<uint8_t> flat = encode(f, &pl);
   uint8_t hdr[256], trailer[8];
@@ -266,8 +275,8 @@ TEST(Codec, RejectsEveryMalformedClass) {
     RoceFields a = random_fields(rng, opcode::kRcAck, false, false, 0);
     f = encode(a);
     f.insert(f.end() - 4, {1, 2, 3, 4});
-    f[14 + 3] += 4;         // IP total length
-    f[14 + 20 + 5] += 4;    // UDP length
+    f[14 + 3] += 4;       // IP total length
+    f[14 + 20 + 5] += 4;  // UDP length
     fix_ipv4_csum(f);
     fix_icrc(f);
     EXPECT_EQ(why(f), Malformed::kPayloadNotAllowed);
@@ -286,14 +295,16 @@ TEST(Codec, VariantFieldsDoNotAffectIcrc) {
   f[15] = 0x03;  // ECN CE marked in flight
   f[22] = 1;     // TTL decremented
   fix_ipv4_csum(f);
-  f[14 + 20 + 6] = 0x12;  // UDP checksum
+  f[14 + 20 + 6] = 0x12;       // UDP checksum
   f[14 + 20 + 8 + 4] |= 0x80;  // FECN
   EXPECT_EQ(why(f), Malformed::kNone);
 }
 
 TEST(Codec, SplitHeadersAreReportedNotRead) {
   const std::vector<uint8_t> good = sample();
-  const ConstBuf segs[] = {{good.data(), 40}, {good.data() + 40, static_cast<uint32_t>(good.size() - 40)}};
+  const ConstBuf segs[] = {
+      {good.data(), 40},
+      {good.data() + 40, static_cast<uint32_t>(good.size() - 40)}};
   FrameInfo fi;
   decode(segs, static_cast<uint32_t>(good.size()), fi);
   EXPECT_EQ(fi.kind, FrameKind::kMalformed);

@@ -34,7 +34,8 @@ std::vector<Vector> load() {
     ls >> v.name >> v.ipver >> valid >> hex;
     v.valid = valid;
     for (size_t i = 0; i + 1 < hex.size(); i += 2)
-      v.frame.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+      v.frame.push_back(
+          static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
     out.push_back(std::move(v));
   }
   return out;

@@ -20,7 +20,9 @@ host::NeighbourParams params() {
   p.retries = 3;
   return p;
 }
-void gid(uint32_t ip, uint8_t g[16]) { wire::gid_from_ipv4(ip, g); }
+void gid(uint32_t ip, uint8_t g[16]) {
+  wire::gid_from_ipv4(ip, g);
+}
 const wire::MacAddr kMac{{2, 0, 0, 0, 0, 9}};
 }  // namespace
 
@@ -29,12 +31,12 @@ TEST(Neighbour, RetriesThenFailsThenStartsOver) {
   uint8_t g[16];
   gid(0x0a000002, g);
   wire::MacAddr m;
-  EXPECT_TRUE(nt.start(g, 0));         // first request
-  EXPECT_FALSE(nt.start(g, kSec / 2)); // not yet due
+  EXPECT_TRUE(nt.start(g, 0));          // first request
+  EXPECT_FALSE(nt.start(g, kSec / 2));  // not yet due
   EXPECT_EQ(nt.lookup(g, kSec / 2, m), Lookup::kPending);
-  EXPECT_TRUE(nt.start(g, kSec));      // retry 2
-  EXPECT_TRUE(nt.start(g, 2 * kSec));  // retry 3
-  EXPECT_FALSE(nt.start(g, 3 * kSec)); // exhausted
+  EXPECT_TRUE(nt.start(g, kSec));       // retry 2
+  EXPECT_TRUE(nt.start(g, 2 * kSec));   // retry 3
+  EXPECT_FALSE(nt.start(g, 3 * kSec));  // exhausted
   EXPECT_EQ(nt.lookup(g, 3 * kSec, m), Lookup::kFailed);
   // After a hold-down of one retry period a new resolution may begin.
   EXPECT_TRUE(nt.start(g, 4 * kSec));

@@ -46,7 +46,8 @@ TEST(Opcode, EverySupportedOpcodeIsConsistent) {
 TEST(Opcode, UcMirrorsRcSendAndWrite) {
   for (uint8_t op = 0; op <= opcode::kRcWriteOnlyImm; ++op) {
     const OpcodeInfo& rc = opcode_info(op);
-    const OpcodeInfo& uc = opcode_info(static_cast<uint8_t>(opcode::kUcBase + op));
+    const OpcodeInfo& uc =
+        opcode_info(static_cast<uint8_t>(opcode::kUcBase + op));
     ASSERT_TRUE(uc.valid()) << rc.name;
     EXPECT_EQ(rc.mask & ~kRc, uc.mask & ~kUc) << rc.name;
   }
