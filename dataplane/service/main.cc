@@ -64,19 +64,23 @@ int run(const config::Config& cfg, char* prog) {
   }
   int rc = 0;
   {
+    // Declared before `workers` (destroyed after them) and outside the try,
+    // so a worker lcore never sees them go away while it still runs.
     PortInfo port;
+    host::HostAddrs addrs;
+    std::unique_ptr<host::NeighbourTable> neigh;
     std::vector<std::unique_ptr<Worker>> workers;
     try {
       port = port_setup(cfg);
-      const host::HostAddrs addrs = make_addrs(cfg, port);
+      addrs = make_addrs(cfg, port);
       host::NeighbourParams np;
       np.entries = cfg.arp.entries;
       np.reachable_ns = uint64_t{cfg.arp.reachable_ms} * 1'000'000;
       np.retry_ns = uint64_t{cfg.arp.retry_ms} * 1'000'000;
       np.retries = cfg.arp.retries;
-      host::NeighbourTable neigh(np);
+      neigh = std::make_unique<host::NeighbourTable>(np);
       for (uint16_t q = 0; q < port.nb_queues; ++q)
-        workers.push_back(std::make_unique<Worker>(cfg, port, addrs, neigh,
+        workers.push_back(std::make_unique<Worker>(cfg, port, addrs, *neigh,
                                                    cfg.eal.workers[q], q));
       printf(
           "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
@@ -105,7 +109,7 @@ int run(const config::Config& cfg, char* prog) {
           l.read(w->counters());
           s.lcores.push_back(l);
         }
-        s.neigh_entries = neigh.size();
+        s.neigh_entries = neigh->size();
         return s;
       };
       std::deque<std::unique_ptr<Command>> commands;
@@ -202,6 +206,7 @@ int run(const config::Config& cfg, char* prog) {
       g_quit.store(true);
       rte_eal_mp_wait_lcore();
       workers.clear();
+      if (port.started) port_teardown(port);
       rc = 1;
     }
   }

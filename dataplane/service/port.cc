@@ -148,6 +148,7 @@ PortInfo port_setup(const config::Config& cfg) {
   }
   if (int rc = rte_eth_dev_start(pid))
     throw std::runtime_error(fmt("rte_eth_dev_start: %s", strerror(-rc)));
+  p.started = true;
   // Promiscuous/all-multicast are best effort: ND needs solicited-node
   // multicast; PMDs without the ops still deliver what is addressed to us.
   if (cfg.port.promiscuous && rte_eth_promiscuous_enable(pid) != 0)
@@ -178,7 +179,9 @@ void port_read_stats(const PortInfo& p, stats::PortSnapshot& out) {
   }
 }
 
-void port_teardown(const PortInfo& p) {
+void port_teardown(PortInfo& p) {
+  if (!p.started) return;
+  p.started = false;
   rte_eth_dev_stop(p.port_id);
   rte_eth_dev_close(p.port_id);
 }

@@ -34,13 +34,14 @@ struct PortInfo {
   uint64_t rx_offloads = 0, tx_offloads = 0;
   rte_mempool* pool = nullptr;
   uint32_t mtu = 1500;
+  bool started = false;  // rte_eth_dev_start succeeded
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)
 // queues and the offloads the PMD reports, starts it. Throws on failure.
 PortInfo port_setup(const config::Config& cfg);
 void port_read_stats(const PortInfo& p, stats::PortSnapshot& out);
-void port_teardown(const PortInfo& p);
+void port_teardown(PortInfo& p);  // idempotent
 
 // A request from the control thread to a worker (rte_ring of pointers).
 struct Command {

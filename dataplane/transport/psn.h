@@ -16,8 +16,12 @@ constexpr uint32_t psn_add(uint32_t psn, uint32_t n) {
 constexpr int32_t psn_diff(uint32_t a, uint32_t b) {
   return static_cast<int32_t>(((a - b) & kPsnMask) << 8) >> 8;
 }
-constexpr bool psn_before(uint32_t a, uint32_t b) { return psn_diff(a, b) < 0; }
-constexpr bool psn_after(uint32_t a, uint32_t b) { return psn_diff(a, b) > 0; }
+constexpr bool psn_before(uint32_t a, uint32_t b) {
+  return psn_diff(a, b) < 0;
+}
+constexpr bool psn_after(uint32_t a, uint32_t b) {
+  return psn_diff(a, b) > 0;
+}
 
 static_assert(psn_add(kPsnMask, 1) == 0);
 static_assert(psn_diff(0, kPsnMask) == 1);

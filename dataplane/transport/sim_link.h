@@ -14,10 +14,10 @@ namespace urnic::transport {
 
 struct SimLinkParams {
   uint64_t seed = 1;
-  double loss = 0;         // probability a frame is dropped
-  double duplicate = 0;    // probability a frame is delivered twice
-  double reorder = 0;      // probability a frame is held back
-  double corrupt = 0;      // probability one bit of a frame is flipped
+  double loss = 0;       // probability a frame is dropped
+  double duplicate = 0;  // probability a frame is delivered twice
+  double reorder = 0;    // probability a frame is held back
+  double corrupt = 0;    // probability one bit of a frame is flipped
   uint64_t delay_ns = 1000;
   uint64_t jitter_ns = 0;            // uniform extra delay
   uint64_t reorder_hold_ns = 20000;  // extra delay of a held-back frame
@@ -51,7 +51,9 @@ class SimLink {
       return at != o.at ? at > o.at : seq > o.seq;
     }
   };
-  bool chance(double p) { return p > 0 && std::uniform_real_distribution<>(0, 1)(rng_) < p; }
+  bool chance(double p) {
+    return p > 0 && std::uniform_real_distribution<>(0, 1)(rng_) < p;
+  }
   uint64_t delay();
 
   SimLinkParams p_;

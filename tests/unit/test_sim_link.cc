@@ -27,12 +27,14 @@ std::vector<uint8_t> roce_frame(uint32_t psn) {
 
 // Sends n frames one per µs, drains everything; returns PSNs in arrival
 // order (-1 for frames that no longer decode).
-std::vector<int64_t> run(const SimLinkParams& p, uint32_t n, SimLink** out = nullptr) {
+std::vector<int64_t> run(const SimLinkParams& p, uint32_t n,
+                         SimLink** out = nullptr) {
   static SimLink* keep = nullptr;
   delete keep;
   keep = new SimLink(p);
   if (out) *out = keep;
-  for (uint32_t i = 0; i < n; ++i) keep->send(0, roce_frame(psn_add(0xfffff0, i)), i * 1000ull);
+  for (uint32_t i = 0; i < n; ++i)
+    keep->send(0, roce_frame(psn_add(0xfffff0, i)), i * 1000ull);
   std::vector<std::vector<uint8_t>> got;
   keep->receive(1, UINT64_MAX - 1, got);
   std::vector<int64_t> psns;
@@ -119,7 +121,8 @@ TEST(SimLink, ImpairmentsHappenAtTheirRates) {
       ++bad;
       continue;
     }
-    const uint32_t rel = static_cast<uint32_t>(psn_diff(static_cast<uint32_t>(v), 0xfffff0));
+    const uint32_t rel =
+        static_cast<uint32_t>(psn_diff(static_cast<uint32_t>(v), 0xfffff0));
     if (last >= 0 && rel < last) ++out_of_order;
     last = rel;
   }
