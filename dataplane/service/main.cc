@@ -84,10 +84,13 @@ int run(const config::Config& cfg, char* prog) {
                                                    cfg.eal.workers[q], q));
       printf(
           "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
-          "queues %u ipv4 %s/%u%s%s\n",
+          "queues %u%s ipv4 %s/%u%s%s\n",
           port.port_id, port.driver.c_str(), addrs.mac.b[0], addrs.mac.b[1],
           addrs.mac.b[2], addrs.mac.b[3], addrs.mac.b[4], addrs.mac.b[5],
           port.mtu, port.nb_queues,
+          port.nb_queues < 2 ? ""
+          : port.rss         ? " (RSS)"
+                             : " (spread by the PMD)",
           config::format_ipv4(cfg.port.ipv4.addr).c_str(), cfg.port.ipv4.prefix,
           addrs.has_ipv6 ? " ipv6 " : "",
           addrs.has_ipv6 ? config::format_ipv6(addrs.ipv6).c_str() : "");

@@ -27,11 +27,15 @@ std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   std::vector<std::string> a = {prog};
   std::string lcores = std::to_string(e.main_lcore);
   for (uint32_t w : e.workers) lcores += "," + std::to_string(w);
+  // An explicit --lcores in extra_args maps lcores to CPUs (e.g. two
+  // workers sharing a CPU on a small machine) and replaces -l.
+  bool mapped = false;
+  for (const auto& x : e.extra_args) mapped |= x.rfind("--lcores", 0) == 0;
+  if (!mapped) a.insert(a.end(), {"-l", lcores});
   a.insert(a.end(),
-           {"-l", lcores, "--main-lcore", std::to_string(e.main_lcore),
-            "--file-prefix", e.file_prefix, "-m", std::to_string(e.memory_mb),
-            "--log-level", "lib.eal:" + e.log_level, "--log-level",
-            "pmd.*:" + e.log_level});
+           {"--main-lcore", std::to_string(e.main_lcore), "--file-prefix",
+            e.file_prefix, "-m", std::to_string(e.memory_mb), "--log-level",
+            "lib.eal:" + e.log_level, "--log-level", "pmd.*:" + e.log_level});
   if (!e.huge) a.push_back("--no-huge");
   if (!cfg.port.pci.empty()) {
     a.insert(a.end(), {"-a", cfg.port.pci});
@@ -74,10 +78,11 @@ PortInfo port_setup(const config::Config& cfg) {
     if (hf) {
       conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
       conf.rx_adv_conf.rss_conf.rss_hf = hf;
-    } else {
-      // No RSS: extra queues would never receive. One RX lcore it is.
-      p.nb_queues = 1;
+      p.rss = true;
     }
+    // Without RSS a PMD may still spread flows over its queues itself
+    // (af_packet fanout, multi-queue tap, a memif peer); a queue that gets
+    // nothing only costs an idle worker.
   }
   // Capability-gated offloads: used where present, never demanded.
   p.rx_offloads = info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;

@@ -35,6 +35,7 @@ struct PortInfo {
   rte_mempool* pool = nullptr;
   uint32_t mtu = 1500;
   bool started = false;  // rte_eth_dev_start succeeded
+  bool rss = false;      // RSS configured over the queues
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)

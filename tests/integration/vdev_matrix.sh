@@ -29,6 +29,7 @@ stop_pid() {  # stop_pid PID: TERM, then KILL after 5 s; returns its status
 cleanup() {
   for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && stop_pid "$p" || true; done
   ip netns del "$NS" 2>/dev/null || true
+  ip netns del "$NS-p" 2>/dev/null || true
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -141,6 +142,37 @@ for vd in ring null; do
     bad "$vd: start"
   fi
 done
+
+# --- two workers, two af_packet queues (kernel fanout spreads flows) -------
+# On a 2-CPU machine both workers share CPU 1 through an explicit --lcores.
+ip link add "mq${id}s" netns "$NS" type veth peer name "mq${id}p" netns "$NS"
+ip -n "$NS" link set "mq${id}s" up
+ip netns add "$NS-p"
+ip -n "$NS" link set "mq${id}p" netns "$NS-p"
+ip -n "$NS-p" addr add 10.77.0.2/24 dev "mq${id}p"
+ip -n "$NS-p" link set "mq${id}p" up
+if start mq "$NS" -- -o "port.vdev=net_af_packet0,iface=mq${id}s,qpairs=2" \
+     -o 'eal.extra_args=["--lcores=0@0,1@1,2@1"]' -o 'eal.workers=[1,2]'; then
+  grep -q 'queues 2 (spread by the PMD)' "$TMP/mq.log" &&
+    ok "multi-queue: 2 queues on 2 workers" || { bad "multi-queue: start-up line"; head -3 "$TMP/mq.log"; }
+  ip netns exec "$NS-p" ping -c 3 -i 0.2 -W 2 10.77.0.1 >/dev/null &&
+    ok "multi-queue: ping answered" || bad "multi-queue: ping"
+  ip netns exec "$NS-p" $PY -c "
+from scapy.all import IP, UDP, Raw, send, conf
+conf.verb = 0
+for sp in range(64):
+    send(IP(dst='10.77.0.1') / UDP(sport=20000 + sp, dport=9) / Raw(b'x'))
+"
+  if wait_json mq "len(j['lcores']) == 2 and all(l['rx_packets'] > 0 for l in j['lcores']) and j['totals']['non_roce_ignored'] >= 64"; then
+    ok "multi-queue: both workers received ($(json mq "[l['rx_packets'] for l in j['lcores']]"))"
+  else
+    bad "multi-queue: spread"; json mq "[(l['lcore'], l['rx_packets']) for l in j['lcores']]"
+  fi
+  stop mq "$LAST_PID"
+else
+  bad "multi-queue: start"
+fi
+ip netns del "$NS-p" 2>/dev/null || true
 
 # --- a pool too small for the rings is refused with a clear error ----------
 if "$URNICD" -o port.vdev=net_ring0 -o port.ipv4=10.79.0.1/24 \
