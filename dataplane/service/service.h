@@ -77,7 +77,7 @@ class alignas(64) Worker {
   void send_resolve_request_st(const uint8_t gid[16]);
   void tx_st(rte_mbuf* m);
   void tx_flush_st();
-  bool frame_is_ours(const wire::FrameInfo& fi, const rte_mbuf* m) const;
+  bool accept_l2_st(const rte_mbuf* m);
 
   const config::Config& cfg_;
   const PortInfo& port_;

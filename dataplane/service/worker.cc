@@ -150,15 +150,34 @@ void Worker::commands_st(uint64_t now) {
   }
 }
 
-bool Worker::frame_is_ours(const wire::FrameInfo& fi, const rte_mbuf* m) const {
+bool Worker::accept_l2_st(const rte_mbuf* m) {
+  // Before any decoding: a promiscuous port also sees other hosts' unicast
+  // frames, which are not ours to count as malformed or anything else.
+  if (m->data_len < sizeof(wire::EthHdr)) return true;  // decode says why
   const auto* eth = rte_pktmbuf_mtod(m, const wire::EthHdr*);
-  if (!eth->dst.is_multicast() && !(eth->dst == addrs_.mac)) return false;
-  const uint16_t vid = fi.roce.vlan ? (fi.roce.vlan_tci & 0xfff) : 0;
-  return vid == vlan_tci_;
+  if (!eth->dst.is_multicast() && !(eth->dst == addrs_.mac)) {
+    ctr_.inc(Ctr::not_for_us);
+    return false;
+  }
+  uint16_t vid = 0;
+  if (eth->ether_type.get() == wire::kEtherTypeVlan &&
+      m->data_len >= sizeof(wire::EthHdr) + sizeof(wire::VlanTag))
+    vid = rte_pktmbuf_mtod_offset(m, const wire::VlanTag*, sizeof(wire::EthHdr))
+              ->tci.get() &
+          0xfff;
+  if (vid != vlan_tci_) {
+    ctr_.inc(Ctr::vlan_mismatch);
+    return false;
+  }
+  return true;
 }
 
 void Worker::handle_st(rte_mbuf* m, uint64_t now) {
   ctr_.add(Ctr::rx_bytes, m->pkt_len);
+  if (!accept_l2_st(m)) {
+    rte_pktmbuf_free(m);
+    return;
+  }
   wire::ConstBuf segs[kMaxSegs];
   uint32_t n = 0;
   for (const rte_mbuf* s = m; s && n < kMaxSegs; s = s->next)
@@ -172,12 +191,6 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
 
   if (fi.kind == FrameKind::kMalformed) {
     ctr_.add_malformed(fi.why);
-    rte_pktmbuf_free(m);
-    return;
-  }
-  if (!frame_is_ours(fi, m)) {
-    ctr_.inc(fi.kind == FrameKind::kOtherL2 ? Ctr::other_l2
-                                            : Ctr::vlan_mismatch);
     rte_pktmbuf_free(m);
     return;
   }

@@ -118,6 +118,8 @@ before_icrc=$(counter malformed bad_icrc)
 before_roce=$(counter totals roce_rx)
 before_trunc=$(counter malformed truncated)
 before_other=$(counter totals non_roce_ignored)
+before_nfu=$(counter totals not_for_us)
+before_vlan=$(counter totals vlan_mismatch)
 check "scapy sends good, bad-ICRC, truncated and non-RoCE packets" \
   ip netns exec "$PEER" $PY - "$IF_P" "$MAC" <<'PYEOF'
 import sys
@@ -136,13 +138,22 @@ short = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
          UDP(sport=49152, dport=4791) / Raw(b"\x04\x00\xff\xff\x00\x00"))
 other = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
          UDP(sport=5000, dport=5001) / Raw(b"x"))
-for f in (good, bytes(bad), bytes(short), bytes(other)):
+# Another host's unicast MAC (we run promiscuous) and a tagged frame on an
+# untagged port: both must be refused, each under its own counter.
+stranger = bytes(Ether(dst="02:00:00:00:00:99") / IP(src="10.77.0.2", dst="10.77.0.1") /
+                 UDP(sport=49152, dport=4791) / Raw(b"x" * 16))
+from scapy.all import Dot1Q
+tagged = bytes(Ether(dst=mac) / Dot1Q(vlan=5) / IP(src="10.77.0.2", dst="10.77.0.1") /
+               UDP(sport=5000, dport=5001) / Raw(b"x"))
+for f in (good, bytes(bad), bytes(short), bytes(other), stranger, tagged):
     sendp(Ether(f), iface=iface)
 PYEOF
 check "good RoCE packet counted" wait_counter totals roce_rx $((before_roce + 1))
 check "bad ICRC dropped and counted" wait_counter malformed bad_icrc $((before_icrc + 1))
 check "truncated RoCE dropped and counted" wait_counter malformed truncated $((before_trunc + 1))
 check "non-RoCE UDP ignored and counted" wait_counter totals non_roce_ignored $((before_other + 1))
+check "frame for another MAC counted not_for_us" wait_counter totals not_for_us $((before_nfu + 1))
+check "tagged frame on untagged port counted vlan_mismatch" wait_counter totals vlan_mismatch $((before_vlan + 1))
 check "urnicctl stats --json parses" bash -c "'$URNICCTL' -s '$SOCK' stats --json | $PY -m json.tool >/dev/null"
 check "urnicctl stats prints the testpmd layout" bash -c \
   "'$URNICCTL' -s '$SOCK' stats | grep -q 'Throughput (since last show)'"

@@ -136,7 +136,7 @@ for vd in ring null; do
     else
       bad "$vd: link"
     fi
-    [ "$vd" = null ] && echo "     null delivered $(json null "j['totals']['rx_packets']") frames, counted as other_l2=$(json null "j['totals']['other_l2']") malformed=$(json null "j['totals']['malformed']")"
+    [ "$vd" = null ] && echo "     null delivered $(json null "j['totals']['rx_packets']") frames, counted as not_for_us=$(json null "j['totals']['not_for_us']") malformed=$(json null "j['totals']['malformed']")"
     stop "$vd" "$LAST_PID"
   else
     bad "$vd: start"
