@@ -25,18 +25,13 @@ std::vector<uint8_t> roce_frame(uint32_t psn) {
   return buf;
 }
 
-// Sends n frames one per µs, drains everything; returns PSNs in arrival
-// order (-1 for frames that no longer decode).
-std::vector<int64_t> run(const SimLinkParams& p, uint32_t n,
-                         SimLink** out = nullptr) {
-  static SimLink* keep = nullptr;
-  delete keep;
-  keep = new SimLink(p);
-  if (out) *out = keep;
+// Sends n frames over `link` one per µs, drains everything; returns PSNs in
+// arrival order (-1 for frames that no longer decode).
+std::vector<int64_t> run(SimLink& link, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i)
-    keep->send(0, roce_frame(psn_add(0xfffff0, i)), i * 1000ull);
+    link.send(0, roce_frame(psn_add(0xfffff0, i)), i * 1000ull);
   std::vector<std::vector<uint8_t>> got;
-  keep->receive(1, UINT64_MAX - 1, got);
+  link.receive(1, UINT64_MAX - 1, got);
   std::vector<int64_t> psns;
   for (auto& f : got) {
     wire::FrameInfo fi;
@@ -59,8 +54,8 @@ TEST(Psn, WrapAndWindow) {
 }
 
 TEST(SimLink, PerfectLinkKeepsOrderAndBytes) {
-  SimLinkParams p;
-  const auto psns = run(p, 1000);
+  SimLink link(SimLinkParams{});
+  const auto psns = run(link, 1000);
   ASSERT_EQ(psns.size(), 1000u);
   for (uint32_t i = 0; i < 1000; ++i) EXPECT_EQ(psns[i], psn_add(0xfffff0, i));
 }
@@ -85,11 +80,12 @@ TEST(SimLink, SameSeedSameDeliveries) {
   p.reorder = 0.05;
   p.corrupt = 0.05;
   p.jitter_ns = 3000;
-  EXPECT_EQ(run(p, 5000), run(p, 5000));
+  SimLink a(p), b(p);
+  const auto first = run(a, 5000);
+  EXPECT_EQ(first, run(b, 5000));
   p.seed = 43;
-  const auto a = run(p, 5000);
-  p.seed = 42;
-  EXPECT_NE(a, run(p, 5000));
+  SimLink c(p);
+  EXPECT_NE(first, run(c, 5000));
 }
 
 TEST(SimLink, ImpairmentsHappenAtTheirRates) {
@@ -99,10 +95,10 @@ TEST(SimLink, ImpairmentsHappenAtTheirRates) {
   p.duplicate = 0.02;
   p.reorder = 0.05;
   p.corrupt = 0.03;
-  SimLink* link = nullptr;
+  SimLink link(p);
   const uint32_t n = 100000;
-  const auto psns = run(p, n, &link);
-  const SimLinkStats& st = link->stats(0);
+  const auto psns = run(link, n);
+  const SimLinkStats& st = link.stats(0);
   EXPECT_EQ(st.sent, n);
   // Binomial: 5 standard deviations is far outside noise for a fixed seed.
   // Duplication, reordering and corruption apply to frames not lost.
