@@ -332,6 +332,17 @@ bool parse_prefix(std::string_view s, unsigned max, uint8_t& out) {
   return true;
 }
 
+// Splits "address/prefix" with a prefix in 1..max_bits.
+bool split_cidr(const std::string& s, unsigned max_bits, std::string& addr,
+                uint8_t& prefix) {
+  const auto slash = s.find('/');
+  if (slash == std::string::npos) return false;
+  addr = s.substr(0, slash);
+  return parse_prefix(std::string_view(s).substr(slash + 1), max_bits,
+                      prefix) &&
+         prefix != 0;
+}
+
 // Config strings end up in argv, paths and devargs: one line of valid UTF-8
 // (which also makes dump() round trips exact).
 bool is_printable_utf8(std::string_view s) {
@@ -496,15 +507,10 @@ std::string parse_cidr4(const std::string& s, Ipv4Cidr& out) {
   const std::string usage =
       "expected an IPv4 address with prefix length such as 10.0.0.1/24, got " +
       quote(s);
-  const auto slash = s.find('/');
-  if (slash == std::string::npos) return usage;
+  std::string text;
   uint32_t addr = 0;
   uint8_t prefix = 0;
-  if (!parse_ipv4(s.substr(0, slash), addr) ||
-      !parse_prefix(std::string_view(s).substr(slash + 1), 32, prefix) ||
-      prefix == 0) {
-    return usage;
-  }
+  if (!split_cidr(s, 32, text, prefix) || !parse_ipv4(text, addr)) return usage;
   const uint32_t top = addr >> 24;
   if (addr == 0 || addr == UINT32_MAX || top == 127 || top >= 224) {
     return "expected a unicast IPv4 address, got " + quote(s);
@@ -517,14 +523,10 @@ std::string parse_cidr6(const std::string& s, Ipv6Cidr& out) {
   const std::string usage =
       "expected an IPv6 address with prefix length such as fd00::1/64, got " +
       quote(s);
-  const auto slash = s.find('/');
-  if (slash == std::string::npos) return usage;
+  std::string text;
   Ipv6Cidr c;
-  if (!parse_ipv6(s.substr(0, slash), c.addr) ||
-      !parse_prefix(std::string_view(s).substr(slash + 1), 128, c.prefix) ||
-      c.prefix == 0) {
+  if (!split_cidr(s, 128, text, c.prefix) || !parse_ipv6(text, c.addr))
     return usage;
-  }
   static constexpr uint8_t kLoopback[16] = {0, 0, 0, 0, 0, 0, 0, 0,
                                             0, 0, 0, 0, 0, 0, 0, 1};
   const bool unspecified =
