@@ -178,7 +178,7 @@ int run(const config::Config& cfg, char* prog) {
           commands.pop_front();
         if (now_ns() >= next_link_check) {
           stats::PortSnapshot ps;
-          port_read_stats(port, ps);
+          port_read_link(port, ps);
           if (ps.link_up != link_up) {
             link_up = ps.link_up;
             printf("urnicd: port %u link %s", port.port_id,

@@ -177,6 +177,10 @@ void port_read_stats(const PortInfo& p, stats::PortSnapshot& out) {
     out.oerrors = st.oerrors;
     out.rx_nombuf = st.rx_nombuf;
   }
+  port_read_link(p, out);
+}
+
+void port_read_link(const PortInfo& p, stats::PortSnapshot& out) {
   rte_eth_link link{};
   if (rte_eth_link_get_nowait(p.port_id, &link) == 0) {
     out.link_up = link.link_status == RTE_ETH_LINK_UP;

@@ -42,6 +42,8 @@ struct PortInfo {
 // queues and the offloads the PMD reports, starts it. Throws on failure.
 PortInfo port_setup(const config::Config& cfg);
 void port_read_stats(const PortInfo& p, stats::PortSnapshot& out);
+// Link state only (port_read_stats includes it).
+void port_read_link(const PortInfo& p, stats::PortSnapshot& out);
 void port_teardown(PortInfo& p);  // idempotent
 
 // A request from the control thread to a worker (rte_ring of pointers).
