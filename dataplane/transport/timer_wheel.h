@@ -1,0 +1,145 @@
+// Per-lcore hashed timing wheel for the transport engine's timers
+// (retransmit, RNR, ...): O(1) arm/cancel, no allocation after construction.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace urnic::transport {
+
+// Intrusive: embedded in its owner (a QP has one per timer), so arming never
+// allocates. An armed node must be cancelled before its owner is destroyed.
+struct TimerNode {
+  TimerNode* prev = nullptr;
+  TimerNode* next = nullptr;
+  uint64_t expire_tick = 0;
+  void* owner = nullptr;  // set by the owner, passed back untouched
+  uint8_t kind = 0;       // set by the owner, passed back untouched
+
+  bool armed() const { return next != nullptr; }
+};
+
+// Slot = expire_tick & (slots - 1), each a circular list with a sentinel
+// head. A timer more than one revolution away stays in its slot and is
+// skipped until its round comes. Used by one lcore only: not thread-safe.
+class TimerWheel {
+ public:
+  // tick_ns: resolution. slots: rounded up to a power of two. now_ns: start.
+  explicit TimerWheel(uint64_t now_ns = 0, uint64_t tick_ns = 1000,
+                      uint32_t slots = 4096)
+      : tick_ns_(std::max<uint64_t>(tick_ns, 1)),
+        mask_(std::bit_ceil(std::max<uint32_t>(slots, 1)) - 1),
+        now_tick_(now_ns / tick_ns_),
+        slots_(mask_ + 1) {
+    for (TimerNode& s : slots_) init(s);
+    init(due_);
+  }
+  // Sentinels point to themselves: the wheel cannot be copied or moved.
+  TimerWheel(const TimerWheel&) = delete;
+  TimerWheel& operator=(const TimerWheel&) = delete;
+
+  // Arms (or re-arms, moving it) `t` to fire at the first advance() with
+  // now_ns >= expire_ns rounded up to a tick: never early, less than one tick
+  // late. A time in the past fires at the next advance().
+  void arm(TimerNode& t, uint64_t expire_ns) {
+    if (t.armed()) {
+      unlink(t);
+    } else {
+      ++size_;
+    }
+    // Round up: a timer may fire up to one tick late, never early.
+    t.expire_tick = expire_ns / tick_ns_ + (expire_ns % tick_ns_ != 0);
+    // Slots up to now_tick_ have been walked already; a timer due by then
+    // waits on due_, which the next advance() fires first.
+    push_back(t.expire_tick <= now_tick_ ? due_ : slots_[t.expire_tick & mask_],
+              t);
+  }
+
+  // No-op if not armed.
+  void cancel(TimerNode& t) {
+    if (!t.armed()) return;
+    unlink(t);
+    --size_;
+  }
+
+  // Fires every armed timer whose expiry (rounded up to a tick) is <= now_ns:
+  // unlinks it, then calls fn(TimerNode&). fn may arm or cancel any timer; one
+  // it re-arms for a time
+  // <= now_ns fires on the next call, not this one. Returns the number fired.
+  template <typename Fn>
+  uint32_t advance(uint64_t now_ns, Fn&& fn) {
+    // A stale now_ns (behind the wheel) must not make the tick count wrap.
+    uint64_t cur = std::max(now_ns / tick_ns_, now_tick_);
+    uint64_t first = now_tick_ + 1;
+    // After a long sleep every slot is due at most once: visiting each slot
+    // once is enough, however many revolutions went by.
+    uint64_t walk = std::min<uint64_t>(cur - now_tick_, mask_ + 1);
+    // Updated before any fn runs, so fn's re-arms for <= now land on due_.
+    now_tick_ = cur;
+    uint32_t fired = fire(due_, fn);
+    for (uint64_t i = 0; i < walk; ++i) {
+      fired += fire(slots_[(first + i) & mask_], fn);
+    }
+    return fired;
+  }
+
+  size_t size() const { return size_; }  // armed timers
+  uint64_t now_tick() const { return now_tick_; }
+
+ private:
+  static void init(TimerNode& head) { head.prev = head.next = &head; }
+
+  static void push_back(TimerNode& head, TimerNode& t) {
+    t.prev = head.prev;
+    t.next = &head;
+    head.prev->next = &t;
+    head.prev = &t;
+  }
+
+  // Clears the links too: armed() is false from here on.
+  static void unlink(TimerNode& t) {
+    t.prev->next = t.next;
+    t.next->prev = t.prev;
+    t.prev = t.next = nullptr;
+  }
+
+  // Fires the due timers of `list` and keeps the others. The list is first
+  // moved to a local head: timers fn arms into `list` go to the (now empty)
+  // real head and are not seen by this walk, and fn may unlink any node still
+  // pending, since each one is taken from the local head only when reached.
+  template <typename Fn>
+  uint32_t fire(TimerNode& list, Fn& fn) {
+    if (list.next == &list) return 0;
+    TimerNode pending;
+    pending.next = list.next;
+    pending.prev = list.prev;
+    pending.next->prev = &pending;
+    pending.prev->next = &pending;
+    init(list);
+    uint32_t fired = 0;
+    while (pending.next != &pending) {
+      TimerNode& t = *pending.next;
+      unlink(t);
+      if (t.expire_tick > now_tick_) {  // a later revolution
+        push_back(list, t);
+        continue;
+      }
+      --size_;
+      ++fired;
+      fn(t);
+    }
+    return fired;
+  }
+
+  uint64_t tick_ns_;
+  uint64_t mask_;                 // slots - 1
+  uint64_t now_tick_;             // every tick up to this one has been walked
+  std::vector<TimerNode> slots_;  // sentinel heads
+  TimerNode due_;                 // armed for a tick already walked
+  size_t size_ = 0;
+};
+
+}  // namespace urnic::transport
