@@ -1,0 +1,277 @@
+// Completer: ACK/NAK, read responses and atomic ACKs (IBTA 9.7.5.2), the
+// retransmit timer (9.7.6.1.3), RNR back-off (9.7.5.2.8), go-back-N, and
+// error completions.
+#include <algorithm>
+
+#include "dataplane/transport/psn.h"
+#include "dataplane/transport/roles.h"
+
+namespace urnic::transport {
+namespace {
+
+bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// AETH syndrome classes (IBTA table 42).
+constexpr uint8_t kSynAck = 0x00, kSynRnr = 0x20, kSynNak = 0x60;
+constexpr uint8_t kNakSeq = 0, kNakInvReq = 1, kNakRemAccess = 2,
+                  kNakRemOp = 3;
+
+// Completes the SEND/WRITE WRs that PSNs before `end` acknowledge. Returns
+// true if it stopped at a READ/ATOMIC lying entirely before `end` whose
+// response has not fully arrived: its responses were lost (9.7.5.2.3).
+bool ack_through(Engine& e, Qp& qp, uint32_t end) {
+  while (qp.sq_head_ != qp.sq_tail_ && qp.state_ != IBV_QPS_ERR) {
+    SendWqe& w = qp.sqe(qp.sq_head_);
+    if (!w.started || psn_diff(w.last_psn, end) >= 0) break;
+    if (is_rd_atomic(w.wr.opcode) && !w.done) return true;
+    e.complete_head(qp, IBV_WC_SUCCESS);
+  }
+  return false;
+}
+
+// The oldest unacknowledged PSN after WRs were completed.
+void sync_comp_psn(Qp& qp) {
+  if (qp.sq_head_ == qp.sq_tail_) return;
+  const SendWqe& w = qp.sqe(qp.sq_head_);
+  if (w.started && psn_after(w.first_psn, qp.comp_.psn))
+    qp.comp_.psn = w.first_psn;
+}
+
+void progress(Engine& e, Qp& qp) {
+  qp.comp_.retries_left = qp.retry_cnt_;
+  qp.comp_.rnr_left = qp.rnr_retry_;
+  qp.comp_.gap_retry_sent = false;
+  // Restart the timer for what is still outstanding.
+  e.timers_.cancel(qp.retrans_timer_);
+  if (qp.comp_.psn != qp.req_.max_psn) e.arm_retrans(qp);
+  // The requester may be behind an ACK for packets it sent before a
+  // go-back-N: move it forward.
+  if (psn_before(qp.req_.psn, qp.comp_.psn))
+    Requester::go_to_st(e, qp, qp.comp_.psn);
+  if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
+}
+
+// Go-back-N from the oldest unacknowledged PSN, counting a retry (retry_cnt
+// covers timeouts and sequence NAKs alike; 7 is not infinite, C9-140).
+void retry(Engine& e, Qp& qp) {
+  if (qp.comp_.retries_left == 0) {
+    e.fail_head(qp, IBV_WC_RETRY_EXC_ERR);
+    return;
+  }
+  --qp.comp_.retries_left;
+  Requester::go_to_st(e, qp, qp.comp_.psn);
+}
+
+// Is `psn` one we sent and have not yet seen acknowledged?
+bool in_window(const Qp& qp, uint32_t psn, Engine& e) {
+  if (psn_before(psn, qp.comp_.psn)) {
+    e.ctr_.inc(ECtr::rx_dup);
+    ++const_cast<Qp&>(qp).ctr_.dup_packets;
+    return false;
+  }
+  if (!psn_before(psn, qp.req_.max_psn)) {
+    e.ctr_.inc(ECtr::rx_ghost_ack);
+    return false;
+  }
+  return true;
+}
+
+void on_ack(Engine& e, Qp& qp, uint32_t psn) {
+  e.ctr_.inc(ECtr::acks_rx);
+  ++qp.ctr_.acks_rx;
+  if (!in_window(qp, psn, e)) return;
+  const uint32_t end = psn_add(psn, 1);
+  if (ack_through(e, qp, end)) {
+    sync_comp_psn(qp);
+    retry(e, qp);
+    return;
+  }
+  if (qp.state_ == IBV_QPS_ERR) return;
+  qp.comp_.psn = end;
+  sync_comp_psn(qp);
+  progress(e, qp);
+  Completer::check_head_st(e, qp);
+}
+
+void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
+  ++qp.ctr_.naks_rx;
+  const uint8_t cls = syndrome & 0xe0;
+  const uint8_t code = syndrome & 0x1f;
+  if (!in_window(qp, psn, e)) return;
+  // A NAK acknowledges every PSN before its own (9.7.5.2.2).
+  const bool advanced = psn_after(psn, qp.comp_.psn);
+  if (ack_through(e, qp, psn)) {
+    sync_comp_psn(qp);
+    retry(e, qp);
+    return;
+  }
+  if (qp.state_ == IBV_QPS_ERR) return;
+  qp.comp_.psn = psn;
+  if (advanced) {
+    qp.comp_.retries_left = qp.retry_cnt_;
+    qp.comp_.rnr_left = qp.rnr_retry_;
+  }
+  if (cls == kSynRnr) {
+    e.ctr_.inc(ECtr::naks_rnr_rx);
+    // rnr_retry 7 means "retry forever" (9.7.5.2.8); others count down.
+    if (qp.rnr_retry_ != 7) {
+      if (qp.comp_.rnr_left == 0) {
+        e.fail_head(qp, IBV_WC_RNR_RETRY_EXC_ERR);
+        return;
+      }
+      --qp.comp_.rnr_left;
+    }
+    e.ctr_.inc(ECtr::rnr_waits);
+    ++qp.ctr_.rnr_waits;
+    qp.comp_.rnr_wait = true;
+    qp.comp_.rnr_psn = psn;
+    e.timers_.cancel(qp.retrans_timer_);
+    e.timers_.arm(qp.rnr_timer_, e.now_ + rnr_timer_ns(code));
+    return;
+  }
+  switch (code) {
+    case kNakSeq:
+      e.ctr_.inc(ECtr::naks_seq_rx);
+      retry(e, qp);
+      return;
+    case kNakInvReq:
+      e.ctr_.inc(ECtr::naks_inv_req_rx);
+      e.fail_head(qp, IBV_WC_REM_INV_REQ_ERR);
+      return;
+    case kNakRemAccess:
+      e.ctr_.inc(ECtr::naks_access_rx);
+      e.fail_head(qp, IBV_WC_REM_ACCESS_ERR);
+      return;
+    case kNakRemOp:
+      e.ctr_.inc(ECtr::naks_op_rx);
+      e.fail_head(qp, IBV_WC_REM_OP_ERR);
+      return;
+    default:
+      // Reserved NAK codes: treat as an invalid request (C9-134).
+      e.ctr_.inc(ECtr::naks_inv_req_rx);
+      e.fail_head(qp, IBV_WC_REM_INV_REQ_ERR);
+      return;
+  }
+}
+
+// A response that must come next: the head WR (after implied ACKs) must
+// be the one it answers, at the oldest unacknowledged PSN.
+SendWqe* expect_response(Engine& e, Qp& qp, uint32_t psn, bool atomic) {
+  if (!in_window(qp, psn, e)) return nullptr;
+  const bool lost = ack_through(e, qp, psn);
+  if (qp.state_ == IBV_QPS_ERR) return nullptr;
+  sync_comp_psn(qp);
+  SendWqe* w = qp.sq_head_ != qp.sq_tail_ ? &qp.sqe(qp.sq_head_) : nullptr;
+  const bool match =
+      !lost && w && w->started &&
+      (atomic ? (w->wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+                 w->wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+              : w->wr.opcode == IBV_WR_RDMA_READ) &&
+      psn_diff(psn, w->first_psn) >= 0 && psn_diff(psn, w->last_psn) <= 0;
+  if (match && psn == qp.comp_.psn) return w;
+  // A gap in the responses (an earlier one was lost): go back once per gap.
+  e.ctr_.inc(ECtr::rx_out_of_seq);
+  ++qp.ctr_.out_of_seq;
+  if (!qp.comp_.gap_retry_sent) {
+    qp.comp_.gap_retry_sent = true;
+    retry(e, qp);
+  }
+  return nullptr;
+}
+
+void on_read_response(Engine& e, Qp& qp, const RxPkt& p) {
+  const uint32_t psn = p.f.psn;
+  SendWqe* w = expect_response(e, qp, psn, false);
+  if (!w) return;
+  const uint32_t off = static_cast<uint32_t>(psn_diff(psn, w->first_psn)) *
+                       qp.mtu_;
+  const uint32_t want = std::min(qp.mtu_, w->length - off);
+  const bool last = psn == w->last_psn;
+  const bool op_last = p.op.mask & wire::kLast;
+  if (p.f.payload_len != want || last != op_last) {
+    e.ctr_.inc(ECtr::rx_bad_length);
+    return;
+  }
+  scatter(w->host_sg, w->wr.num_sge, off, p.segs, p.fi.payload_off, want);
+  qp.comp_.psn = psn_add(psn, 1);
+  if (last) {
+    w->done = true;
+    e.complete_head(qp, IBV_WC_SUCCESS);
+  }
+  if (qp.state_ == IBV_QPS_ERR) return;
+  progress(e, qp);
+  Completer::check_head_st(e, qp);
+}
+
+void on_atomic_ack(Engine& e, Qp& qp, const RxPkt& p) {
+  const uint32_t psn = p.f.psn;
+  SendWqe* w = expect_response(e, qp, psn, true);
+  if (!w) return;
+  // The original value lands in the local buffer in host order (verbs).
+  const uint64_t orig = p.f.atomic_orig;
+  const wire::ConstBuf src{reinterpret_cast<const uint8_t*>(&orig), 8};
+  scatter(w->host_sg, w->wr.num_sge, 0, {&src, 1}, 0, 8);
+  qp.comp_.psn = psn_add(psn, 1);
+  w->done = true;
+  e.complete_head(qp, IBV_WC_SUCCESS);
+  if (qp.state_ == IBV_QPS_ERR) return;
+  progress(e, qp);
+  Completer::check_head_st(e, qp);
+}
+
+}  // namespace
+
+void Completer::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
+  if (qp.type_ != IBV_QPT_RC) return;
+  const uint8_t op = p.f.opcode;
+  if (op == wire::opcode::kRcAck) {
+    const uint8_t syn = p.f.aeth_syndrome;
+    if ((syn & 0xe0) == kSynAck)
+      on_ack(e, qp, p.f.psn);
+    else if ((syn & 0xe0) == kSynRnr || (syn & 0xe0) == kSynNak)
+      on_nak(e, qp, p.f.psn, syn);
+    else
+      e.ctr_.inc(ECtr::rx_bad_opcode_seq);  // reserved syndrome class
+  } else if (op == wire::opcode::kRcAtomicAck) {
+    on_atomic_ack(e, qp, p);
+  } else if (p.op.mask & wire::kRead) {
+    on_read_response(e, qp, p);
+  }
+}
+
+void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
+  if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return;
+  if (kind == kRnrTimer) {
+    qp.comp_.rnr_wait = false;
+    Requester::go_to_st(e, qp, qp.comp_.rnr_psn);
+    return;
+  }
+  if (qp.comp_.psn == qp.req_.max_psn || qp.comp_.rnr_wait) return;
+  e.ctr_.inc(ECtr::timeouts);
+  ++qp.ctr_.timeouts;
+  retry(e, qp);
+}
+
+void Completer::check_head_st(Engine& e, Qp& qp) {
+  if (qp.state_ == IBV_QPS_ERR) return;
+  // A WR that failed locally completes once everything before it has.
+  if (qp.sq_head_ != qp.sq_tail_ && qp.sq_head_ == qp.sq_next_ &&
+      qp.req_.offset == 0) {
+    const SendWqe& w = qp.sqe(qp.sq_head_);
+    if (!w.started && w.local_err != IBV_WC_SUCCESS) {
+      e.fail_head(qp, w.local_err);
+      return;
+    }
+  }
+  // SQD: drained once nothing is outstanding (IBTA 10.3.1, 11.6.3).
+  if (qp.state_ == IBV_QPS_SQD && qp.sq_head_ == qp.sq_next_ &&
+      qp.req_.offset == 0 && qp.sqd_notify_ && !qp.comp_.drained_sent) {
+    qp.comp_.drained_sent = true;
+    e.dev_.raise({IBV_EVENT_SQ_DRAINED, qp.qpn_, nullptr, nullptr});
+  }
+}
+
+}  // namespace urnic::transport

@@ -1,0 +1,674 @@
+// Engine: QP lifetime and attributes (ibv_create/modify/query/destroy_qp),
+// posting, packet dispatch to the roles, the poll loop, and the helpers the
+// roles share (packet encoding, completions, error flush).
+#include "dataplane/transport/engine.h"
+
+#include <arpa/inet.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "dataplane/transport/psn.h"
+#include "dataplane/transport/qp_attr.h"
+#include "dataplane/transport/roles.h"
+
+namespace urnic::transport {
+
+const char* const kECtrNames[kNumECtr] = {
+#define URNIC_ECTR_NAME(n) #n,
+    URNIC_ENGINE_COUNTERS(URNIC_ECTR_NAME)
+#undef URNIC_ECTR_NAME
+};
+
+namespace {
+
+uint32_t ring_size(uint32_t n) {
+  return std::bit_ceil(n ? n : 1u);
+}
+
+bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return t != IBV_QPT_UD;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return t == IBV_QPT_RC;
+    default:
+      return false;
+  }
+}
+
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// P_Key check (IBTA 9.6.1.1, C9-42): one default partition, full or
+// limited membership.
+bool pkey_ok(uint16_t pkey) {
+  return (pkey & 0x7fff) == 0x7fff;
+}
+
+}  // namespace
+
+Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
+               uint64_t now_ns)
+    : dev_(dev), io_(io), cfg_(cfg), timers_(now_ns), now_(now_ns) {
+  if (cfg_.ack_req_every == 0) cfg_.ack_req_every = 1;
+  if (cfg_.max_unacked == 0) cfg_.max_unacked = 1;
+  if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
+}
+
+Engine::~Engine() {
+  for (auto& q : qps_) {
+    if (!q) continue;
+    timers_.cancel(q->retrans_timer_);
+    timers_.cancel(q->rnr_timer_);
+  }
+}
+
+// --- control path ---------------------------------------------------------
+
+int Engine::create_qp(QpInitAttr& a, Qp** out) {
+  const Limits& lim = dev_.limits();
+  if (a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UC &&
+      a.qp_type != IBV_QPT_UD)
+    return EINVAL;
+  if (!a.pd || !a.send_cq || !a.recv_cq) return EINVAL;
+  if (a.srq && a.srq->pd() != a.pd) return EINVAL;
+  ibv_qp_cap& c = a.cap;
+  if (c.max_send_wr > lim.max_qp_wr || c.max_send_sge > lim.max_sge ||
+      c.max_inline_data > lim.max_inline)
+    return EINVAL;
+  if (!a.srq && (c.max_recv_wr > lim.max_qp_wr || c.max_recv_sge > lim.max_sge))
+    return EINVAL;
+  if (nqp_ >= lim.max_qp) return ENOMEM;
+
+  uint32_t idx;
+  if (!free_qp_.empty()) {
+    idx = free_qp_.back();
+    free_qp_.pop_back();
+  } else {
+    idx = static_cast<uint32_t>(qps_.size());
+    qps_.emplace_back();
+  }
+  auto qp = std::make_unique<Qp>();
+  qp->index_ = idx;
+  qp->qpn_ = kFirstQpn + idx;
+  qp->type_ = a.qp_type;
+  qp->pd_ = a.pd;
+  qp->send_cq_ = a.send_cq;
+  qp->recv_cq_ = a.recv_cq;
+  qp->srq_ = a.srq;
+  qp->sq_sig_all_ = a.sq_sig_all;
+  c.max_send_wr = ring_size(c.max_send_wr);
+  c.max_send_sge = c.max_send_sge ? c.max_send_sge : 1;
+  qp->sq_.resize(c.max_send_wr);
+  qp->sq_mask_ = c.max_send_wr - 1;
+  if (a.srq) {
+    c.max_recv_wr = 0;
+    c.max_recv_sge = 0;
+  } else {
+    c.max_recv_wr = ring_size(c.max_recv_wr);
+    c.max_recv_sge = c.max_recv_sge ? c.max_recv_sge : 1;
+    qp->rq_.resize(c.max_recv_wr);
+    qp->rq_mask_ = c.max_recv_wr - 1;
+  }
+  qp->cap_ = c;
+  // RoCEv2 UDP source port: per-QP entropy for ECMP (Annex A17.4.2.1).
+  qp->udp_sport_ = static_cast<uint16_t>(cfg_.udp_sport_base |
+                                         ((qp->qpn_ * 0x9e37u) & 0x3fff));
+  qp->retrans_timer_.owner = qp.get();
+  qp->retrans_timer_.kind = kRetransTimer;
+  qp->rnr_timer_.owner = qp.get();
+  qp->rnr_timer_.kind = kRnrTimer;
+  qp->res_.resize(1);
+  Device::hold(a.pd);
+  Device::hold(a.send_cq);
+  Device::hold(a.recv_cq);
+  if (a.srq) Device::hold(a.srq);
+  *out = qp.get();
+  qps_[idx] = std::move(qp);
+  ++nqp_;
+  return 0;
+}
+
+Qp* Engine::find_qp(uint32_t qpn) const {
+  const uint32_t idx = qpn - kFirstQpn;
+  if (qpn < kFirstQpn || idx >= qps_.size()) return nullptr;
+  return qps_[idx].get();
+}
+
+int Engine::destroy_qp(Qp* qp) {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  timers_.cancel(qp->retrans_timer_);
+  timers_.cancel(qp->rnr_timer_);
+  unlink_ready(*qp);
+  Device::release(qp->pd_);
+  Device::release(qp->send_cq_);
+  Device::release(qp->recv_cq_);
+  if (qp->srq_) Device::release(qp->srq_);
+  const uint32_t idx = qp->index_;
+  qps_[idx].reset();
+  free_qp_.push_back(idx);
+  --nqp_;
+  return 0;
+}
+
+void Engine::reset_qp(Qp& qp) {
+  timers_.cancel(qp.retrans_timer_);
+  timers_.cancel(qp.rnr_timer_);
+  unlink_ready(qp);
+  qp.sq_head_ = qp.sq_next_ = qp.sq_tail_ = 0;
+  qp.rq_head_ = qp.rq_tail_ = 0;
+  qp.req_ = {};
+  qp.comp_ = {};
+  qp.resp_ = {};
+  for (RespResource& r : qp.res_) r = {};
+  qp.res_next_ = 0;
+}
+
+int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask) {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  const int rc =
+      check_modify_qp(qp->type_, qp->state_, attr, mask, dev_.limits());
+  if (rc) return rc;
+  Path path = qp->path_;
+  if (mask & IBV_QP_AV) {
+    const int r = dev_.resolve_path(attr.ah_attr, &path);
+    if (r) return r;
+  }
+  const ibv_qp_state from = qp->state_;
+  const ibv_qp_state to = (mask & IBV_QP_STATE) ? attr.qp_state : from;
+
+  // Attributes (validated above).
+  ibv_qp_attr& s = qp->attr_;
+  if (mask & IBV_QP_AV) {
+    qp->path_ = path;
+    s.ah_attr = attr.ah_attr;
+  }
+  if (mask & IBV_QP_PATH_MTU) {
+    s.path_mtu = attr.path_mtu;
+    qp->mtu_ = mtu_bytes(attr.path_mtu);
+  }
+  if (mask & IBV_QP_DEST_QPN) qp->dest_qpn_ = s.dest_qp_num = attr.dest_qp_num;
+  if (mask & IBV_QP_QKEY) qp->qkey_ = s.qkey = attr.qkey;
+  if (mask & IBV_QP_ACCESS_FLAGS)
+    qp->access_ = s.qp_access_flags = attr.qp_access_flags;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr.pkey_index;
+  if (mask & IBV_QP_PORT) s.port_num = attr.port_num;
+  if (mask & IBV_QP_TIMEOUT) {
+    s.timeout = attr.timeout;
+    // IBTA 9.7.6.1.3: 4.096 us * 2^timeout; 0 disables the timer.
+    qp->timeout_ns_ = attr.timeout ? uint64_t{4096} << attr.timeout : 0;
+  }
+  if (mask & IBV_QP_RETRY_CNT) qp->retry_cnt_ = s.retry_cnt = attr.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) qp->rnr_retry_ = s.rnr_retry = attr.rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER)
+    qp->min_rnr_timer_ = s.min_rnr_timer = attr.min_rnr_timer;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) {
+    s.max_rd_atomic = attr.max_rd_atomic;
+    // 0 would forbid READ/ATOMIC altogether; such WRs would then wait
+    // forever, so one credit is the floor (as rxe does).
+    qp->max_rd_atomic_ = attr.max_rd_atomic ? attr.max_rd_atomic : 1;
+  }
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
+    s.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+    qp->max_dest_rd_atomic_ =
+        attr.max_dest_rd_atomic ? attr.max_dest_rd_atomic : 1;
+    qp->res_.assign(qp->max_dest_rd_atomic_, RespResource{});
+    qp->res_next_ = 0;
+  }
+  if (mask & IBV_QP_RQ_PSN) {
+    s.rq_psn = attr.rq_psn;
+    qp->resp_.epsn = attr.rq_psn & kPsnMask;
+  }
+  if (mask & IBV_QP_SQ_PSN) {
+    s.sq_psn = attr.sq_psn;
+    qp->req_.psn = qp->comp_.psn = attr.sq_psn & kPsnMask;
+    qp->req_.max_psn = qp->req_.psn;
+  }
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
+    qp->sqd_notify_ = attr.en_sqd_async_notify;
+
+  // Transition side effects.
+  if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
+    reset_qp(*qp);
+    qp->state_ = IBV_QPS_RESET;
+    return 0;
+  }
+  if (to == IBV_QPS_ERR) {
+    to_error(*qp);
+    return 0;
+  }
+  qp->state_ = to;
+  if (to == IBV_QPS_RTS && from != IBV_QPS_RTS) {
+    qp->comp_.retries_left = qp->retry_cnt_;
+    qp->comp_.rnr_left = qp->rnr_retry_;
+    if (qp->sq_next_ != qp->sq_tail_) make_ready(*qp);
+  }
+  if (to == IBV_QPS_SQD && from == IBV_QPS_RTS) {
+    qp->comp_.drained_sent = false;
+    Completer::check_head_st(*this, *qp);
+  }
+  return 0;
+}
+
+int Engine::query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  if (attr) {
+    *attr = qp->attr_;
+    attr->qp_state = attr->cur_qp_state = qp->state_;
+    attr->cap = qp->cap_;
+    attr->sq_draining = qp->state_ == IBV_QPS_SQD && qp->sq_head_ != qp->sq_next_;
+    attr->sq_psn = qp->req_.psn;
+    attr->rq_psn = qp->resp_.epsn;
+  }
+  if (init) {
+    init->qp_type = qp->type_;
+    init->pd = qp->pd_;
+    init->send_cq = qp->send_cq_;
+    init->recv_cq = qp->recv_cq_;
+    init->srq = qp->srq_;
+    init->cap = qp->cap_;
+    init->sq_sig_all = qp->sq_sig_all_;
+  }
+  return 0;
+}
+
+// --- posting ----------------------------------------------------------------
+
+int Engine::post_send(Qp* qp, const SendWr& wr) {
+  switch (qp->state_) {
+    case IBV_QPS_RTS:
+    case IBV_QPS_SQD:
+      break;
+    case IBV_QPS_ERR:
+    case IBV_QPS_SQE: {
+      // Verbs: WRs posted in ERR complete with a flush error.
+      ibv_wc wc{};
+      wc.wr_id = wr.wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = wc_opcode(wr.opcode);
+      wc.qp_num = qp->qpn_;
+      ctr_.inc(ECtr::wqes_flushed);
+      push_cqe(*qp, qp->send_cq_, wc, false);
+      return 0;
+    }
+    default:
+      return EINVAL;
+  }
+  if (!valid_opcode(qp->type_, wr.opcode)) return EINVAL;
+  if (wr.num_sge > qp->cap_.max_send_sge || wr.num_sge > kMaxSge)
+    return EINVAL;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
+  const bool inl = wr.send_flags & IBV_SEND_INLINE;
+  if (len > dev_.limits().max_msg_sz) return EINVAL;
+  if (qp->type_ == IBV_QPT_UD &&
+      (!wr.ah || len > mtu_bytes(dev_.config().active_mtu)))
+    return EINVAL;
+  if (is_rd_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ && len != 8)
+    return EINVAL;
+  if (inl && (is_rd_atomic(wr.opcode) || len > qp->cap_.max_inline_data))
+    return EINVAL;
+  if (qp->sq_tail_ - qp->sq_head_ > qp->sq_mask_) return ENOMEM;
+
+  SendWqe& w = qp->sqe(qp->sq_tail_);
+  w.wr = wr;
+  w.length = static_cast<uint32_t>(len);
+  w.started = w.resolved = w.rd_counted = w.done = false;
+  w.local_err = IBV_WC_SUCCESS;
+  w.first_psn = w.last_psn = 0;
+  const uint32_t mtu = qp->mtu_;
+  w.npkts = (wr.opcode == IBV_WR_RDMA_READ || qp->type_ != IBV_QPT_UD)
+                ? (w.length + mtu - 1) / mtu
+                : 1;
+  if (is_rd_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ) w.npkts = 1;
+  if (w.npkts == 0) w.npkts = 1;
+  if (inl) {
+    // Inline data is copied now: the caller may reuse its buffer at once.
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < wr.num_sge; ++i) {
+      const Sge& s = wr.sg_list[i];
+      if (s.length)
+        std::memcpy(w.inline_data + off,
+                    reinterpret_cast<const void*>(s.addr), s.length);
+      off += s.length;
+    }
+    w.host_sg[0] = {w.inline_data, w.length};
+    w.wr.num_sge = 1;
+    w.resolved = true;
+  }
+  ++qp->sq_tail_;
+  ctr_.inc(ECtr::send_wqes);
+  if (qp->state_ == IBV_QPS_RTS) make_ready(*qp);
+  return 0;
+}
+
+int Engine::post_recv(Qp* qp, const RecvWr& wr) {
+  if (qp->srq_) return EINVAL;
+  if (qp->state_ == IBV_QPS_RESET) return EINVAL;
+  if (wr.num_sge > qp->cap_.max_recv_sge) return EINVAL;
+  if (qp->state_ == IBV_QPS_ERR) {
+    ibv_wc wc{};
+    wc.wr_id = wr.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qp->qpn_;
+    ctr_.inc(ECtr::wqes_flushed);
+    push_cqe(*qp, qp->recv_cq_, wc, false);
+    return 0;
+  }
+  if (qp->rq_tail_ - qp->rq_head_ > qp->rq_mask_) return ENOMEM;
+  qp->rq_[qp->rq_tail_ & qp->rq_mask_].wr = wr;
+  ++qp->rq_tail_;
+  ctr_.inc(ECtr::recv_wqes);
+  return 0;
+}
+
+// --- data path --------------------------------------------------------------
+
+void Engine::rx(const wire::FrameInfo& fi,
+                std::span<const wire::ConstBuf> segs, uint64_t now_ns) {
+  now_ = now_ns;
+  ctr_.inc(ECtr::rx_packets);
+  const wire::RoceFields& f = fi.roce;
+  Qp* qp = find_qp(f.dqpn);
+  if (!qp) {
+    ctr_.inc(ECtr::rx_no_qp);
+    return;
+  }
+  const wire::OpcodeInfo& op = *fi.op;
+  const uint32_t want = qp->type_ == IBV_QPT_RC   ? wire::kRc
+                        : qp->type_ == IBV_QPT_UC ? wire::kUc
+                                                  : wire::kUd;
+  if (!(op.mask & want)) {
+    ctr_.inc(ECtr::rx_bad_type);
+    return;
+  }
+  if (!pkey_ok(f.pkey)) {
+    ctr_.inc(ECtr::rx_bad_pkey);
+    return;
+  }
+  const RxPkt p{fi, f, op, segs};
+  ++qp->ctr_.rx_packets;
+  if (op.mask & wire::kReq) {
+    if (qp->state_ == IBV_QPS_RESET || qp->state_ == IBV_QPS_INIT ||
+        qp->state_ == IBV_QPS_ERR) {
+      ctr_.inc(ECtr::rx_bad_state);
+      return;
+    }
+    Responder::rx_st(*this, *qp, p);
+  } else {
+    if (qp->state_ != IBV_QPS_RTS && qp->state_ != IBV_QPS_SQD) {
+      ctr_.inc(ECtr::rx_bad_state);
+      return;
+    }
+    Completer::rx_st(*this, *qp, p);
+  }
+}
+
+void Engine::fire_timer(TimerNode& t) {
+  Completer::timer_st(*this, *static_cast<Qp*>(t.owner),
+                      static_cast<TimerKind>(t.kind));
+}
+
+uint32_t Engine::poll(uint64_t now_ns) {
+  now_ = now_ns;
+  uint32_t work =
+      timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); });
+  // One pass over the QPs that have transmit work; a QP that still has
+  // some afterwards goes to the back of the list.
+  Qp* end = ready_tail_;
+  while (Qp* qp = ready_head_) {
+    ready_head_ = qp->ready_next_;
+    if (!ready_head_) ready_tail_ = nullptr;
+    qp->ready_next_ = nullptr;
+    qp->on_ready_ = false;
+    bool more = false;
+    uint32_t sent = Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
+    bool more_req = false;
+    if (!more) sent += Requester::send_st(*this, *qp, cfg_.tx_budget - sent,
+                                          &more_req);
+    work += sent;
+    if (more || more_req) make_ready(*qp);
+    if (qp == end) break;
+  }
+  return work;
+}
+
+// --- shared helpers ---------------------------------------------------------
+
+void Engine::make_ready(Qp& qp) {
+  if (qp.on_ready_) return;
+  qp.on_ready_ = true;
+  qp.ready_next_ = nullptr;
+  if (ready_tail_)
+    ready_tail_->ready_next_ = &qp;
+  else
+    ready_head_ = &qp;
+  ready_tail_ = &qp;
+}
+
+void Engine::unlink_ready(Qp& qp) {
+  if (!qp.on_ready_) return;
+  Qp* prev = nullptr;
+  for (Qp* q = ready_head_; q; prev = q, q = q->ready_next_) {
+    if (q != &qp) continue;
+    (prev ? prev->ready_next_ : ready_head_) = q->ready_next_;
+    if (ready_tail_ == q) ready_tail_ = prev;
+    break;
+  }
+  qp.on_ready_ = false;
+  qp.ready_next_ = nullptr;
+}
+
+void Engine::fill_addr(const Qp& qp, const Path& path,
+                       wire::RoceFields& f) const {
+  const DeviceConfig& dc = dev_.config();
+  f.dst_mac = path.dmac;
+  f.src_mac = dc.mac;
+  f.vlan = dc.vlan;
+  f.vlan_tci = dc.vlan_tci;
+  std::memcpy(f.sgid, dc.gids[path.sgid_index], 16);
+  std::memcpy(f.dgid, path.dgid, 16);
+  f.ipv6 = !(wire::gid_is_ipv4(f.sgid) && wire::gid_is_ipv4(f.dgid));
+  f.tclass = path.traffic_class;
+  f.ttl = path.hop_limit;
+  f.flow_label = path.flow_label;
+  f.udp_sport = qp.udp_sport_;
+}
+
+bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
+                         std::span<const wire::ConstBuf> payload) {
+  uint8_t hdr[128];
+  uint8_t trailer[8];
+  const uint32_t hl = wire::encode_headers(f, hdr, sizeof(hdr));
+  if (hl == 0) return true;  // cannot happen for our own fields; dropped
+  const uint32_t tl = wire::encode_trailer(hdr, f, payload, trailer);
+  TxFrame tf;
+  tf.hdr = hdr;
+  tf.hdr_len = hl;
+  tf.payload = payload;
+  tf.trailer = trailer;
+  tf.trailer_len = tl;
+  if (!io_.transmit(tf)) {
+    ctr_.inc(ECtr::tx_full);
+    return false;
+  }
+  ctr_.inc(ECtr::tx_packets);
+  ctr_.inc(ECtr::tx_bytes, tf.frame_len());
+  ++qp.ctr_.tx_packets;
+  return true;
+}
+
+bool Engine::push_cqe(Qp& qp, Cq* cq, const ibv_wc& wc, bool solicited) {
+  ctr_.inc(ECtr::completions);
+  if (cq->push(wc, solicited)) return true;
+  // Overflow: the CQ is in error (and raised CQ_ERR); the QP cannot report
+  // completions any more, so it goes to error as well (IBTA 11.4.2.1).
+  ctr_.inc(ECtr::cq_overflows);
+  if (qp.state_ != IBV_QPS_ERR) to_error(qp);
+  return false;
+}
+
+void Engine::complete_head(Qp& qp, ibv_wc_status st) {
+  SendWqe& w = qp.sqe(qp.sq_head_);
+  if (w.rd_counted) {
+    w.rd_counted = false;
+    --qp.req_.rd_atomic;
+  }
+  ++qp.sq_head_;
+  if (qp.sq_next_ - qp.sq_head_ > qp.sq_tail_ - qp.sq_head_)
+    qp.sq_next_ = qp.sq_head_;  // head overtook the requester (UC/UD)
+  const bool signaled = st != IBV_WC_SUCCESS || qp.sq_sig_all_ ||
+                        (w.wr.send_flags & IBV_SEND_SIGNALED);
+  if (!signaled) return;
+  ibv_wc wc{};
+  wc.wr_id = w.wr.wr_id;
+  wc.status = st;
+  wc.opcode = wc_opcode(w.wr.opcode);
+  wc.byte_len = w.length;
+  wc.qp_num = qp.qpn_;
+  push_cqe(qp, qp.send_cq_, wc, false);
+}
+
+void Engine::fail_head(Qp& qp, ibv_wc_status st) {
+  if (qp.state_ == IBV_QPS_ERR) return;
+  if (qp.sq_head_ != qp.sq_tail_) complete_head(qp, st);
+  if (qp.state_ != IBV_QPS_ERR) to_error(qp);
+}
+
+void Engine::to_error(Qp& qp) {
+  if (qp.state_ == IBV_QPS_ERR) return;
+  qp.state_ = IBV_QPS_ERR;
+  timers_.cancel(qp.retrans_timer_);
+  timers_.cancel(qp.rnr_timer_);
+  unlink_ready(qp);
+  // Every WR still on the send queue completes with a flush error, in order
+  // (IBTA 10.3.1, C10-? "Error state"), signaled or not.
+  while (qp.sq_head_ != qp.sq_tail_) {
+    SendWqe& w = qp.sqe(qp.sq_head_);
+    ibv_wc wc{};
+    wc.wr_id = w.wr.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = wc_opcode(w.wr.opcode);
+    wc.qp_num = qp.qpn_;
+    ++qp.sq_head_;
+    ctr_.inc(ECtr::wqes_flushed);
+    ctr_.inc(ECtr::completions);
+    if (!qp.send_cq_->push(wc, false)) ctr_.inc(ECtr::cq_overflows);
+  }
+  qp.sq_next_ = qp.sq_head_;
+  qp.req_.rd_atomic = 0;
+  auto flush_recv = [&](uint64_t wr_id) {
+    ibv_wc wc{};
+    wc.wr_id = wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qp.qpn_;
+    ctr_.inc(ECtr::wqes_flushed);
+    ctr_.inc(ECtr::completions);
+    if (!qp.recv_cq_->push(wc, false)) ctr_.inc(ECtr::cq_overflows);
+  };
+  // A receive WR taken by a message in progress is older than the queue.
+  if (qp.resp_.have_recv) {
+    flush_recv(qp.resp_.recv.wr_id);
+    qp.resp_.have_recv = false;
+  }
+  while (qp.rq_head_ != qp.rq_tail_) {
+    flush_recv(qp.rq_[qp.rq_head_ & qp.rq_mask_].wr.wr_id);
+    ++qp.rq_head_;
+  }
+  qp.resp_.ack_pending = false;
+  for (RespResource& r : qp.res_) r.pending = false;
+  // IBTA 11.6.3: a QP on an SRQ reports its last WQE when it enters error.
+  if (qp.srq_) dev_.raise({IBV_EVENT_QP_LAST_WQE_REACHED, qp.qpn_, nullptr,
+                           nullptr});
+}
+
+void Engine::arm_retrans(Qp& qp) {
+  if (qp.timeout_ns_ && !qp.retrans_timer_.armed())
+    timers_.arm(qp.retrans_timer_, now_ + qp.timeout_ns_);
+}
+
+// --- payload helpers --------------------------------------------------------
+
+uint32_t gather(const HostSge* sg, uint32_t nsg, uint32_t off, uint32_t len,
+                wire::ConstBuf* out) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < nsg && len; ++i) {
+    if (off >= sg[i].len) {
+      off -= sg[i].len;
+      continue;
+    }
+    const uint32_t take = std::min(sg[i].len - off, len);
+    out[n++] = {sg[i].p + off, take};
+    len -= take;
+    off = 0;
+  }
+  return n;
+}
+
+void scatter(const HostSge* sg, uint32_t nsg, uint32_t dst_off,
+             std::span<const wire::ConstBuf> segs, uint32_t src_off,
+             uint32_t len) {
+  uint32_t si = 0;
+  uint32_t soff = src_off;
+  while (si < segs.size() && soff >= segs[si].len) soff -= segs[si++].len;
+  for (uint32_t i = 0; i < nsg && len; ++i) {
+    if (dst_off >= sg[i].len) {
+      dst_off -= sg[i].len;
+      continue;
+    }
+    uint32_t room = std::min(sg[i].len - dst_off, len);
+    uint8_t* d = sg[i].p + dst_off;
+    dst_off = 0;
+    len -= room;
+    while (room && si < segs.size()) {
+      const uint32_t take = std::min(room, segs[si].len - soff);
+      std::memcpy(d, segs[si].data + soff, take);
+      d += take;
+      room -= take;
+      soff += take;
+      if (soff == segs[si].len) {
+        ++si;
+        soff = 0;
+      }
+    }
+  }
+}
+
+uint64_t rnr_timer_ns(uint8_t code) {
+  // IBTA vol. 1 table 45, in units of 10 us; code 0 is the longest.
+  static constexpr uint32_t kTenUs[32] = {
+      65536, 1,    2,    3,    4,    6,    8,    12,   16,    24,   32,
+      48,    64,   96,   128,  192,  256,  384,  512,  768,   1024, 1536,
+      2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+  return uint64_t{kTenUs[code & 31]} * 10000;
+}
+
+}  // namespace urnic::transport

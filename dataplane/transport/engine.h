@@ -1,0 +1,165 @@
+// The transport engine of one lcore: QPs and their requester, completer and
+// responder state machines (IBTA vol. 1 ch. 9), timers, and the I/O
+// boundary. Packets come in through rx() as decoded frames and leave through
+// a PacketIo, so the same engine runs on a DPDK port and on a simulated link.
+// Every method runs on the owning lcore; none allocates or throws except
+// create_qp/destroy_qp (control path).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "dataplane/transport/objects.h"
+#include "dataplane/transport/qp.h"
+#include "dataplane/transport/timer_wheel.h"
+#include "dataplane/transport/types.h"
+#include "dataplane/wire/codec.h"
+
+namespace urnic::transport {
+
+// One frame to transmit, in three parts: `hdr` (Ethernet .. extension
+// headers, built by the engine), `payload` pieces (in registered memory, or
+// engine-owned bytes for inline data and atomics), and `trailer` (pad +
+// ICRC). An implementation may reference the payload (zero copy) until the
+// frame is on the wire: the memory stays registered while its WR is
+// outstanding.
+struct TxFrame {
+  const uint8_t* hdr = nullptr;
+  uint32_t hdr_len = 0;
+  std::span<const wire::ConstBuf> payload;
+  const uint8_t* trailer = nullptr;
+  uint32_t trailer_len = 0;
+  uint32_t frame_len() const {
+    uint32_t n = hdr_len + trailer_len;
+    for (const wire::ConstBuf& b : payload) n += b.len;
+    return n;
+  }
+};
+
+class PacketIo {
+ public:
+  virtual ~PacketIo() = default;
+  // False when the TX queue has no room: nothing is lost, the engine keeps
+  // its state and sends the frame on a later poll().
+  virtual bool transmit(const TxFrame& f) = 0;
+};
+
+// clang-format off
+#define URNIC_ENGINE_COUNTERS(X)                                             \
+  X(tx_packets)      X(tx_bytes)        X(tx_full)         X(rx_packets)     \
+  X(rx_no_qp)        X(rx_bad_state)    X(rx_bad_type)     X(rx_bad_pkey)    \
+  X(rx_bad_qkey)     X(rx_bad_opcode_seq) X(rx_dup)        X(rx_out_of_seq)  \
+  X(rx_ghost_ack)    X(rx_uc_dropped)   X(acks_tx)         X(acks_rx)        \
+  X(naks_seq_tx)     X(naks_rnr_tx)     X(naks_access_tx)  X(naks_inv_req_tx) \
+  X(naks_op_tx)      X(naks_seq_rx)     X(naks_rnr_rx)     X(naks_access_rx) \
+  X(naks_inv_req_rx) X(naks_op_rx)      X(retransmits)     X(timeouts)       \
+  X(rnr_waits)       X(read_replays)    X(atomic_replays)  X(cq_overflows)   \
+  X(wqes_flushed)    X(send_wqes)       X(recv_wqes)       X(completions)    \
+  X(rx_no_recv)      X(rx_bad_length)   X(local_errors)
+// clang-format on
+
+enum class ECtr : uint16_t {
+#define URNIC_ECTR_ENUM(n) n,
+  URNIC_ENGINE_COUNTERS(URNIC_ECTR_ENUM)
+#undef URNIC_ECTR_ENUM
+      kCount
+};
+constexpr size_t kNumECtr = static_cast<size_t>(ECtr::kCount);
+extern const char* const kECtrNames[kNumECtr];
+
+struct EngineCounters {
+  uint64_t v[kNumECtr] = {};
+  uint64_t get(ECtr c) const { return v[static_cast<size_t>(c)]; }
+  void inc(ECtr c, uint64_t n = 1) { v[static_cast<size_t>(c)] += n; }
+};
+
+struct EngineConfig {
+  uint32_t ack_req_every = 16;   // AckReq on at least every Nth packet
+  uint32_t max_unacked = 512;    // requester window, in packets (PSNs)
+  uint32_t tx_budget = 64;       // packets one poll() may send per QP
+  uint16_t udp_sport_base = 0xc000;
+};
+
+struct QpInitAttr {
+  ibv_qp_type qp_type = IBV_QPT_RC;  // RC, UC or UD
+  Pd* pd = nullptr;
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  Srq* srq = nullptr;
+  ibv_qp_cap cap{};  // on success: what was granted (>= asked)
+  bool sq_sig_all = false;
+};
+
+class Engine {
+ public:
+  Engine(Device& dev, PacketIo& io, const EngineConfig& cfg = {},
+         uint64_t now_ns = 0);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Control path (verbs semantics; 0 or a positive errno).
+  int create_qp(QpInitAttr& attr, Qp** out);
+  int modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask);
+  int query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const;
+  int destroy_qp(Qp* qp);
+  Qp* find_qp(uint32_t qpn) const;
+  size_t qp_count() const { return nqp_; }
+
+  // ibv_post_send / ibv_post_recv for one WR: 0, ENOMEM (queue full) or
+  // EINVAL (bad WR, or a state that does not accept it). In ERR a posted WR
+  // completes with IBV_WC_WR_FLUSH_ERR.
+  int post_send(Qp* qp, const SendWr& wr);
+  int post_recv(Qp* qp, const RecvWr& wr);
+
+  // A decoded RoCEv2 frame (fi.kind == kRoce, ICRC verified) addressed to
+  // this device; `segs` hold the frame's bytes.
+  void rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
+          uint64_t now_ns);
+  // Timers, requester and responder transmit work, deferred ACKs. Returns
+  // packets sent plus timers fired (0: nothing to do).
+  uint32_t poll(uint64_t now_ns);
+  // True while some QP has packets it could send now (TX was full, or a
+  // budget ran out): the caller should poll() again without waiting.
+  bool busy() const { return ready_head_ != nullptr; }
+
+  const EngineCounters& counters() const { return ctr_; }
+  Device& device() { return dev_; }
+  const EngineConfig& config() const { return cfg_; }
+
+ // --- Internal: shared with the roles (roles.h); not an API. ---
+
+  // Shared by the roles (engine.cc).
+  void fill_addr(const Qp& qp, const Path& path, wire::RoceFields& f) const;
+  // Encodes and transmits one packet of `qp`; false if TX is full.
+  bool send_packet(Qp& qp, wire::RoceFields& f,
+                   std::span<const wire::ConstBuf> payload);
+  void make_ready(Qp& qp);
+  void unlink_ready(Qp& qp);
+  // Completes sqe(qp.sq_head_) with `st` (a CQE if signaled or an error).
+  void complete_head(Qp& qp, ibv_wc_status st);
+  bool push_cqe(Qp& qp, Cq* cq, const ibv_wc& wc, bool solicited);
+  // Error completion of the head WR, then the QP goes to ERR.
+  void fail_head(Qp& qp, ibv_wc_status st);
+  void to_error(Qp& qp);
+  void reset_qp(Qp& qp);
+  void arm_retrans(Qp& qp);
+  void fire_timer(TimerNode& t);
+
+  Device& dev_;
+  PacketIo& io_;
+  EngineConfig cfg_;
+  EngineCounters ctr_;
+  TimerWheel timers_;
+  uint64_t now_ = 0;
+  std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
+  std::vector<uint32_t> free_qp_;
+  size_t nqp_ = 0;
+  Qp* ready_head_ = nullptr;  // QPs with transmit work (intrusive list)
+  Qp* ready_tail_ = nullptr;
+  Qp* ack_head_ = nullptr;  // QPs with a deferred ACK
+};
+
+}  // namespace urnic::transport

@@ -1,0 +1,337 @@
+// Verbs objects: creation, limits, key generation and access checks.
+#include "dataplane/transport/objects.h"
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+namespace urnic::transport {
+namespace {
+
+constexpr uint32_t kAccessKnown = IBV_ACCESS_LOCAL_WRITE |
+                                  IBV_ACCESS_REMOTE_WRITE |
+                                  IBV_ACCESS_REMOTE_READ |
+                                  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+constexpr uint32_t kEventRing = 1024;
+
+// Finds a free slot (or appends one) in an object table.
+template <typename T>
+T* take_slot(std::vector<std::unique_ptr<T>>& v, uint32_t* index) {
+  for (uint32_t i = 0; i < v.size(); ++i) {
+    if (!v[i]->live()) {
+      *index = i;
+      return v[i].get();
+    }
+  }
+  v.push_back(std::make_unique<T>());
+  *index = static_cast<uint32_t>(v.size() - 1);
+  return v.back().get();
+}
+
+}  // namespace
+
+Device::Device(const DeviceConfig& cfg, Resolver* resolver)
+    : cfg_(cfg), resolver_(resolver), events_(kEventRing) {
+  uint64_t seed = cfg.key_seed;
+  if (seed == 0) {
+    std::random_device rd;
+    seed = uint64_t{rd()} << 32 | rd();
+  }
+  key_rng_.seed(seed);
+}
+
+Device::~Device() = default;
+
+int Device::alloc_pd(Pd** out) {
+  if (npd_ >= cfg_.limits.max_pd) return ENOMEM;
+  uint32_t idx;
+  Pd* pd = take_slot(pds_, &idx);
+  *pd = Pd{};
+  pd->handle_ = idx;
+  pd->live_ = true;
+  ++npd_;
+  *out = pd;
+  return 0;
+}
+
+int Device::dealloc_pd(Pd* pd) {
+  if (!pd || !pd->live_) return EINVAL;
+  if (pd->users_) return EBUSY;
+  pd->live_ = false;
+  --npd_;
+  return 0;
+}
+
+// lkey/rkey: table index in the upper 24 bits, 8 random bits below, never
+// the same as the previous key of that slot (a stale key stays invalid).
+uint32_t Device::new_key(uint32_t index) {
+  const uint32_t old = mrs_[index]->lkey_ & 0xff;
+  uint32_t low;
+  do {
+    low = static_cast<uint32_t>(key_rng_() & 0xff);
+  } while (low == old);
+  return index << 8 | low;
+}
+
+int Device::reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
+                   uint32_t access, Mr** out) {
+  if (!pd || !pd->live_) return EINVAL;
+  if (access & ~kAccessKnown) return EINVAL;
+  // verbs: remote write/atomic need local write (ibv_reg_mr(3)).
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  if (length > cfg_.limits.max_mr_size) return EINVAL;
+  if (!host && length) return EINVAL;
+  if (iova + length < iova) return EINVAL;
+  if (nmr_ >= cfg_.limits.max_mr) return ENOMEM;
+  uint32_t idx;
+  Mr* mr = take_slot(mrs_, &idx);
+  if (idx >= (1u << 24)) return ENOMEM;
+  const uint32_t key = new_key(idx);
+  *mr = Mr{};
+  mr->pd_ = pd;
+  mr->host_ = static_cast<uint8_t*>(host);
+  mr->iova_ = iova;
+  mr->length_ = length;
+  mr->access_ = access;
+  mr->lkey_ = mr->rkey_ = key;
+  mr->live_ = true;
+  ++pd->users_;
+  ++nmr_;
+  *out = mr;
+  return 0;
+}
+
+int Device::dereg_mr(Mr* mr) {
+  if (!mr || !mr->live_) return EINVAL;
+  mr->live_ = false;
+  --mr->pd_->users_;
+  --nmr_;
+  return 0;
+}
+
+Mr* Device::mr_by_lkey(uint32_t lkey) const {
+  const uint32_t idx = lkey >> 8;
+  if (idx >= mrs_.size()) return nullptr;
+  Mr* mr = mrs_[idx].get();
+  return mr->live_ && mr->lkey_ == lkey ? mr : nullptr;
+}
+
+Mr* Device::mr_by_rkey(uint32_t rkey) const {
+  const uint32_t idx = rkey >> 8;
+  if (idx >= mrs_.size()) return nullptr;
+  Mr* mr = mrs_[idx].get();
+  return mr->live_ && mr->rkey_ == rkey ? mr : nullptr;
+}
+
+AccessError Device::check_local(const Pd* pd, uint32_t lkey, uint64_t va,
+                                uint64_t len, uint32_t rights,
+                                Mr** out) const {
+  Mr* mr = mr_by_lkey(lkey);
+  if (!mr) return AccessError::kBadKey;
+  if (mr->pd_ != pd) return AccessError::kPd;
+  if (!mr->contains(va, len)) return AccessError::kBounds;
+  if ((mr->access_ & rights) != rights) return AccessError::kRights;
+  *out = mr;
+  return AccessError::kOk;
+}
+
+AccessError Device::check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
+                                 uint64_t len, uint32_t rights,
+                                 Mr** out) const {
+  Mr* mr = mr_by_rkey(rkey);
+  if (!mr) return AccessError::kBadKey;
+  if (mr->pd_ != pd) return AccessError::kPd;
+  if (!mr->contains(va, len)) return AccessError::kBounds;
+  if ((mr->access_ & rights) != rights) return AccessError::kRights;
+  *out = mr;
+  return AccessError::kOk;
+}
+
+int Device::create_cq(uint32_t cqe, Cq** out) {
+  if (cqe == 0 || cqe > cfg_.limits.max_cqe) return EINVAL;
+  if (ncq_ >= cfg_.limits.max_cq) return ENOMEM;
+  uint32_t idx;
+  Cq* cq = take_slot(cqs_, &idx);
+  *cq = Cq{};
+  cq->ring_.resize(cqe);
+  cq->dev_ = this;
+  cq->live_ = true;
+  ++ncq_;
+  *out = cq;
+  return 0;
+}
+
+int Device::destroy_cq(Cq* cq) {
+  if (!cq || !cq->live_) return EINVAL;
+  if (cq->users_) return EBUSY;
+  cq->live_ = false;
+  cq->ring_ = {};
+  --ncq_;
+  return 0;
+}
+
+int Cq::poll(std::span<ibv_wc> out) {
+  uint32_t n = 0;
+  while (n < out.size() && head_ != tail_) {
+    out[n++] = ring_[head_ % ring_.size()];
+    ++head_;
+  }
+  return static_cast<int>(n);
+}
+
+void Cq::req_notify(bool solicited_only) {
+  // A solicited-only request does not narrow an armed "all" (verbs).
+  if (arm_ != Arm::kAll) arm_ = solicited_only ? Arm::kSolicited : Arm::kAll;
+}
+
+bool Cq::push(const ibv_wc& wc, bool solicited) {
+  if (error_ || tail_ - head_ >= ring_.size()) {
+    ++overflows_;
+    if (!error_) {
+      error_ = true;
+      dev_->raise({IBV_EVENT_CQ_ERR, 0, this, nullptr});
+    }
+    return false;
+  }
+  ring_[tail_ % ring_.size()] = wc;
+  ++tail_;
+  if (arm_ == Arm::kAll || (arm_ == Arm::kSolicited && solicited)) {
+    arm_ = Arm::kNone;
+    ++events_;
+  }
+  return true;
+}
+
+int Device::create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, Srq** out) {
+  if (!pd || !pd->live_) return EINVAL;
+  if (max_wr == 0 || max_wr > cfg_.limits.max_srq_wr) return EINVAL;
+  if (max_sge == 0 || max_sge > cfg_.limits.max_sge) return EINVAL;
+  if (nsrq_ >= cfg_.limits.max_srq) return ENOMEM;
+  uint32_t idx;
+  Srq* srq = take_slot(srqs_, &idx);
+  *srq = Srq{};
+  srq->ring_.resize(max_wr);
+  srq->max_sge_ = max_sge;
+  srq->pd_ = pd;
+  srq->dev_ = this;
+  srq->live_ = true;
+  ++pd->users_;
+  ++nsrq_;
+  *out = srq;
+  return 0;
+}
+
+int Device::modify_srq(Srq* srq, const ibv_srq_attr& attr, int mask) {
+  if (!srq || !srq->live_) return EINVAL;
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  if (mask & IBV_SRQ_MAX_WR) return EINVAL;  // no resizing
+  if (mask & IBV_SRQ_LIMIT) {
+    if (attr.srq_limit > srq->max_wr()) return EINVAL;
+    srq->limit_ = attr.srq_limit;
+  }
+  return 0;
+}
+
+int Device::destroy_srq(Srq* srq) {
+  if (!srq || !srq->live_) return EINVAL;
+  if (srq->users_) return EBUSY;
+  srq->live_ = false;
+  srq->ring_ = {};
+  --srq->pd_->users_;
+  --nsrq_;
+  return 0;
+}
+
+int Srq::post(const RecvWr& wr) {
+  if (wr.num_sge > max_sge_) return EINVAL;
+  if (tail_ - head_ >= ring_.size()) return ENOMEM;
+  ring_[tail_ % ring_.size()] = wr;
+  ++tail_;
+  return 0;
+}
+
+bool Srq::pop(RecvWr& out) {
+  if (head_ == tail_) return false;
+  out = ring_[head_ % ring_.size()];
+  ++head_;
+  // IBTA 10.2.9.2: the limit event fires once when the count drops below
+  // the armed limit, then the limit disarms.
+  if (limit_ && tail_ - head_ < limit_) {
+    limit_ = 0;
+    dev_->raise({IBV_EVENT_SRQ_LIMIT_REACHED, 0, nullptr, this});
+  }
+  return true;
+}
+
+int Device::resolve_path(const ibv_ah_attr& attr, Path* out) {
+  if (!attr.is_global) return EINVAL;  // RoCE needs a GRH
+  const ibv_global_route& g = attr.grh;
+  if (g.sgid_index >= cfg_.num_gids) return EINVAL;
+  Path p;
+  std::memcpy(p.dgid, g.dgid.raw, 16);
+  p.sgid_index = g.sgid_index;
+  p.hop_limit = g.hop_limit ? g.hop_limit : 64;
+  p.traffic_class = g.traffic_class;
+  p.flow_label = g.flow_label & 0xfffff;
+  p.sl = attr.sl;
+  static constexpr uint8_t kZero[16] = {};
+  if (std::memcmp(p.dgid, kZero, 16) == 0) return EINVAL;
+  bool local = false;
+  for (uint32_t i = 0; i < cfg_.num_gids; ++i)
+    local |= std::memcmp(cfg_.gids[i], p.dgid, 16) == 0;
+  if (local) {
+    p.dmac = cfg_.mac;
+  } else {
+    if (!resolver_) return EHOSTUNREACH;
+    const int rc = resolver_->resolve(p.dgid, &p.dmac);
+    if (rc) return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+int Device::create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out) {
+  if (!pd || !pd->live_) return EINVAL;
+  if (nah_ >= cfg_.limits.max_ah) return ENOMEM;
+  Path p;
+  const int rc = resolve_path(attr, &p);
+  if (rc) return rc;
+  uint32_t idx;
+  Ah* ah = take_slot(ahs_, &idx);
+  *ah = Ah{};
+  ah->path_ = p;
+  ah->pd_ = pd;
+  ah->live_ = true;
+  ++pd->users_;
+  ++nah_;
+  *out = ah;
+  return 0;
+}
+
+int Device::destroy_ah(Ah* ah) {
+  if (!ah || !ah->live_) return EINVAL;
+  ah->live_ = false;
+  --ah->pd_->users_;
+  --nah_;
+  return 0;
+}
+
+void Device::raise(const AsyncEvent& ev) {
+  if (ev_tail_ - ev_head_ >= events_.size()) {
+    ++events_dropped_;
+    return;
+  }
+  events_[ev_tail_ % events_.size()] = ev;
+  ++ev_tail_;
+}
+
+bool Device::next_event(AsyncEvent* out) {
+  if (ev_head_ == ev_tail_) return false;
+  *out = events_[ev_head_ % events_.size()];
+  ++ev_head_;
+  return true;
+}
+
+}  // namespace urnic::transport

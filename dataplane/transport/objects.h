@@ -1,0 +1,262 @@
+// Verbs objects the transport works on: PD, MR, CQ, SRQ, AH and the Device
+// that owns them. Created and destroyed on the control path (which may
+// allocate); used on the data path without allocation. lkey/rkey are an
+// index plus random bits, so keys cannot be guessed from one another.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "dataplane/transport/types.h"
+#include "dataplane/wire/headers.h"
+
+namespace urnic::transport {
+
+class Device;
+
+class Pd {
+ public:
+  uint32_t handle() const { return handle_; }
+
+ bool live() const { return live_; }
+
+ private:
+  friend class Device;
+  uint32_t handle_ = 0;
+  uint32_t users_ = 0;  // MRs, QPs, SRQs, AHs on this PD
+  bool live_ = false;
+};
+
+class Mr {
+ public:
+  Pd* pd() const { return pd_; }
+  uint32_t lkey() const { return lkey_; }
+  uint32_t rkey() const { return rkey_; }
+  uint64_t iova() const { return iova_; }
+  uint64_t length() const { return length_; }
+  uint32_t access() const { return access_; }
+  // True if [va, va+len) lies inside the region (overflow-safe).
+  bool contains(uint64_t va, uint64_t len) const {
+    return va >= iova_ && va - iova_ <= length_ && len <= length_ - (va - iova_);
+  }
+  // Host address of `va`; valid only after contains().
+  uint8_t* host(uint64_t va) const { return host_ + (va - iova_); }
+
+ bool live() const { return live_; }
+
+ private:
+  friend class Device;
+  Pd* pd_ = nullptr;
+  uint8_t* host_ = nullptr;
+  uint64_t iova_ = 0;
+  uint64_t length_ = 0;
+  uint32_t access_ = 0;
+  uint32_t lkey_ = 0;
+  uint32_t rkey_ = 0;
+  bool live_ = false;
+};
+
+// Completion queue. Overflow is an error, never a silent loss: the CQ goes
+// to error, the completion that did not fit is counted, an IBV_EVENT_CQ_ERR
+// is queued, and the QP that completed into it moves to error.
+class Cq {
+ public:
+  uint32_t capacity() const { return static_cast<uint32_t>(ring_.size()); }
+  // ibv_poll_cq: copies up to out.size() completions; returns how many.
+  int poll(std::span<ibv_wc> out);
+  // ibv_req_notify_cq: the next completion (the next solicited one if
+  // `solicited_only`) raises a completion event.
+  void req_notify(bool solicited_only);
+  uint64_t events() const { return events_; }  // completion events raised
+  bool in_error() const { return error_; }
+  uint64_t overflows() const { return overflows_; }
+  uint32_t size() const { return static_cast<uint32_t>(tail_ - head_); }
+
+  // Engine side. False if the CQ is full (or already in error).
+  bool push(const ibv_wc& wc, bool solicited);
+
+ bool live() const { return live_; }
+
+ private:
+  friend class Device;
+  std::vector<ibv_wc> ring_;
+  uint64_t head_ = 0;  // consumer (poll) index
+  uint64_t tail_ = 0;  // producer (engine) index
+  enum class Arm : uint8_t { kNone, kSolicited, kAll } arm_ = Arm::kNone;
+  uint64_t events_ = 0;
+  uint64_t overflows_ = 0;
+  bool error_ = false;
+  uint32_t users_ = 0;  // QPs completing into it
+  Device* dev_ = nullptr;
+  bool live_ = false;
+};
+
+// Shared receive queue.
+class Srq {
+ public:
+  Pd* pd() const { return pd_; }
+  uint32_t max_wr() const { return static_cast<uint32_t>(ring_.size()); }
+  uint32_t max_sge() const { return max_sge_; }
+  uint32_t size() const { return static_cast<uint32_t>(tail_ - head_); }
+  uint32_t limit() const { return limit_; }
+  // ibv_post_srq_recv: 0, ENOMEM (full) or EINVAL (too many SGEs).
+  int post(const RecvWr& wr);
+  // Engine side: takes the oldest WQE; raises the limit event when the
+  // count drops below an armed limit.
+  bool pop(RecvWr& out);
+
+ bool live() const { return live_; }
+
+ private:
+  friend class Device;
+  std::vector<RecvWr> ring_;
+  uint64_t head_ = 0;
+  uint64_t tail_ = 0;
+  uint32_t max_sge_ = 0;
+  uint32_t limit_ = 0;  // armed when non-zero (ibv_modify_srq IBV_SRQ_LIMIT)
+  Pd* pd_ = nullptr;
+  Device* dev_ = nullptr;
+  uint32_t users_ = 0;
+  bool live_ = false;
+};
+
+// A resolved address: everything the headers of a packet to it carry.
+struct Path {
+  wire::MacAddr dmac{};
+  uint8_t dgid[16] = {};
+  uint8_t sgid_index = 0;
+  uint8_t hop_limit = 64;
+  uint8_t traffic_class = 0;
+  uint32_t flow_label = 0;
+  uint8_t sl = 0;
+};
+
+class Ah {
+ public:
+  const Path& path() const { return path_; }
+  Pd* pd() const { return pd_; }
+
+ bool live() const { return live_; }
+
+ private:
+  friend class Device;
+  Path path_;
+  Pd* pd_ = nullptr;
+  bool live_ = false;
+};
+
+struct AsyncEvent {
+  ibv_event_type type;
+  uint32_t qpn = 0;      // QP events
+  Cq* cq = nullptr;      // IBV_EVENT_CQ_ERR
+  Srq* srq = nullptr;    // IBV_EVENT_SRQ_LIMIT_REACHED / SRQ_ERR
+};
+
+// GID -> MAC for a destination (the service asks its neighbour cache; tests
+// use a table). Called on the control path only (create_ah, modify_qp).
+class Resolver {
+ public:
+  virtual ~Resolver() = default;
+  // 0 with *mac set, or a positive errno (EHOSTUNREACH).
+  virtual int resolve(const uint8_t dgid[16], wire::MacAddr* mac) = 0;
+};
+
+constexpr uint32_t kMaxGids = 16;
+
+struct DeviceConfig {
+  Limits limits;
+  wire::MacAddr mac{};
+  uint8_t gids[kMaxGids][16] = {};  // index 0: IPv4-mapped
+  uint8_t num_gids = 0;
+  bool vlan = false;
+  uint16_t vlan_tci = 0;
+  uint64_t key_seed = 0;  // 0: keys seeded from std::random_device
+  ibv_mtu active_mtu = IBV_MTU_4096;  // port MTU: the UD message limit
+};
+
+// Result of checking a key against an access (IBTA 9.7.5.1.? / C9-?:
+// invalid key, bounds, access right, PD all give the same remote NAK).
+enum class AccessError : uint8_t { kOk, kBadKey, kPd, kBounds, kRights };
+
+class Device {
+ public:
+  explicit Device(const DeviceConfig& cfg, Resolver* resolver = nullptr);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceConfig& config() const { return cfg_; }
+  const Limits& limits() const { return cfg_.limits; }
+
+  // Control path: 0 or a positive errno (EINVAL bad argument, ENOMEM limit
+  // reached, EBUSY object still in use).
+  int alloc_pd(Pd** out);
+  int dealloc_pd(Pd* pd);
+  // `host` is where [iova, iova+length) lives in this process (the same as
+  // iova for ibv_reg_mr). REMOTE_WRITE/ATOMIC require LOCAL_WRITE (verbs).
+  int reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
+             uint32_t access, Mr** out);
+  int dereg_mr(Mr* mr);
+  int create_cq(uint32_t cqe, Cq** out);  // capacity >= cqe
+  int destroy_cq(Cq* cq);
+  int create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, Srq** out);
+  // IBV_SRQ_LIMIT arms the limit event; IBV_SRQ_MAX_WR is not resizable
+  // (EINVAL), as on many devices.
+  int modify_srq(Srq* srq, const ibv_srq_attr& attr, int mask);
+  int destroy_srq(Srq* srq);
+  int create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out);
+  int destroy_ah(Ah* ah);
+  // ibv_ah_attr -> Path (GRH required on RoCE; MAC via the resolver, or
+  // our own MAC for one of our GIDs: loopback).
+  int resolve_path(const ibv_ah_attr& attr, Path* out);
+
+  // Data path lookups (no allocation). A key is valid only while its MR is.
+  Mr* mr_by_lkey(uint32_t lkey) const;
+  Mr* mr_by_rkey(uint32_t rkey) const;
+  // Checks a local SGE / remote access of [va, va+len) with `rights`
+  // (IBV_ACCESS_* bits; 0 for a local read) on `pd`.
+  AccessError check_local(const Pd* pd, uint32_t lkey, uint64_t va,
+                          uint64_t len, uint32_t rights, Mr** out) const;
+  AccessError check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
+                           uint64_t len, uint32_t rights, Mr** out) const;
+
+  // Asynchronous events (fixed ring; overflow counted).
+  void raise(const AsyncEvent& ev);
+  bool next_event(AsyncEvent* out);
+  uint64_t events_dropped() const { return events_dropped_; }
+
+  // Object counts, for limits and `urnicctl`.
+  uint32_t num_pds() const { return npd_; }
+  uint32_t num_mrs() const { return nmr_; }
+  uint32_t num_cqs() const { return ncq_; }
+  uint32_t num_srqs() const { return nsrq_; }
+  uint32_t num_ahs() const { return nah_; }
+
+  // Engine bookkeeping of which objects QPs use.
+  static void hold(Pd* pd) { ++pd->users_; }
+  static void release(Pd* pd) { --pd->users_; }
+  static void hold(Cq* cq) { ++cq->users_; }
+  static void release(Cq* cq) { --cq->users_; }
+  static void hold(Srq* srq) { ++srq->users_; }
+  static void release(Srq* srq) { --srq->users_; }
+
+ private:
+  uint32_t new_key(uint32_t index);
+
+  DeviceConfig cfg_;
+  Resolver* resolver_;
+  std::mt19937_64 key_rng_;
+  std::vector<std::unique_ptr<Pd>> pds_;
+  std::vector<std::unique_ptr<Mr>> mrs_;  // index = key >> 8
+  std::vector<std::unique_ptr<Cq>> cqs_;
+  std::vector<std::unique_ptr<Srq>> srqs_;
+  std::vector<std::unique_ptr<Ah>> ahs_;
+  uint32_t npd_ = 0, nmr_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
+  std::vector<AsyncEvent> events_;
+  uint64_t ev_head_ = 0, ev_tail_ = 0, events_dropped_ = 0;
+};
+
+}  // namespace urnic::transport

@@ -1,0 +1,174 @@
+// A queue pair: its verbs attributes, send/receive queues and the state of
+// its three roles (requester, completer, responder). Only the engine of the
+// QP's lcore touches it; see BEHAVIOUR.md for the rules each role follows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dataplane/transport/objects.h"
+#include "dataplane/transport/timer_wheel.h"
+#include "dataplane/transport/types.h"
+
+namespace urnic::transport {
+
+constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
+
+// Per-QP counters (shown by urnicctl / urnic-perf next to the app's own).
+struct QpCounters {
+  uint64_t tx_packets = 0, rx_packets = 0, retransmits = 0, timeouts = 0,
+           rnr_waits = 0, naks_rx = 0, naks_tx = 0, dup_packets = 0,
+           out_of_seq = 0, acks_tx = 0, acks_rx = 0;
+};
+
+
+// A local SGE resolved to host memory once, when its WR is first used.
+struct HostSge {
+  uint8_t* p = nullptr;
+  uint32_t len = 0;
+};
+
+struct SendWqe {
+  SendWr wr;
+  uint32_t length = 0;     // message bytes
+  uint32_t npkts = 0;      // PSNs the message uses
+  uint32_t first_psn = 0;  // valid once started
+  uint32_t last_psn = 0;
+  bool started = false;    // PSNs assigned (at least one packet sent)
+  bool resolved = false;   // host_sg valid
+  bool rd_counted = false;  // holds a max_rd_atomic credit
+  bool done = false;        // READ/ATOMIC response fully received
+  ibv_wc_status local_err = IBV_WC_SUCCESS;  // found when resolving
+  HostSge host_sg[kMaxSge];
+  uint8_t inline_data[kMaxInline];
+};
+
+struct RecvWqe {
+  RecvWr wr;
+};
+
+// Saved state of a READ or ATOMIC request (IBTA 9.7.5.1.5 responder
+// resources): used to send the responses and to answer duplicates.
+struct RespResource {
+  enum Kind : uint8_t { kFree, kRead, kAtomic } kind = kFree;
+  uint32_t first_psn = 0;
+  uint32_t last_psn = 0;
+  uint64_t orig = 0;  // atomic: value before execution
+  uint32_t rkey = 0;
+  // Responses still to send: next PSN, position, bytes left.
+  bool pending = false;
+  uint32_t tx_psn = 0;
+  uint32_t tx_first = 0;  // PSN of the request being answered
+  uint8_t* tx_p = nullptr;
+  uint32_t tx_left = 0;
+  uint32_t tx_total = 0;
+};
+
+class Qp {
+ public:
+  uint32_t qpn() const { return qpn_; }
+  ibv_qp_state state() const { return state_; }
+  ibv_qp_type type() const { return type_; }
+  const QpCounters& counters() const { return ctr_; }
+
+  // --- everything below is engine-internal ---
+  uint32_t qpn_ = 0;
+  uint32_t index_ = 0;
+  ibv_qp_type type_ = IBV_QPT_RC;
+  ibv_qp_state state_ = IBV_QPS_RESET;
+  Pd* pd_ = nullptr;
+  Cq* send_cq_ = nullptr;
+  Cq* recv_cq_ = nullptr;
+  Srq* srq_ = nullptr;
+  ibv_qp_cap cap_{};
+  bool sq_sig_all_ = false;
+
+  // Attributes (ibv_modify_qp).
+  ibv_qp_attr attr_{};  // as last set, for query_qp
+  Path path_;
+  uint32_t mtu_ = 1024;
+  uint32_t dest_qpn_ = 0;
+  uint32_t qkey_ = 0;
+  uint32_t access_ = 0;
+  uint64_t timeout_ns_ = 0;  // 0: no retransmit timer
+  uint8_t retry_cnt_ = 7;
+  uint8_t rnr_retry_ = 7;
+  uint8_t min_rnr_timer_ = 0;
+  uint8_t max_rd_atomic_ = 1;
+  uint8_t max_dest_rd_atomic_ = 1;
+  bool sqd_notify_ = false;
+  uint16_t udp_sport_ = 0xc000;
+
+  // Send queue: [sq_head_, sq_tail_) posted and not completed; the
+  // requester's cursor sq_next_ is in between. Indices run freely.
+  std::vector<SendWqe> sq_;
+  uint32_t sq_mask_ = 0;
+  uint32_t sq_head_ = 0;  // completer: oldest not completed
+  uint32_t sq_next_ = 0;  // requester: WQE being / to be sent
+  uint32_t sq_tail_ = 0;  // producer (post_send)
+  SendWqe& sqe(uint32_t i) { return sq_[i & sq_mask_]; }
+
+  // Receive queue (unless an SRQ is used).
+  std::vector<RecvWqe> rq_;
+  uint32_t rq_mask_ = 0;
+  uint32_t rq_head_ = 0;
+  uint32_t rq_tail_ = 0;
+
+  // Requester.
+  struct Req {
+    uint32_t psn = 0;     // next PSN to send
+    uint32_t max_psn = 0;  // one past the highest PSN ever sent
+    uint32_t offset = 0;  // bytes of sqe(sq_next_) already sent
+    uint32_t rd_atomic = 0;  // READ/ATOMIC WRs holding a credit
+    uint32_t pkts_since_ackreq = 0;
+  } req_;
+
+  // Completer.
+  struct Comp {
+    uint32_t psn = 0;  // oldest unacknowledged PSN
+    uint8_t retries_left = 7;
+    uint8_t rnr_left = 7;
+    bool rnr_wait = false;  // waiting for the RNR timer
+    uint32_t rnr_psn = 0;
+    bool gap_retry_sent = false;  // read-response gap already acted on
+    bool drained_sent = false;    // IBV_EVENT_SQ_DRAINED raised
+  } comp_;
+  TimerNode retrans_timer_;
+  TimerNode rnr_timer_;
+
+  // Responder.
+  struct Resp {
+    uint32_t epsn = 0;  // expected PSN
+    uint32_t msn = 0;
+    bool nak_sent = false;  // sequence NAK already sent for this gap
+    enum Msg : uint8_t { kNone, kSend, kWrite } msg = kNone;
+    bool uc_drop = false;  // UC: discarding until the next FIRST/ONLY
+    // SEND in progress
+    bool have_recv = false;
+    RecvWr recv;
+    HostSge recv_sg[kMaxSge];
+    uint32_t recv_nsg = 0;
+    uint32_t recv_cap = 0;  // bytes the receive buffers hold
+    uint32_t recv_off = 0;
+    // WRITE in progress
+    uint8_t* wr_p = nullptr;
+    uint32_t wr_left = 0;
+    uint32_t wr_total = 0;
+    // Deferred ACK / NAK (one slot: a later one supersedes).
+    bool ack_pending = false;
+    uint8_t ack_syndrome = 0;
+    uint32_t ack_psn = 0;
+    bool fatal = false;  // move to ERR once the pending NAK is out
+    ibv_wc_status fatal_status = IBV_WC_SUCCESS;
+  } resp_;
+  std::vector<RespResource> res_;  // ring of max_dest_rd_atomic entries
+  uint32_t res_next_ = 0;          // next slot to use
+
+  // Engine lists.
+  Qp* ready_next_ = nullptr;
+  bool on_ready_ = false;
+
+  QpCounters ctr_;
+};
+
+}  // namespace urnic::transport

@@ -1,0 +1,239 @@
+// Requester: turns send WRs into packets (IBTA 9.5 segmentation, 9.7.1 PSN
+// assignment), within the PSN window and the READ/ATOMIC credit limit, and
+// repositions itself for go-back-N.
+#include <arpa/inet.h>
+
+#include <algorithm>
+
+#include "dataplane/transport/psn.h"
+#include "dataplane/transport/roles.h"
+
+namespace urnic::transport {
+namespace {
+
+using namespace wire::opcode;
+
+bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// Resolves the WR's local SGEs to host memory once (lkey, PD, bounds and,
+// for READ/ATOMIC results, local write access).
+bool resolve(const Engine& e, Qp& qp, SendWqe& w, Device& dev) {
+  (void)e;
+  const uint32_t rights =
+      is_rd_atomic(w.wr.opcode) ? uint32_t{IBV_ACCESS_LOCAL_WRITE} : 0u;
+  for (uint32_t i = 0; i < w.wr.num_sge; ++i) {
+    const Sge& s = w.wr.sg_list[i];
+    w.host_sg[i] = {};
+    if (s.length == 0) continue;
+    Mr* mr;
+    if (dev.check_local(qp.pd_, s.lkey, s.addr, s.length, rights, &mr) !=
+        AccessError::kOk)
+      return false;
+    w.host_sg[i] = {mr->host(s.addr), s.length};
+  }
+  w.resolved = true;
+  return true;
+}
+
+// Opcode of one SEND/WRITE packet (IBTA table 38); UC opcodes are the RC
+// ones plus 0x20.
+uint8_t data_opcode(ibv_qp_type t, ibv_wr_opcode op, bool first, bool last) {
+  const bool imm =
+      op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (t == IBV_QPT_UD) return imm ? kUdSendOnlyImm : kUdSendOnly;
+  uint8_t c;
+  if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
+    c = first && last ? (imm ? kRcSendOnlyImm : kRcSendOnly)
+        : first       ? kRcSendFirst
+        : last        ? (imm ? kRcSendLastImm : kRcSendLast)
+                      : kRcSendMiddle;
+  } else {
+    c = first && last ? (imm ? kRcWriteOnlyImm : kRcWriteOnly)
+        : first       ? kRcWriteFirst
+        : last        ? (imm ? kRcWriteLastImm : kRcWriteLast)
+                      : kRcWriteMiddle;
+  }
+  return t == IBV_QPT_UC ? static_cast<uint8_t>(c + kUcBase) : c;
+}
+
+// Sends the next packet of `w`; false if TX is full (nothing changed).
+bool send_one(Engine& e, Qp& qp, SendWqe& w) {
+  const bool ud = qp.type_ == IBV_QPT_UD;
+  const bool rc = qp.type_ == IBV_QPT_RC;
+  wire::RoceFields f{};
+  e.fill_addr(qp, ud ? w.wr.ah->path() : qp.path_, f);
+  f.dqpn = ud ? w.wr.remote_qpn : qp.dest_qpn_;
+  f.psn = qp.req_.psn;
+  const uint32_t mtu = qp.mtu_;
+  const uint32_t off = qp.req_.offset;
+  wire::ConstBuf pieces[kMaxSge];
+  uint32_t npieces = 0;
+  uint32_t psn_used = 1;
+  uint32_t len = 0;
+  bool last = true;
+  const ibv_wr_opcode op = w.wr.opcode;
+  if (op == IBV_WR_RDMA_READ) {
+    // A re-issued READ asks only for what is still missing (9.7.4.1.4).
+    f.opcode = kRcReadRequest;
+    f.reth_va = w.wr.remote_addr + off;
+    f.reth_rkey = w.wr.rkey;
+    f.reth_len = w.length - off;
+    f.ack_req = true;
+    psn_used = w.npkts - off / mtu;
+  } else if (op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+             op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    const bool cs = op == IBV_WR_ATOMIC_CMP_AND_SWP;
+    f.opcode = cs ? kRcCmpSwap : kRcFetchAdd;
+    f.atomic_va = w.wr.remote_addr;
+    f.atomic_rkey = w.wr.rkey;
+    f.atomic_swap_add = cs ? w.wr.swap : w.wr.compare_add;
+    f.atomic_compare = cs ? w.wr.compare_add : 0;
+    f.ack_req = true;
+  } else {
+    len = std::min(ud ? w.length : mtu, w.length - off);
+    const bool first = off == 0;
+    last = off + len == w.length;
+    f.opcode = data_opcode(qp.type_, op, first, last);
+    const bool write =
+        op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (write && first) {
+      f.reth_va = w.wr.remote_addr;
+      f.reth_rkey = w.wr.rkey;
+      f.reth_len = w.length;
+    }
+    if (last) f.imm = ntohl(w.wr.imm_data);
+    f.se = last && (w.wr.send_flags & IBV_SEND_SOLICITED) &&
+           op != IBV_WR_RDMA_WRITE;
+    npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
+    f.payload_len = len;
+    f.ack_req =
+        rc && (last || qp.req_.pkts_since_ackreq + 1 >= e.config().ack_req_every);
+  }
+  if (ud) {
+    // C10-15: a Q_Key with the high bit set means "use the QP's Q_Key".
+    f.deth_qkey = (w.wr.remote_qkey & 0x80000000u) ? qp.qkey_
+                                                   : w.wr.remote_qkey;
+    f.deth_src_qp = qp.qpn_;
+  }
+  if (!e.send_packet(qp, f, {pieces, npieces})) return false;
+
+  qp.req_.pkts_since_ackreq = f.ack_req ? 0 : qp.req_.pkts_since_ackreq + 1;
+  if (!w.started) {
+    w.started = true;
+    w.first_psn = qp.req_.psn;
+    w.last_psn = psn_add(w.first_psn, w.npkts - 1);
+  }
+  if (is_rd_atomic(op) && !w.rd_counted) {
+    w.rd_counted = true;
+    ++qp.req_.rd_atomic;
+  }
+  if (psn_before(qp.req_.psn, qp.req_.max_psn)) {
+    ++qp.ctr_.retransmits;
+    e.ctr_.inc(ECtr::retransmits);
+  }
+  qp.req_.psn = psn_add(qp.req_.psn, psn_used);
+  if (psn_after(qp.req_.psn, qp.req_.max_psn)) qp.req_.max_psn = qp.req_.psn;
+  if (last) {
+    ++qp.sq_next_;
+    qp.req_.offset = 0;
+  } else {
+    qp.req_.offset = off + len;
+  }
+  if (rc) {
+    e.arm_retrans(qp);
+  } else if (last) {
+    // UC/UD: nothing will acknowledge it; complete once sent (9.8.3).
+    e.complete_head(qp, IBV_WC_SUCCESS);
+  }
+  return true;
+}
+
+}  // namespace
+
+uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
+  *more = false;
+  if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return 0;
+  if (qp.comp_.rnr_wait) return 0;
+  const bool rc = qp.type_ == IBV_QPT_RC;
+  uint32_t sent = 0;
+  while (qp.sq_next_ != qp.sq_tail_) {
+    if (sent >= budget) {
+      *more = true;
+      break;
+    }
+    SendWqe& w = qp.sqe(qp.sq_next_);
+    const bool rd = is_rd_atomic(w.wr.opcode);
+    if (!w.started && qp.req_.offset == 0) {
+      if (qp.state_ == IBV_QPS_SQD) break;  // draining: no new WRs
+      if (w.local_err != IBV_WC_SUCCESS) break;  // completer reports it
+      // Fence (IBTA 10.8.3.3): wait for earlier READ/ATOMIC to complete.
+      if ((w.wr.send_flags & IBV_SEND_FENCE) && qp.req_.rd_atomic) break;
+      if (!w.resolved && !resolve(e, qp, w, e.device())) {
+        w.local_err = IBV_WC_LOC_PROT_ERR;
+        e.ctr_.inc(ECtr::local_errors);
+        Completer::check_head_st(e, qp);
+        break;
+      }
+      if (qp.type_ != IBV_QPT_UD && w.wr.opcode != IBV_WR_ATOMIC_CMP_AND_SWP &&
+          w.wr.opcode != IBV_WR_ATOMIC_FETCH_AND_ADD)
+        w.npkts = std::max<uint32_t>(1, (w.length + qp.mtu_ - 1) / qp.mtu_);
+      else
+        w.npkts = 1;
+    }
+    if (rd && !w.rd_counted && qp.req_.rd_atomic >= qp.max_rd_atomic_) break;
+    if (rc) {
+      const int32_t out = psn_diff(qp.req_.psn, qp.comp_.psn);
+      const uint32_t need =
+          w.wr.opcode == IBV_WR_RDMA_READ
+              ? w.npkts - qp.req_.offset / qp.mtu_
+              : 1;
+      if (out > 0 && static_cast<uint32_t>(out) + need > e.config().max_unacked)
+        break;
+    }
+    if (!send_one(e, qp, w)) {
+      *more = true;
+      break;
+    }
+    ++sent;
+    if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
+  }
+  return sent;
+}
+
+void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
+  // Find the WR that holds `psn`: started WRs hold consecutive PSN ranges.
+  uint32_t i = qp.sq_head_;
+  for (; i != qp.sq_tail_; ++i) {
+    const SendWqe& w = qp.sqe(i);
+    if (!w.started || psn_diff(psn, w.last_psn) <= 0) break;
+  }
+  // WRs from i on will be sent again: they give their credits back.
+  const uint32_t end =
+      qp.sq_next_ + (qp.req_.offset && qp.sq_next_ != qp.sq_tail_ ? 1 : 0);
+  for (uint32_t j = i; j != end && j != qp.sq_tail_; ++j) {
+    SendWqe& w = qp.sqe(j);
+    if (w.rd_counted) {
+      w.rd_counted = false;
+      --qp.req_.rd_atomic;
+    }
+  }
+  qp.sq_next_ = i;
+  qp.req_.offset = 0;
+  if (i != qp.sq_tail_) {
+    const SendWqe& w = qp.sqe(i);
+    const bool atomic = w.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+                        w.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (w.started && !atomic && psn_diff(psn, w.first_psn) > 0)
+      qp.req_.offset = static_cast<uint32_t>(psn_diff(psn, w.first_psn)) *
+                       qp.mtu_;
+  }
+  qp.req_.psn = psn;
+  qp.req_.pkts_since_ackreq = 0;
+  e.timers_.cancel(qp.retrans_timer_);
+  if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
+}
+
+}  // namespace urnic::transport

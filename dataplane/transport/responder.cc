@@ -1,0 +1,582 @@
+// Responder: PSN and opcode-sequence checks, execution of SEND / WRITE /
+// READ / ATOMIC with key validation, duplicate handling with read and
+// atomic replay, RNR, coalesced ACKs and NAKs (IBTA 9.7.5.1); UC (9.8) and
+// UD (9.8.?, 11.4.1.2 GRH) receive paths.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "dataplane/transport/psn.h"
+#include "dataplane/transport/roles.h"
+
+namespace urnic::transport {
+namespace {
+
+using namespace wire::opcode;
+
+constexpr uint8_t kSynAckUnlimited = 0x1f;  // ACK, "invalid" credit count
+constexpr uint8_t kSynRnr = 0x20;
+constexpr uint8_t kSynNakSeq = 0x60, kSynNakInvReq = 0x61,
+                  kSynNakRemAccess = 0x62, kSynNakRemOp = 0x63;
+
+// Outcome of executing one in-sequence request packet.
+enum class Res : uint8_t { kOk, kRnr, kAccess, kInvReq, kLenErr, kOpErr };
+
+bool is_fatal_nak(uint8_t syn) {
+  return syn == kSynNakInvReq || syn == kSynNakRemAccess ||
+         syn == kSynNakRemOp;
+}
+
+// Queues the one deferred ACK/NAK of the QP (sent by poll()). A later
+// response supersedes an earlier one, except that a NAK is not replaced
+// by an ACK for an earlier PSN and a fatal NAK is never replaced.
+void queue_ack(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
+  Qp::Resp& r = qp.resp_;
+  if (r.ack_pending) {
+    if (is_fatal_nak(r.ack_syndrome)) return;
+    if (r.ack_syndrome != kSynAckUnlimited && psn_before(psn, r.ack_psn))
+      return;
+  }
+  r.ack_pending = true;
+  r.ack_syndrome = syn;
+  r.ack_psn = psn;
+  e.make_ready(qp);
+}
+
+void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
+  switch (syn) {
+    case kSynNakInvReq:
+      e.ctr_.inc(ECtr::naks_inv_req_tx);
+      break;
+    case kSynNakRemAccess:
+      e.ctr_.inc(ECtr::naks_access_tx);
+      break;
+    default:
+      e.ctr_.inc(ECtr::naks_op_tx);
+      break;
+  }
+  queue_ack(e, qp, syn, psn);
+  qp.resp_.fatal = true;
+}
+
+// Completes the receive WR held by the message in progress.
+void complete_recv(Engine& e, Qp& qp, ibv_wc_status st, ibv_wc_opcode op,
+                   uint32_t byte_len, const wire::RoceFields& f, bool imm) {
+  Qp::Resp& r = qp.resp_;
+  ibv_wc wc{};
+  wc.wr_id = r.recv.wr_id;
+  wc.status = st;
+  wc.opcode = op;
+  wc.byte_len = byte_len;
+  wc.qp_num = qp.qpn_;
+  if (imm) {
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+    wc.imm_data = htonl(f.imm);  // ibv_wc carries it in network order
+  }
+  if (qp.type_ == IBV_QPT_UD) {
+    wc.wc_flags |= IBV_WC_GRH;
+    wc.src_qp = f.deth_src_qp;
+  } else {
+    wc.src_qp = qp.dest_qpn_;
+  }
+  wc.pkey_index = 0;
+  r.have_recv = false;
+  e.push_cqe(qp, qp.recv_cq_, wc, f.se);
+}
+
+// Takes the next receive WR (the QP's RQ or its SRQ) and resolves its
+// buffers. False if none is posted. A bad lkey is reported as kOpErr.
+bool take_recv(Engine& e, Qp& qp, Res* res) {
+  Qp::Resp& r = qp.resp_;
+  *res = Res::kOk;
+  if (r.have_recv) {
+    r.recv_off = 0;  // UC: a dropped message leaves its WR for the next
+    return true;
+  }
+  if (qp.srq_) {
+    if (!qp.srq_->pop(r.recv)) return false;
+  } else {
+    if (qp.rq_head_ == qp.rq_tail_) return false;
+    r.recv = qp.rq_[qp.rq_head_ & qp.rq_mask_].wr;
+    ++qp.rq_head_;
+  }
+  r.have_recv = true;
+  r.recv_off = 0;
+  r.recv_cap = 0;
+  r.recv_nsg = r.recv.num_sge;
+  for (uint32_t i = 0; i < r.recv.num_sge; ++i) {
+    const Sge& s = r.recv.sg_list[i];
+    r.recv_sg[i] = {};
+    if (s.length == 0) continue;
+    Mr* mr;
+    if (e.dev_.check_local(qp.pd_, s.lkey, s.addr, s.length,
+                           IBV_ACCESS_LOCAL_WRITE, &mr) != AccessError::kOk) {
+      *res = Res::kOpErr;
+      return true;
+    }
+    r.recv_sg[i] = {mr->host(s.addr), s.length};
+    r.recv_cap += s.length;
+  }
+  return true;
+}
+
+// Checks an rkey for a remote access with `right` (the MR's and the QP's
+// access flags must both allow it, C9-88 / 10.6.3.3).
+Res check_rkey(Engine& e, Qp& qp, uint32_t rkey, uint64_t va, uint32_t len,
+               uint32_t right, uint8_t** host) {
+  if (len == 0) {  // zero-length: the R_Key is not checked (9.7.5.1.3)
+    *host = nullptr;
+    return Res::kOk;
+  }
+  Mr* mr;
+  if (!(qp.access_ & right) ||
+      e.dev_.check_remote(qp.pd_, rkey, va, len, right, &mr) !=
+          AccessError::kOk)
+    return Res::kAccess;
+  *host = mr->host(va);
+  return Res::kOk;
+}
+
+// Payload length rules: FIRST/MIDDLE carry exactly one MTU, LAST/ONLY at
+// most one (9.7.5.1.?: C9-93 "length error").
+bool length_ok(const Qp& qp, const RxPkt& p) {
+  const uint32_t len = p.f.payload_len;
+  if (qp.type_ == IBV_QPT_UD) return true;
+  if (p.op.mask & wire::kLast) return len <= qp.mtu_;
+  return len == qp.mtu_;
+}
+
+Res do_send(Engine& e, Qp& qp, const RxPkt& p) {
+  Qp::Resp& r = qp.resp_;
+  const bool first = p.op.mask & wire::kFirst;
+  const bool last = p.op.mask & wire::kLast;
+  if (!length_ok(qp, p)) return Res::kInvReq;
+  if (first) {
+    Res res;
+    if (!take_recv(e, qp, &res)) return Res::kRnr;
+    if (res != Res::kOk) return res;
+  }
+  const uint32_t len = p.f.payload_len;
+  if (r.recv_off + len > r.recv_cap) return Res::kLenErr;
+  scatter(r.recv_sg, r.recv_nsg, r.recv_off, p.segs, p.fi.payload_off, len);
+  r.recv_off += len;
+  if (last) {
+    r.msg = Qp::Resp::kNone;
+    r.msn = psn_add(r.msn, 1);
+    complete_recv(e, qp, IBV_WC_SUCCESS, IBV_WC_RECV, r.recv_off, p.f,
+                  p.op.mask & wire::kImm);
+  } else {
+    r.msg = Qp::Resp::kSend;
+  }
+  return Res::kOk;
+}
+
+Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
+  Qp::Resp& r = qp.resp_;
+  const bool first = p.op.mask & wire::kFirst;
+  const bool last = p.op.mask & wire::kLast;
+  const bool imm = p.op.mask & wire::kImm;
+  if (!length_ok(qp, p)) return Res::kInvReq;
+  if (first) {
+    uint8_t* host;
+    const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va,
+                               p.f.reth_len, IBV_ACCESS_REMOTE_WRITE, &host);
+    if (res != Res::kOk) return res;
+    r.wr_p = host;
+    r.wr_left = r.wr_total = p.f.reth_len;
+  }
+  const uint32_t len = p.f.payload_len;
+  if (len > r.wr_left || (last && len != r.wr_left)) return Res::kInvReq;
+  if (last && imm) {
+    // WRITE with immediate consumes a receive WR (9.4.4): check it is
+    // there before placing the last bytes, so an RNR retry is harmless.
+    Res res;
+    if (!take_recv(e, qp, &res)) return Res::kRnr;
+    if (res != Res::kOk) return res;
+  }
+  if (len) {
+    const wire::ConstBuf* s = p.segs.data();
+    HostSge dst{r.wr_p, len};
+    scatter(&dst, 1, 0, {s, p.segs.size()}, p.fi.payload_off, len);
+    r.wr_p += len;
+    r.wr_left -= len;
+  }
+  if (last) {
+    r.msg = Qp::Resp::kNone;
+    r.msn = psn_add(r.msn, 1);
+    if (imm)
+      complete_recv(e, qp, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM,
+                    r.wr_total, p.f, true);
+  } else {
+    r.msg = Qp::Resp::kWrite;
+  }
+  return Res::kOk;
+}
+
+// The resource slot a new READ/ATOMIC takes; null if every slot still has
+// responses to send (more outstanding than max_dest_rd_atomic, C9-?).
+RespResource* new_resource(Qp& qp) {
+  RespResource& s = qp.res_[qp.res_next_ % qp.res_.size()];
+  if (s.pending) return nullptr;
+  ++qp.res_next_;
+  return &s;
+}
+
+Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
+  uint8_t* host;
+  const uint32_t len = p.f.reth_len;
+  const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, len,
+                             IBV_ACCESS_REMOTE_READ, &host);
+  if (res != Res::kOk) return res;
+  RespResource* s = new_resource(qp);
+  if (!s) return Res::kInvReq;
+  const uint32_t npkts = std::max<uint32_t>(1, (len + qp.mtu_ - 1) / qp.mtu_);
+  *s = {};
+  s->kind = RespResource::kRead;
+  s->first_psn = p.f.psn;
+  s->last_psn = psn_add(p.f.psn, npkts - 1);
+  s->rkey = p.f.reth_rkey;
+  s->pending = true;
+  s->tx_psn = s->tx_first = p.f.psn;
+  s->tx_p = host;
+  s->tx_left = s->tx_total = len;
+  qp.resp_.msn = psn_add(qp.resp_.msn, 1);
+  return Res::kOk;
+}
+
+Res do_atomic(Engine& e, Qp& qp, const RxPkt& p) {
+  if (p.f.atomic_va & 7) return Res::kInvReq;  // C9-? natural alignment
+  uint8_t* host;
+  const Res res = check_rkey(e, qp, p.f.atomic_rkey, p.f.atomic_va, 8,
+                             IBV_ACCESS_REMOTE_ATOMIC, &host);
+  if (res != Res::kOk) return res;
+  RespResource* s = new_resource(qp);
+  if (!s) return Res::kInvReq;
+  // The application may touch the same word with CPU atomics.
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(host));
+  uint64_t orig;
+  if (p.f.opcode == kRcCmpSwap) {
+    orig = p.f.atomic_compare;
+    word.compare_exchange_strong(orig, p.f.atomic_swap_add);
+  } else {
+    orig = word.fetch_add(p.f.atomic_swap_add);
+  }
+  *s = {};
+  s->kind = RespResource::kAtomic;
+  s->first_psn = s->last_psn = s->tx_psn = p.f.psn;
+  s->orig = orig;
+  s->rkey = p.f.atomic_rkey;
+  s->pending = true;
+  qp.resp_.msn = psn_add(qp.resp_.msn, 1);
+  return Res::kOk;
+}
+
+// Duplicate request (PSN before ePSN, 9.7.5.1.6): never executed twice.
+void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
+  e.ctr_.inc(ECtr::rx_dup);
+  ++qp.ctr_.dup_packets;
+  const uint32_t psn = p.f.psn;
+  if (p.op.mask & wire::kRead) {
+    for (RespResource& s : qp.res_) {
+      if (s.kind != RespResource::kRead || psn_before(psn, s.first_psn) ||
+          psn_after(psn, s.last_psn))
+        continue;
+      // Replay from the saved resource; the request may ask for a
+      // sub-range (a requester resuming a partly answered READ).
+      uint8_t* host;
+      if (p.f.reth_rkey != s.rkey ||
+          check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
+                     IBV_ACCESS_REMOTE_READ, &host) != Res::kOk)
+        return;
+      const uint32_t npkts = std::max<uint32_t>(
+          1, (p.f.reth_len + qp.mtu_ - 1) / qp.mtu_);
+      if (psn_after(psn_add(psn, npkts - 1), s.last_psn)) return;
+      s.pending = true;
+      s.tx_psn = s.tx_first = psn;
+      s.tx_p = host;
+      s.tx_left = s.tx_total = p.f.reth_len;
+      e.ctr_.inc(ECtr::read_replays);
+      e.make_ready(qp);
+      return;
+    }
+    return;  // too old: no resource left, silently dropped
+  }
+  if (p.op.mask & wire::kAtomic) {
+    for (RespResource& s : qp.res_) {
+      if (s.kind != RespResource::kAtomic || s.first_psn != psn) continue;
+      s.pending = true;  // the saved original value, not a new execution
+      s.tx_psn = psn;
+      e.ctr_.inc(ECtr::atomic_replays);
+      e.make_ready(qp);
+      return;
+    }
+    return;
+  }
+  // SEND/WRITE: acknowledge again (C9-105).
+  queue_ack(e, qp, kSynAckUnlimited, psn_add(qp.resp_.epsn, kPsnMask));
+}
+
+// Opcode sequence (9.7.5.1.2? C9-91): MIDDLE/LAST continue a message of
+// the same kind; FIRST/ONLY start one.
+bool sequence_ok(const Qp& qp, const wire::OpcodeInfo& op) {
+  const Qp::Resp::Msg m = qp.resp_.msg;
+  const bool cont = op.mask & (wire::kMiddle) ||
+                    ((op.mask & wire::kLast) && !(op.mask & wire::kFirst));
+  if (m == Qp::Resp::kNone) return !cont;
+  if (!cont) return false;
+  return m == Qp::Resp::kSend ? (op.mask & wire::kSend) != 0
+                              : (op.mask & wire::kWrite) != 0;
+}
+
+void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
+  Qp::Resp& r = qp.resp_;
+  const uint32_t psn = p.f.psn;
+  const int32_t d = psn_diff(psn, r.epsn);
+  if (d < 0) {
+    duplicate(e, qp, p);
+    return;
+  }
+  if (d > 0) {
+    // Out of sequence: one NAK per gap (C9-101 class B), then silence
+    // until the expected PSN shows up.
+    e.ctr_.inc(ECtr::rx_out_of_seq);
+    ++qp.ctr_.out_of_seq;
+    if (!r.nak_sent) {
+      r.nak_sent = true;
+      e.ctr_.inc(ECtr::naks_seq_tx);
+      ++qp.ctr_.naks_tx;
+      queue_ack(e, qp, kSynNakSeq, r.epsn);
+    }
+    return;
+  }
+  r.nak_sent = false;
+  if (!sequence_ok(qp, p.op)) {
+    e.ctr_.inc(ECtr::rx_bad_opcode_seq);
+    fatal(e, qp, kSynNakInvReq, psn);
+    return;
+  }
+  Res res;
+  uint32_t used = 1;
+  if (p.op.mask & wire::kSend) {
+    res = do_send(e, qp, p);
+  } else if (p.op.mask & wire::kWrite) {
+    res = do_write(e, qp, p);
+  } else if (p.op.mask & wire::kRead) {
+    res = do_read(e, qp, p);
+    used = std::max<uint32_t>(1, (p.f.reth_len + qp.mtu_ - 1) / qp.mtu_);
+  } else {
+    res = do_atomic(e, qp, p);
+  }
+  switch (res) {
+    case Res::kOk:
+      break;
+    case Res::kRnr:
+      // No receive WR: RNR NAK with our timer; ePSN stays (9.7.5.2.8).
+      e.ctr_.inc(ECtr::naks_rnr_tx);
+      ++qp.ctr_.naks_tx;
+      r.nak_sent = true;
+      queue_ack(e, qp, static_cast<uint8_t>(kSynRnr | qp.min_rnr_timer_),
+                psn);
+      return;
+    case Res::kAccess:
+      fatal(e, qp, kSynNakRemAccess, psn);
+      return;
+    case Res::kLenErr:
+      e.ctr_.inc(ECtr::rx_bad_length);
+      complete_recv(e, qp, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, r.recv_off, p.f,
+                    false);
+      fatal(e, qp, kSynNakInvReq, psn);
+      return;
+    case Res::kInvReq:
+      e.ctr_.inc(ECtr::rx_bad_length);
+      fatal(e, qp, kSynNakInvReq, psn);
+      return;
+    case Res::kOpErr:
+      complete_recv(e, qp, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, p.f, false);
+      fatal(e, qp, kSynNakRemOp, psn);
+      return;
+  }
+  r.epsn = psn_add(psn, used);
+  if (p.op.mask & (wire::kRead | wire::kAtomic)) {
+    // The response itself acknowledges everything before it.
+    if (r.ack_pending && !is_fatal_nak(r.ack_syndrome)) r.ack_pending = false;
+    e.make_ready(qp);
+  } else if (p.f.ack_req) {
+    queue_ack(e, qp, kSynAckUnlimited, psn);
+  }
+}
+
+void uc_rx(Engine& e, Qp& qp, const RxPkt& p) {
+  Qp::Resp& r = qp.resp_;
+  const uint32_t psn = p.f.psn;
+  const bool starts = p.op.mask & wire::kFirst;
+  if (psn != r.epsn) {
+    // A lost packet: the message in progress is dropped (9.8.3.1).
+    if (r.msg != Qp::Resp::kNone) {
+      e.ctr_.inc(ECtr::rx_uc_dropped);
+      r.msg = Qp::Resp::kNone;
+    }
+    r.uc_drop = !starts;
+  }
+  r.epsn = psn_add(psn, 1);
+  if (r.uc_drop) {
+    if (!starts) {
+      e.ctr_.inc(ECtr::rx_uc_dropped);
+      return;
+    }
+    r.uc_drop = false;
+  }
+  if (!sequence_ok(qp, p.op)) {
+    e.ctr_.inc(ECtr::rx_bad_opcode_seq);
+    r.msg = Qp::Resp::kNone;
+    r.uc_drop = !starts;
+    if (!starts) return;
+  }
+  const Res res = (p.op.mask & wire::kSend) ? do_send(e, qp, p)
+                                            : do_write(e, qp, p);
+  if (res == Res::kOk) return;
+  // UC has no NAKs: the message is silently dropped (9.8.3.2).
+  e.ctr_.inc(res == Res::kRnr ? ECtr::rx_no_recv : ECtr::rx_uc_dropped);
+  if (res == Res::kOpErr || res == Res::kLenErr) {
+    complete_recv(e, qp, res == Res::kLenErr ? IBV_WC_LOC_LEN_ERR
+                                             : IBV_WC_LOC_PROT_ERR,
+                  IBV_WC_RECV, 0, p.f, false);
+    e.to_error(qp);
+    return;
+  }
+  r.msg = Qp::Resp::kNone;
+  r.uc_drop = true;
+}
+
+void ud_rx(Engine& e, Qp& qp, const RxPkt& p) {
+  Qp::Resp& r = qp.resp_;
+  if (p.f.deth_qkey != qp.qkey_) {  // C10-? Q_Key mismatch: silent drop
+    e.ctr_.inc(ECtr::rx_bad_qkey);
+    return;
+  }
+  Res res;
+  if (!take_recv(e, qp, &res)) {
+    e.ctr_.inc(ECtr::rx_no_recv);
+    return;
+  }
+  const uint32_t len = p.f.payload_len;
+  if (res != Res::kOk || len + kGrhSize > r.recv_cap) {
+    complete_recv(e, qp,
+                  res != Res::kOk ? IBV_WC_LOC_PROT_ERR : IBV_WC_LOC_LEN_ERR,
+                  IBV_WC_RECV, 0, p.f, false);
+    e.to_error(qp);
+    return;
+  }
+  // The 40-byte GRH slot: the IPv6 header, or for IPv4 20 zero bytes and
+  // then the IPv4 header (the RoCEv2 convention, as rxe and mlx5 do).
+  uint8_t grh[kGrhSize] = {};
+  const uint8_t* l3 = p.segs[0].data + p.fi.l3_off;
+  if (p.f.ipv6)
+    std::memcpy(grh, l3, kGrhSize);
+  else
+    std::memcpy(grh + 20, l3, 20);
+  const wire::ConstBuf g{grh, kGrhSize};
+  scatter(r.recv_sg, r.recv_nsg, 0, {&g, 1}, 0, kGrhSize);
+  scatter(r.recv_sg, r.recv_nsg, kGrhSize, p.segs, p.fi.payload_off, len);
+  complete_recv(e, qp, IBV_WC_SUCCESS, IBV_WC_RECV, len + kGrhSize, p.f,
+                p.op.mask & wire::kImm);
+}
+
+}  // namespace
+
+void Responder::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
+  if (qp.resp_.fatal) return;  // going to ERR once the NAK is out
+  switch (qp.type_) {
+    case IBV_QPT_RC:
+      rc_rx(e, qp, p);
+      break;
+    case IBV_QPT_UC:
+      uc_rx(e, qp, p);
+      break;
+    default:
+      ud_rx(e, qp, p);
+      break;
+  }
+}
+
+uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
+  *more = false;
+  if (qp.state_ == IBV_QPS_ERR || qp.type_ != IBV_QPT_RC) return 0;
+  uint32_t sent = 0;
+  Qp::Resp& r = qp.resp_;
+  // Read responses and atomic ACKs first, oldest resource first: an ACK
+  // must not overtake responses for earlier PSNs.
+  const uint32_t n = static_cast<uint32_t>(qp.res_.size());
+  for (uint32_t k = 0; k < n; ++k) {
+    RespResource& s = qp.res_[(qp.res_next_ + k) % n];
+    while (s.pending) {
+      if (sent >= budget) {
+        *more = true;
+        return sent;
+      }
+      wire::RoceFields f{};
+      e.fill_addr(qp, qp.path_, f);
+      f.dqpn = qp.dest_qpn_;
+      f.psn = s.tx_psn;
+      f.aeth_syndrome = kSynAckUnlimited;
+      f.aeth_msn = r.msn;
+      wire::ConstBuf piece{};
+      uint32_t len = 0;
+      if (s.kind == RespResource::kAtomic) {
+        f.opcode = kRcAtomicAck;
+        f.atomic_orig = s.orig;
+      } else {
+        len = std::min(qp.mtu_, s.tx_left);
+        const bool first = s.tx_psn == s.tx_first;
+        const bool last = len == s.tx_left;
+        f.opcode = first && last ? kRcReadRespOnly
+                   : first       ? kRcReadRespFirst
+                   : last        ? kRcReadRespLast
+                                 : kRcReadRespMiddle;
+        f.payload_len = len;
+        piece = {s.tx_p, len};
+      }
+      if (!e.send_packet(qp, f, {&piece, len ? 1u : 0u})) {
+        *more = true;
+        return sent;
+      }
+      ++sent;
+      s.tx_psn = psn_add(s.tx_psn, 1);
+      s.tx_p += len;
+      s.tx_left -= len;
+      if (s.kind == RespResource::kAtomic || s.tx_left == 0) s.pending = false;
+    }
+  }
+  if (r.ack_pending) {
+    if (sent >= budget) {
+      *more = true;
+      return sent;
+    }
+    wire::RoceFields f{};
+    e.fill_addr(qp, qp.path_, f);
+    f.opcode = kRcAck;
+    f.dqpn = qp.dest_qpn_;
+    f.psn = r.ack_psn;
+    f.aeth_syndrome = r.ack_syndrome;
+    f.aeth_msn = r.msn;
+    if (!e.send_packet(qp, f, {})) {
+      *more = true;
+      return sent;
+    }
+    ++sent;
+    r.ack_pending = false;
+    if (r.ack_syndrome == kSynAckUnlimited) {
+      e.ctr_.inc(ECtr::acks_tx);
+      ++qp.ctr_.acks_tx;
+    }
+    if (r.fatal) {
+      r.fatal = false;
+      e.to_error(qp);
+    }
+  }
+  return sent;
+}
+
+}  // namespace urnic::transport

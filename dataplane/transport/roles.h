@@ -1,0 +1,65 @@
+// Internal interface between the engine and its three roles (one file
+// each: requester.cc, completer.cc, responder.cc), as in rxe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "dataplane/transport/engine.h"
+
+namespace urnic::transport {
+
+// A received packet as the roles see it.
+struct RxPkt {
+  const wire::FrameInfo& fi;
+  const wire::RoceFields& f;
+  const wire::OpcodeInfo& op;
+  std::span<const wire::ConstBuf> segs;
+};
+
+enum TimerKind : uint8_t { kRetransTimer, kRnrTimer };
+
+// Builds packets from the send queue (IBTA 9.5, 9.7.1).
+class Requester {
+ public:
+  // Sends up to `budget` packets; *more: stopped by the budget or full TX.
+  static uint32_t send_st(Engine& e, Qp& qp, uint32_t budget, bool* more);
+  // Repositions the requester at `psn` (go-back-N, or forward after an ACK
+  // overtook it).
+  static void go_to_st(Engine& e, Qp& qp, uint32_t psn);
+};
+
+// Handles ACKs, NAKs, read responses and atomic ACKs; owns the retransmit
+// and RNR timers (IBTA 9.7.5.2, 9.9).
+class Completer {
+ public:
+  static void rx_st(Engine& e, Qp& qp, const RxPkt& p);
+  static void timer_st(Engine& e, Qp& qp, TimerKind kind);
+  // Completes WRs that need no more acknowledgement (head error, UC/UD).
+  static void check_head_st(Engine& e, Qp& qp);
+};
+
+// Executes requests, answers them and generates receive completions (IBTA
+// 9.7.5.1, 9.8 for UC, 9.8.? UD).
+class Responder {
+ public:
+  static void rx_st(Engine& e, Qp& qp, const RxPkt& p);
+  // Sends read responses, atomic ACKs and the deferred ACK/NAK.
+  static uint32_t send_st(Engine& e, Qp& qp, uint32_t budget, bool* more);
+};
+
+// Copies [off, off+len) of the payload pieces... helpers shared by roles.
+// Gathers `len` bytes at offset `off` of a resolved SGE list into pieces;
+// returns the number of pieces.
+uint32_t gather(const HostSge* sg, uint32_t nsg, uint32_t off, uint32_t len,
+                wire::ConstBuf* out);
+// Copies `len` bytes starting at `src_off` of the frame segments into a
+// resolved SGE list at offset `dst_off`.
+void scatter(const HostSge* sg, uint32_t nsg, uint32_t dst_off,
+             std::span<const wire::ConstBuf> segs, uint32_t src_off,
+             uint32_t len);
+
+// RNR timer code (IBTA table 45) to nanoseconds.
+uint64_t rnr_timer_ns(uint8_t code);
+
+}  // namespace urnic::transport

@@ -1,0 +1,81 @@
+// Types shared by the transport engine and its users: device limits, work
+// requests as the engine stores them, and the verbs enums (from rdma-core's
+// <infiniband/verbs.h>, so values the shim passes through need no
+// translation: ibv_wc_status, ibv_wr_opcode, ibv_qp_state, attribute masks).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+namespace urnic::transport {
+
+constexpr uint32_t kMaxSge = 16;      // per WR, send and receive
+constexpr uint32_t kMaxInline = 256;  // bytes of inline send data
+
+// Device limits (config `limits:`). Reported by query_device as they are.
+struct Limits {
+  uint32_t max_qp = 16384;
+  uint32_t max_qp_wr = 4096;  // per send / receive queue
+  uint32_t max_sge = kMaxSge;
+  uint32_t max_inline = kMaxInline;
+  uint32_t max_cq = 16384;
+  uint32_t max_cqe = 65536;
+  uint32_t max_mr = 65536;
+  uint64_t max_mr_size = uint64_t{1} << 40;
+  uint32_t max_pd = 16384;
+  uint32_t max_srq = 4096;
+  uint32_t max_srq_wr = 16384;
+  uint32_t max_ah = 65536;
+  uint32_t max_msg_sz = uint32_t{1} << 31;  // 2 GiB
+  uint8_t max_rd_atomic = 16;       // outstanding reads/atomics we initiate
+  uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
+  uint8_t gid_table_len = 3;        // valid sgid_index values: [0, len)
+};
+
+// Path MTU in bytes from the verbs enum (IBV_MTU_256 = 1 ... 4096 = 5).
+constexpr uint32_t mtu_bytes(ibv_mtu m) {
+  return 128u << static_cast<uint32_t>(m);
+}
+static_assert(mtu_bytes(IBV_MTU_256) == 256 && mtu_bytes(IBV_MTU_4096) == 4096);
+
+struct Sge {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+class Ah;
+
+// A send work request as posted (a copy of ibv_send_wr without pointers).
+// With IBV_SEND_INLINE the sg_list addresses are read once, at post time.
+struct SendWr {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  uint32_t send_flags = 0;  // IBV_SEND_SIGNALED | FENCE | SOLICITED | INLINE
+  uint32_t num_sge = 0;
+  Sge sg_list[kMaxSge];
+  uint32_t imm_data = 0;  // network byte order, as in ibv_send_wr
+  // RDMA (remote_addr, rkey) and atomics (remote_addr, rkey, compare_add,
+  // swap).
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // UD
+  const Ah* ah = nullptr;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  uint32_t num_sge = 0;
+  Sge sg_list[kMaxSge];
+};
+
+// The 40-byte GRH a UD receive buffer starts with (IBTA 11.4.1.2; for
+// RoCEv2 over IPv4 the IPv4 header sits in its last 20 bytes).
+constexpr uint32_t kGrhSize = 40;
+
+}  // namespace urnic::transport
