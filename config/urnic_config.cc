@@ -39,6 +39,11 @@ constexpr uint64_t kMempoolCacheMax = 512;  // RTE_MEMPOOL_CACHE_MAX_SIZE
 constexpr uint64_t kIpv6MinMtu = 1280;      // RFC 8200
 constexpr size_t kSunPathMax = 107;         // sizeof(sun_path) - NUL
 constexpr size_t kFilePrefixMax = 64;
+// Hard limits of the transport engine (dataplane/transport/types.h), which
+// this library does not include either.
+constexpr uint64_t kTransportMaxSge = 16;              // transport::kMaxSge
+constexpr uint64_t kTransportMaxInline = 256;          // transport::kMaxInline
+constexpr uint64_t kMaxMrSizeMax = uint64_t{1} << 48;  // 256 TiB
 constexpr std::string_view kOverrideFile = "<override>";
 constexpr std::string_view kIntTag = "tag:yaml.org,2002:int";
 constexpr std::string_view kBoolTag = "tag:yaml.org,2002:bool";
@@ -54,13 +59,12 @@ enum class IntFormat : uint8_t { kDecimal, kOctalMode };
 using StringCheck = std::string (*)(std::string& value);
 
 template <class S>
-using Member =
-    std::variant<uint32_t S::*, uint16_t S::*, uint8_t S::*, bool S::*,
-                 std::string S::*, std::vector<uint32_t> S::*,
-                 std::vector<std::string> S::*, Ipv4Cidr S::*, Ipv6Cidr S::*,
-                 EalConfig S::*, PortConfig S::*, MempoolConfig S::*,
-                 LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
-                 StatsConfig S::*, ArpConfig S::*>;
+using Member = std::variant<
+    uint64_t S::*, uint32_t S::*, uint16_t S::*, uint8_t S::*, bool S::*,
+    std::string S::*, std::vector<uint32_t> S::*, std::vector<std::string> S::*,
+    Ipv4Cidr S::*, Ipv6Cidr S::*, EalConfig S::*, PortConfig S::*,
+    MempoolConfig S::*, LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
+    StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*, TransportConfig S::*>;
 
 template <class S>
 struct Field {
@@ -197,6 +201,65 @@ struct Schema<ArpConfig> {
 };
 
 template <>
+struct Schema<LimitsConfig> {
+  using S = LimitsConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "max_qp", .member = &S::max_qp, .min = 1, .max = 1048576},
+      {.key = "max_qp_wr", .member = &S::max_qp_wr, .min = 1, .max = 32768},
+      {.key = "max_sge",
+       .member = &S::max_sge,
+       .min = 1,
+       .max = kTransportMaxSge},
+      {.key = "max_inline",
+       .member = &S::max_inline,
+       .max = kTransportMaxInline},
+      {.key = "max_cq", .member = &S::max_cq, .min = 1, .max = 1048576},
+      {.key = "max_cqe", .member = &S::max_cqe, .min = 1, .max = 4194304},
+      {.key = "max_mr", .member = &S::max_mr, .min = 1, .max = 16777215},
+      {.key = "max_mr_size",
+       .member = &S::max_mr_size,
+       .min = 4096,
+       .max = kMaxMrSizeMax},
+      {.key = "max_pd", .member = &S::max_pd, .min = 1, .max = 1048576},
+      {.key = "max_srq", .member = &S::max_srq, .max = 1048576},
+      {.key = "max_srq_wr", .member = &S::max_srq_wr, .min = 1, .max = 1048576},
+      {.key = "max_ah", .member = &S::max_ah, .min = 1, .max = 16777216},
+      {.key = "max_msg_sz",
+       .member = &S::max_msg_sz,
+       .min = 1,
+       .max = 2147483648},
+      {.key = "max_rd_atomic",
+       .member = &S::max_rd_atomic,
+       .min = 1,
+       .max = 255},
+      {.key = "max_dest_rd_atomic",
+       .member = &S::max_dest_rd_atomic,
+       .min = 1,
+       .max = 255},
+  };
+};
+
+template <>
+struct Schema<TransportConfig> {
+  using S = TransportConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "ack_req_every",
+       .member = &S::ack_req_every,
+       .min = 1,
+       .max = 1024},
+      {.key = "max_unacked",
+       .member = &S::max_unacked,
+       .min = 1,
+       .max = 8388607},
+      {.key = "tx_budget", .member = &S::tx_budget, .min = 1, .max = 1024},
+      {.key = "timer_tick_us",
+       .member = &S::timer_tick_us,
+       .min = 1,
+       .max = 1000},
+  };
+};
+
+template <>
 struct Schema<Config> {
   using S = Config;
   // Config::source is bookkeeping, not configuration: not in the table.
@@ -208,6 +271,8 @@ struct Schema<Config> {
       {.key = "control", .member = &S::control},
       {.key = "stats", .member = &S::stats},
       {.key = "arp", .member = &S::arp},
+      {.key = "limits", .member = &S::limits},
+      {.key = "transport", .member = &S::transport},
   };
 };
 
@@ -263,10 +328,13 @@ static_assert(table_complete<IdleConfig>(0));
 static_assert(table_complete<ControlConfig>(0));
 static_assert(table_complete<StatsConfig>(0));
 static_assert(table_complete<ArpConfig>(0));
+static_assert(table_complete<LimitsConfig>(0));
+static_assert(table_complete<TransportConfig>(0));
 static_assert(ranges_fit<EalConfig>() && ranges_fit<PortConfig>() &&
               ranges_fit<MempoolConfig>() && ranges_fit<LcoreConfig>() &&
               ranges_fit<IdleConfig>() && ranges_fit<ControlConfig>() &&
-              ranges_fit<StatsConfig>() && ranges_fit<ArpConfig>());
+              ranges_fit<StatsConfig>() && ranges_fit<ArpConfig>() &&
+              ranges_fit<LimitsConfig>() && ranges_fit<TransportConfig>());
 
 // ---------------------------------------------------------------------------
 // Small text helpers.
@@ -713,6 +781,11 @@ class Decoder {
   }
   template <class S>
   void decode_member(const YAML::Node& v, const std::string& path,
+                     const Loc& loc, const Field<S>& f, uint64_t& out) {
+    out = decode_uint(v, path, loc, f);
+  }
+  template <class S>
+  void decode_member(const YAML::Node& v, const std::string& path,
                      const Loc& loc, const Field<S>& f, uint32_t& out) {
     out = static_cast<uint32_t>(decode_uint(v, path, loc, f));
   }
@@ -779,7 +852,7 @@ YAML::Node Decoder::load_document(const std::string& text) const {
   if (!root.IsMap()) {
     fail_plain(loc_at(source_, root.Mark()),
                "top level must be a map of sections (eal, port, mempool, "
-               "lcores, control, stats, arp), got " +
+               "lcores, control, stats, arp, limits, transport), got " +
                    describe(root));
   }
   return root;

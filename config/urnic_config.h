@@ -96,6 +96,35 @@ struct ArpConfig {
   uint32_t queue_len = 64;  // packets held per lcore awaiting resolution
 };
 
+// Device limits the service reports to applications (ibv_query_device) and
+// enforces. Defaults are those of transport::Limits
+// (dataplane/transport/types.h); this library does not include it.
+struct LimitsConfig {
+  uint32_t max_qp = 16384;
+  uint32_t max_qp_wr = 4096;  // per send / receive queue
+  uint32_t max_sge = 16;      // <= transport::kMaxSge
+  uint32_t max_inline = 256;  // bytes, <= transport::kMaxInline
+  uint32_t max_cq = 16384;
+  uint32_t max_cqe = 65536;
+  uint32_t max_mr = 65536;
+  uint64_t max_mr_size = uint64_t{1} << 40;  // bytes
+  uint32_t max_pd = 16384;
+  uint32_t max_srq = 4096;
+  uint32_t max_srq_wr = 16384;
+  uint32_t max_ah = 65536;
+  uint32_t max_msg_sz = uint32_t{1} << 31;  // bytes
+  uint8_t max_rd_atomic = 16;       // outstanding reads/atomics we initiate
+  uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
+};
+
+// Transport engine tuning (transport::EngineConfig and the timer wheel).
+struct TransportConfig {
+  uint32_t ack_req_every = 16;  // AckReq on at least every Nth packet
+  uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
+  uint32_t tx_budget = 64;      // packets one QP may send per poll
+  uint32_t timer_tick_us = 1;   // timer wheel resolution
+};
+
 struct Config {
   std::string source = "<embedded>";  // file name, for messages
   EalConfig eal;
@@ -105,6 +134,8 @@ struct Config {
   ControlConfig control;
   StatsConfig stats;
   ArpConfig arp;
+  LimitsConfig limits;
+  TransportConfig transport;
 };
 
 // Parses YAML text. `source` names it in errors. `overrides` are

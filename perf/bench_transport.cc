@@ -106,9 +106,9 @@ void connect(Host& h, Qp* qp, uint32_t peer_qpn, uint8_t peer_id) {
   a.port_num = 1;
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                       IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
-  h.eng->modify_qp(qp, a,
-                   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                       IBV_QP_ACCESS_FLAGS);
+  h.eng->modify_qp(
+      qp, a,
+      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   a = {};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = IBV_MTU_4096;
@@ -185,8 +185,8 @@ struct Pair {
 // One batch = `depth` WRs of `size` bytes posted, then pumped to completion.
 void run(benchmark::State& st, ibv_wr_opcode op) {
   const uint32_t size = static_cast<uint32_t>(st.range(0));
-  const uint32_t depth = std::max<uint32_t>(1, std::min<uint32_t>(
-                                                   64, (1u << 21) / (size + 1)));
+  const uint32_t depth =
+      std::max<uint32_t>(1, std::min<uint32_t>(64, (1u << 21) / (size + 1)));
   Pair p;
   uint64_t pkts = 0, ops = 0;
   for (auto _ : st) {
@@ -215,8 +215,8 @@ void run(benchmark::State& st, ibv_wr_opcode op) {
     pkts += p.pump(depth, op == IBV_WR_SEND ? depth : 0);
     ops += depth;
   }
-  st.counters["pkts/s"] =
-      benchmark::Counter(static_cast<double>(pkts), benchmark::Counter::kIsRate);
+  st.counters["pkts/s"] = benchmark::Counter(static_cast<double>(pkts),
+                                             benchmark::Counter::kIsRate);
   st.counters["ns/op"] = benchmark::Counter(
       static_cast<double>(ops),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
@@ -225,9 +225,15 @@ void run(benchmark::State& st, ibv_wr_opcode op) {
   st.SetItemsProcessed(static_cast<int64_t>(ops));
 }
 
-void BM_RcWrite(benchmark::State& st) { run(st, IBV_WR_RDMA_WRITE); }
-void BM_RcSend(benchmark::State& st) { run(st, IBV_WR_SEND); }
-void BM_RcRead(benchmark::State& st) { run(st, IBV_WR_RDMA_READ); }
+void BM_RcWrite(benchmark::State& st) {
+  run(st, IBV_WR_RDMA_WRITE);
+}
+void BM_RcSend(benchmark::State& st) {
+  run(st, IBV_WR_SEND);
+}
+void BM_RcRead(benchmark::State& st) {
+  run(st, IBV_WR_RDMA_READ);
+}
 
 BENCHMARK(BM_RcWrite)->Arg(64)->Arg(1024)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_RcSend)->Arg(64)->Arg(1024)->Arg(4096)->Arg(65536);

@@ -69,6 +69,7 @@ int run(const config::Config& cfg, char* prog) {
     PortInfo port;
     host::HostAddrs addrs;
     std::unique_ptr<host::NeighbourTable> neigh;
+    std::unique_ptr<transport::Device> device;
     std::vector<std::unique_ptr<Worker>> workers;
     try {
       port = port_setup(cfg);
@@ -79,9 +80,11 @@ int run(const config::Config& cfg, char* prog) {
       np.retry_ns = uint64_t{cfg.arp.retry_ms} * 1'000'000;
       np.retries = cfg.arp.retries;
       neigh = std::make_unique<host::NeighbourTable>(np);
+      device =
+          std::make_unique<transport::Device>(device_config(cfg, port, addrs));
       for (uint16_t q = 0; q < port.nb_queues; ++q)
-        workers.push_back(std::make_unique<Worker>(cfg, port, addrs, *neigh,
-                                                   cfg.eal.workers[q], q));
+        workers.push_back(std::make_unique<Worker>(
+            cfg, port, addrs, *neigh, *device, cfg.eal.workers[q], q));
       printf(
           "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
           "queues %u%s ipv4 %s/%u%s%s\n",
@@ -110,6 +113,7 @@ int run(const config::Config& cfg, char* prog) {
           l.lcore = w->lcore();
           l.queue = w->queue();
           l.read(w->counters());
+          l.read_transport(w->transport_counters());
           s.lcores.push_back(l);
         }
         s.neigh_entries = neigh->size();

@@ -16,6 +16,7 @@
 #include "dataplane/host/host.h"
 #include "dataplane/host/pending.h"
 #include "dataplane/stats/report.h"
+#include "dataplane/transport/engine.h"
 
 namespace urnic::service {
 
@@ -54,12 +55,14 @@ struct Command {
 };
 
 // Per-lcore state; touched only by its lcore except the counters (read
-// relaxed by the control thread) and the command ring (SP/SC).
-class alignas(64) Worker {
+// relaxed by the control thread) and the command ring (SP/SC). It is the
+// transport engine's PacketIo: frames the engine builds become mbufs on
+// this lcore's TX queue.
+class alignas(64) Worker final : public transport::PacketIo {
  public:
   Worker(const config::Config& cfg, const PortInfo& port,
-         const host::HostAddrs& addrs, host::NeighbourTable& nt, uint32_t lcore,
-         uint16_t queue);
+         const host::HostAddrs& addrs, host::NeighbourTable& nt,
+         transport::Device& dev, uint32_t lcore, uint16_t queue);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -68,6 +71,9 @@ class alignas(64) Worker {
   uint32_t lcore() const { return lcore_; }
   uint16_t queue() const { return queue_; }
   const stats::LcoreCounters& counters() const { return ctr_; }
+  const transport::EngineCounters& transport_counters() const {
+    return engine_.counters();
+  }
   // Control thread: hands a command over; false if the ring is full.
   bool post(Command* c) { return rte_ring_enqueue(cmd_ring_, c) == 0; }
 
@@ -80,6 +86,10 @@ class alignas(64) Worker {
   void tx_st(rte_mbuf* m);
   void tx_flush_st();
   bool accept_l2_st(const rte_mbuf* m);
+  // PacketIo: copies the frame into (chained) mbufs from the port's pool;
+  // false when the pool is empty (the engine retries on a later poll).
+  // Zero-copy external buffers come with shared-memory MRs.
+  bool transmit(const transport::TxFrame& f) override;
 
   const config::Config& cfg_;
   const PortInfo& port_;
@@ -96,6 +106,13 @@ class alignas(64) Worker {
   uint16_t tx_n_ = 0;
   uint16_t ping_seq_ = 0;
   rte_mbuf* tx_[config::kMaxBurst];
+  transport::Engine engine_;
 };
+
+// Device attributes of the port: MAC, GIDs, limits, and the largest IB MTU
+// whose RoCEv2 packets fit the IP MTU.
+transport::DeviceConfig device_config(const config::Config& cfg,
+                                      const PortInfo& port,
+                                      const host::HostAddrs& addrs);
 
 }  // namespace urnic::service

@@ -6,6 +6,7 @@
 #include <rte_pause.h>
 #include <rte_prefetch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <ctime>
 #include <stdexcept>
@@ -28,12 +29,21 @@ uint64_t now_ns() {
 
 namespace {
 constexpr uint32_t kMaxSegs = 32;
+
+transport::EngineConfig engine_config(const config::Config& cfg) {
+  transport::EngineConfig ec;
+  ec.ack_req_every = cfg.transport.ack_req_every;
+  ec.max_unacked = cfg.transport.max_unacked;
+  ec.tx_budget = cfg.transport.tx_budget;
+  ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
+  return ec;
+}
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period
 }  // namespace
 
 Worker::Worker(const config::Config& cfg, const PortInfo& port,
                const host::HostAddrs& addrs, host::NeighbourTable& nt,
-               uint32_t lcore, uint16_t queue)
+               transport::Device& dev, uint32_t lcore, uint16_t queue)
     : cfg_(cfg),
       port_(port),
       addrs_(addrs),
@@ -43,7 +53,8 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
       queue_(queue),
       burst_(cfg.lcores.burst),
       vlan_tci_(cfg.port.vlan),
-      pending_(cfg.arp.queue_len) {
+      pending_(cfg.arp.queue_len),
+      engine_(dev, *this, engine_config(cfg), now_ns()) {
   const std::string name = "urnic_cmd_" + std::to_string(lcore);
   cmd_ring_ = rte_ring_create(name.c_str(), 64, SOCKET_ID_ANY,
                               RING_F_SP_ENQ | RING_F_SC_DEQ);
@@ -65,6 +76,86 @@ int Worker::launch(void* self) {
 void Worker::tx_st(rte_mbuf* m) {
   tx_[tx_n_++] = m;
   if (tx_n_ == burst_) tx_flush_st();
+}
+
+bool Worker::transmit(const transport::TxFrame& f) {
+  rte_mbuf* head = rte_pktmbuf_alloc(port_.pool);
+  if (!head) return false;
+  rte_mbuf* cur = head;
+  auto put = [&](const uint8_t* p, uint32_t len) {
+    while (len) {
+      uint32_t room = rte_pktmbuf_tailroom(cur);
+      if (room == 0) {
+        rte_mbuf* seg = rte_pktmbuf_alloc(port_.pool);
+        if (!seg) return false;
+        rte_pktmbuf_reset_headroom(seg);
+        seg->data_off = 0;  // continuation segments need no headroom
+        cur->next = seg;
+        ++head->nb_segs;
+        cur = seg;
+        room = rte_pktmbuf_tailroom(cur);
+      }
+      const uint32_t take = std::min(room, len);
+      std::memcpy(rte_pktmbuf_mtod_offset(cur, uint8_t*, cur->data_len), p,
+                  take);
+      cur->data_len = static_cast<uint16_t>(cur->data_len + take);
+      head->pkt_len += take;
+      p += take;
+      len -= take;
+    }
+    return true;
+  };
+  bool ok = put(f.hdr, f.hdr_len);
+  for (const wire::ConstBuf& b : f.payload) ok = ok && put(b.data, b.len);
+  ok = ok && put(f.trailer, f.trailer_len);
+  if (!ok) {
+    rte_pktmbuf_free(head);
+    return false;
+  }
+  tx_st(head);
+  return true;
+}
+
+transport::DeviceConfig device_config(const config::Config& cfg,
+                                      const PortInfo& port,
+                                      const host::HostAddrs& addrs) {
+  transport::DeviceConfig dc;
+  dc.mac = addrs.mac;
+  const host::GidTable gids(addrs);
+  for (uint32_t i = 0; i < gids.count; ++i)
+    std::memcpy(dc.gids[i], gids.gid[i], 16);
+  dc.num_gids = static_cast<uint8_t>(gids.count);
+  const config::LimitsConfig& l = cfg.limits;
+  transport::Limits& t = dc.limits;
+  t.max_qp = l.max_qp;
+  t.max_qp_wr = l.max_qp_wr;
+  t.max_sge = l.max_sge;
+  t.max_inline = l.max_inline;
+  t.max_cq = l.max_cq;
+  t.max_cqe = l.max_cqe;
+  t.max_mr = l.max_mr;
+  t.max_mr_size = l.max_mr_size;
+  t.max_pd = l.max_pd;
+  t.max_srq = l.max_srq;
+  t.max_srq_wr = l.max_srq_wr;
+  t.max_ah = l.max_ah;
+  t.max_msg_sz = l.max_msg_sz;
+  t.max_rd_atomic = l.max_rd_atomic;
+  t.max_dest_rd_atomic = l.max_dest_rd_atomic;
+  t.gid_table_len = dc.num_gids;
+  dc.vlan = cfg.port.vlan != 0;
+  dc.vlan_tci = cfg.port.vlan;
+  // IPv6 + UDP + BTH + RETH + ImmDt + ICRC: the largest per-packet overhead
+  // of a data packet (Annex A17.4).
+  constexpr uint32_t kOverhead = 40 + 8 + 12 + 16 + 4 + 4;
+  dc.active_mtu = IBV_MTU_256;
+  for (int m = IBV_MTU_4096; m >= IBV_MTU_256; --m) {
+    if (transport::mtu_bytes(static_cast<ibv_mtu>(m)) + kOverhead <= port.mtu) {
+      dc.active_mtu = static_cast<ibv_mtu>(m);
+      break;
+    }
+  }
+  return dc;
 }
 
 void Worker::tx_flush_st() {
@@ -204,9 +295,10 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
         break;
       }
       ctr_.inc(Ctr::roce_rx);
-      // No QP exists until the transport lands: IBTA drops packets for
-      // unknown QPs silently (C9-xx); counted.
-      ctr_.inc(Ctr::roce_no_qp);
+      // Packets for unknown QPs are dropped silently (IBTA 9.6.1.1); the
+      // engine counts them too (rx_no_qp).
+      if (!engine_.find_qp(fi.roce.dqpn)) ctr_.inc(Ctr::roce_no_qp);
+      engine_.rx(fi, {segs, n}, now);
       break;
     case FrameKind::kArp:
       v = host::handle_arp(addrs_, nt_, ctr_, frame, &len, fi, now);
@@ -277,11 +369,14 @@ void Worker::loop_st() {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
       handle_st(pkts[i], now);
     }
-    // 3. Transmit what the burst produced.
+    // 3. Transport: timers, requester/responder transmit work, deferred
+    // ACKs; then transmit what the burst and the engine produced.
+    const uint32_t work = engine_.poll(now);
     tx_flush_st();
-    // 4. Poll accounting and idle back-off (poll -> pause -> sleep).
+    // 4. Poll accounting and idle back-off (poll -> pause -> sleep); never
+    // sleep while the engine has packets it could send.
     const uint64_t t = rte_rdtsc();
-    if (n) {
+    if (n || work || engine_.busy()) {
       ctr_.inc(Ctr::poll_busy);
       ctr_.add(Ctr::cycles_busy, t - t_prev);
       empty_polls = 0;

@@ -46,6 +46,17 @@ void LcoreSnapshot::read(const LcoreCounters& c) {
     malformed[i] = c.malformed[i].load(std::memory_order_relaxed);
 }
 
+void LcoreSnapshot::read_transport(const transport::EngineCounters& c) {
+  for (size_t i = 0; i < transport::kNumECtr; ++i)
+    transport[i] = c.get(static_cast<transport::ECtr>(i));
+}
+
+uint64_t Snapshot::total(transport::ECtr c) const {
+  uint64_t t = 0;
+  for (const auto& l : lcores) t += l.transport[static_cast<size_t>(c)];
+  return t;
+}
+
 uint64_t Snapshot::total(Ctr c) const {
   uint64_t t = 0;
   for (const auto& l : lcores) t += l.get(c);
@@ -105,6 +116,16 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
       appendf(s, "  malformed %-20s %" PRIu64 "\n", wire::malformed_name(why),
               n);
   }
+  // Transport counters that moved (all of them are in the JSON).
+  bool any = false;
+  for (size_t i = 0; i < transport::kNumECtr; ++i) {
+    const uint64_t n = cur.total(static_cast<transport::ECtr>(i));
+    if (!n) continue;
+    appendf(s, "%s%s %" PRIu64,
+            any ? "  " : "  transport: ", transport::kECtrNames[i], n);
+    any = true;
+  }
+  if (any) s += "\n";
   for (const LcoreSnapshot& l : cur.lcores) {
     const uint64_t busy = l.get(Ctr::cycles_busy);
     const uint64_t all = busy + l.get(Ctr::cycles_idle);
@@ -154,6 +175,10 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
     appendf(s, "%s\"%s\":%" PRIu64, m > 1 ? "," : "", wire::malformed_name(why),
             cur.total(why));
   }
+  s += "},\"transport\":{";
+  for (size_t i = 0; i < transport::kNumECtr; ++i)
+    appendf(s, "%s\"%s\":%" PRIu64, i ? "," : "", transport::kECtrNames[i],
+            cur.total(static_cast<transport::ECtr>(i)));
   s += "},\"lcores\":[";
   for (size_t k = 0; k < cur.lcores.size(); ++k) {
     const LcoreSnapshot& l = cur.lcores[k];

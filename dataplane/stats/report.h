@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dataplane/stats/counters.h"
+#include "dataplane/transport/engine.h"
 
 namespace urnic::stats {
 
@@ -25,12 +26,14 @@ struct LcoreSnapshot {
   uint16_t queue = 0;
   uint64_t v[kNumCtr] = {};
   uint64_t malformed[kNumMalformed] = {};
+  uint64_t transport[transport::kNumECtr] = {};  // the lcore's engine
 
   uint64_t get(Ctr c) const { return v[static_cast<size_t>(c)]; }
   uint64_t get(wire::Malformed m) const {
     return malformed[static_cast<size_t>(m)];
   }
   void read(const LcoreCounters& c);
+  void read_transport(const transport::EngineCounters& c);
 };
 
 struct Snapshot {
@@ -42,13 +45,14 @@ struct Snapshot {
 
   uint64_t total(Ctr c) const;
   uint64_t total(wire::Malformed m) const;
+  uint64_t total(transport::ECtr c) const;
 };
 
 // testpmd's layout: totals, then "Throughput (since last show)" against
 // `prev` (rates are 0 when prev is null), then urnic's own counters.
 std::string format_text(const Snapshot& cur, const Snapshot* prev);
 // {"port": {...}, "throughput": {...}, "totals": {...}, "malformed":
-//  {...}, "lcores": [...]} with every counter by name.
+//  {...}, "transport": {...}, "lcores": [...]} with every counter by name.
 std::string format_json(const Snapshot& cur, const Snapshot* prev);
 
 }  // namespace urnic::stats

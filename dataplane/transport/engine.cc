@@ -75,7 +75,11 @@ bool pkey_ok(uint16_t pkey) {
 
 Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
                uint64_t now_ns)
-    : dev_(dev), io_(io), cfg_(cfg), timers_(now_ns), now_(now_ns) {
+    : dev_(dev),
+      io_(io),
+      cfg_(cfg),
+      timers_(now_ns, cfg.timer_tick_ns),
+      now_(now_ns) {
   if (cfg_.ack_req_every == 0) cfg_.ack_req_every = 1;
   if (cfg_.max_unacked == 0) cfg_.max_unacked = 1;
   if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
@@ -253,6 +257,13 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask) {
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
     qp->sqd_notify_ = attr.en_sqd_async_notify;
 
+  if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
+    // Per-packet headers start from this copy (no address work per packet).
+    qp->tmpl_ = {};
+    fill_addr(*qp, qp->path_, qp->tmpl_);
+    qp->tmpl_.dqpn = qp->dest_qpn_;
+  }
+
   // Transition side effects.
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_qp(*qp);
@@ -282,7 +293,8 @@ int Engine::query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const {
     *attr = qp->attr_;
     attr->qp_state = attr->cur_qp_state = qp->state_;
     attr->cap = qp->cap_;
-    attr->sq_draining = qp->state_ == IBV_QPS_SQD && qp->sq_head_ != qp->sq_next_;
+    attr->sq_draining =
+        qp->state_ == IBV_QPS_SQD && qp->sq_head_ != qp->sq_next_;
     attr->sq_psn = qp->req_.psn;
     attr->rq_psn = qp->resp_.epsn;
   }
@@ -321,8 +333,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
       return EINVAL;
   }
   if (!valid_opcode(qp->type_, wr.opcode)) return EINVAL;
-  if (wr.num_sge > qp->cap_.max_send_sge || wr.num_sge > kMaxSge)
-    return EINVAL;
+  if (wr.num_sge > qp->cap_.max_send_sge || wr.num_sge > kMaxSge) return EINVAL;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
@@ -354,8 +365,8 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
     for (uint32_t i = 0; i < wr.num_sge; ++i) {
       const Sge& s = wr.sg_list[i];
       if (s.length)
-        std::memcpy(w.inline_data + off,
-                    reinterpret_cast<const void*>(s.addr), s.length);
+        std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(s.addr),
+                    s.length);
       off += s.length;
     }
     w.host_sg[0] = {w.inline_data, w.length};
@@ -391,8 +402,8 @@ int Engine::post_recv(Qp* qp, const RecvWr& wr) {
 
 // --- data path --------------------------------------------------------------
 
-void Engine::rx(const wire::FrameInfo& fi,
-                std::span<const wire::ConstBuf> segs, uint64_t now_ns) {
+void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
+                uint64_t now_ns) {
   now_ = now_ns;
   ctr_.inc(ECtr::rx_packets);
   const wire::RoceFields& f = fi.roce;
@@ -451,8 +462,8 @@ uint32_t Engine::poll(uint64_t now_ns) {
     bool more = false;
     uint32_t sent = Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
     bool more_req = false;
-    if (!more) sent += Requester::send_st(*this, *qp, cfg_.tx_budget - sent,
-                                          &more_req);
+    if (!more)
+      sent += Requester::send_st(*this, *qp, cfg_.tx_budget - sent, &more_req);
     work += sent;
     if (more || more_req) make_ready(*qp);
     if (qp == end) break;
@@ -606,8 +617,8 @@ void Engine::to_error(Qp& qp) {
   qp.resp_.ack_pending = false;
   for (RespResource& r : qp.res_) r.pending = false;
   // IBTA 11.6.3: a QP on an SRQ reports its last WQE when it enters error.
-  if (qp.srq_) dev_.raise({IBV_EVENT_QP_LAST_WQE_REACHED, qp.qpn_, nullptr,
-                           nullptr});
+  if (qp.srq_)
+    dev_.raise({IBV_EVENT_QP_LAST_WQE_REACHED, qp.qpn_, nullptr, nullptr});
 }
 
 void Engine::arm_retrans(Qp& qp) {
@@ -665,8 +676,8 @@ void scatter(const HostSge* sg, uint32_t nsg, uint32_t dst_off,
 uint64_t rnr_timer_ns(uint8_t code) {
   // IBTA vol. 1 table 45, in units of 10 us; code 0 is the longest.
   static constexpr uint32_t kTenUs[32] = {
-      65536, 1,    2,    3,    4,    6,    8,    12,   16,    24,   32,
-      48,    64,   96,   128,  192,  256,  384,  512,  768,   1024, 1536,
+      65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,   32,
+      48,    64,   96,   128,  192,  256,   384,   512,   768,   1024, 1536,
       2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
   return uint64_t{kTenUs[code & 31]} * 10000;
 }

@@ -6,6 +6,7 @@
 // create_qp/destroy_qp (control path).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -69,17 +70,25 @@ enum class ECtr : uint16_t {
 constexpr size_t kNumECtr = static_cast<size_t>(ECtr::kCount);
 extern const char* const kECtrNames[kNumECtr];
 
+// Written only by the engine's lcore (plain load+store, no locked RMW);
+// read by the control thread with relaxed loads (as stats::LcoreCounters).
 struct EngineCounters {
-  uint64_t v[kNumECtr] = {};
-  uint64_t get(ECtr c) const { return v[static_cast<size_t>(c)]; }
-  void inc(ECtr c, uint64_t n = 1) { v[static_cast<size_t>(c)] += n; }
+  std::atomic<uint64_t> v[kNumECtr] = {};
+  uint64_t get(ECtr c) const {
+    return v[static_cast<size_t>(c)].load(std::memory_order_relaxed);
+  }
+  void inc(ECtr c, uint64_t n = 1) {
+    std::atomic<uint64_t>& a = v[static_cast<size_t>(c)];
+    a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
 };
 
 struct EngineConfig {
-  uint32_t ack_req_every = 16;   // AckReq on at least every Nth packet
-  uint32_t max_unacked = 512;    // requester window, in packets (PSNs)
-  uint32_t tx_budget = 64;       // packets one poll() may send per QP
+  uint32_t ack_req_every = 16;  // AckReq on at least every Nth packet
+  uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
+  uint32_t tx_budget = 64;      // packets one poll() may send per QP
   uint16_t udp_sport_base = 0xc000;
+  uint32_t timer_tick_ns = 1000;  // timer wheel resolution
 };
 
 struct QpInitAttr {
@@ -129,7 +138,7 @@ class Engine {
   Device& device() { return dev_; }
   const EngineConfig& config() const { return cfg_; }
 
- // --- Internal: shared with the roles (roles.h); not an API. ---
+  // --- Internal: shared with the roles (roles.h); not an API. ---
 
   // Shared by the roles (engine.cc).
   void fill_addr(const Qp& qp, const Path& path, wire::RoceFields& f) const;

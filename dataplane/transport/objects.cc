@@ -8,10 +8,9 @@
 namespace urnic::transport {
 namespace {
 
-constexpr uint32_t kAccessKnown = IBV_ACCESS_LOCAL_WRITE |
-                                  IBV_ACCESS_REMOTE_WRITE |
-                                  IBV_ACCESS_REMOTE_READ |
-                                  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+constexpr uint32_t kAccessKnown =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
 constexpr uint32_t kEventRing = 1024;
 
 // Finds a free slot (or appends one) in an object table.
@@ -126,8 +125,7 @@ Mr* Device::mr_by_rkey(uint32_t rkey) const {
 }
 
 AccessError Device::check_local(const Pd* pd, uint32_t lkey, uint64_t va,
-                                uint64_t len, uint32_t rights,
-                                Mr** out) const {
+                                uint64_t len, uint32_t rights, Mr** out) const {
   Mr* mr = mr_by_lkey(lkey);
   if (!mr) return AccessError::kBadKey;
   if (mr->pd_ != pd) return AccessError::kPd;

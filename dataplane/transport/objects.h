@@ -21,7 +21,7 @@ class Pd {
  public:
   uint32_t handle() const { return handle_; }
 
- bool live() const { return live_; }
+  bool live() const { return live_; }
 
  private:
   friend class Device;
@@ -40,12 +40,13 @@ class Mr {
   uint32_t access() const { return access_; }
   // True if [va, va+len) lies inside the region (overflow-safe).
   bool contains(uint64_t va, uint64_t len) const {
-    return va >= iova_ && va - iova_ <= length_ && len <= length_ - (va - iova_);
+    return va >= iova_ && va - iova_ <= length_ &&
+           len <= length_ - (va - iova_);
   }
   // Host address of `va`; valid only after contains().
   uint8_t* host(uint64_t va) const { return host_ + (va - iova_); }
 
- bool live() const { return live_; }
+  bool live() const { return live_; }
 
  private:
   friend class Device;
@@ -78,7 +79,7 @@ class Cq {
   // Engine side. False if the CQ is full (or already in error).
   bool push(const ibv_wc& wc, bool solicited);
 
- bool live() const { return live_; }
+  bool live() const { return live_; }
 
  private:
   friend class Device;
@@ -108,7 +109,7 @@ class Srq {
   // count drops below an armed limit.
   bool pop(RecvWr& out);
 
- bool live() const { return live_; }
+  bool live() const { return live_; }
 
  private:
   friend class Device;
@@ -139,7 +140,7 @@ class Ah {
   const Path& path() const { return path_; }
   Pd* pd() const { return pd_; }
 
- bool live() const { return live_; }
+  bool live() const { return live_; }
 
  private:
   friend class Device;
@@ -150,9 +151,9 @@ class Ah {
 
 struct AsyncEvent {
   ibv_event_type type;
-  uint32_t qpn = 0;      // QP events
-  Cq* cq = nullptr;      // IBV_EVENT_CQ_ERR
-  Srq* srq = nullptr;    // IBV_EVENT_SRQ_LIMIT_REACHED / SRQ_ERR
+  uint32_t qpn = 0;    // QP events
+  Cq* cq = nullptr;    // IBV_EVENT_CQ_ERR
+  Srq* srq = nullptr;  // IBV_EVENT_SRQ_LIMIT_REACHED / SRQ_ERR
 };
 
 // GID -> MAC for a destination (the service asks its neighbour cache; tests
@@ -173,7 +174,7 @@ struct DeviceConfig {
   uint8_t num_gids = 0;
   bool vlan = false;
   uint16_t vlan_tci = 0;
-  uint64_t key_seed = 0;  // 0: keys seeded from std::random_device
+  uint64_t key_seed = 0;              // 0: keys seeded from std::random_device
   ibv_mtu active_mtu = IBV_MTU_4096;  // port MTU: the UD message limit
 };
 

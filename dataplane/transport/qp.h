@@ -9,6 +9,7 @@
 #include "dataplane/transport/objects.h"
 #include "dataplane/transport/timer_wheel.h"
 #include "dataplane/transport/types.h"
+#include "dataplane/wire/codec.h"
 
 namespace urnic::transport {
 
@@ -20,7 +21,6 @@ struct QpCounters {
            rnr_waits = 0, naks_rx = 0, naks_tx = 0, dup_packets = 0,
            out_of_seq = 0, acks_tx = 0, acks_rx = 0;
 };
-
 
 // A local SGE resolved to host memory once, when its WR is first used.
 struct HostSge {
@@ -34,8 +34,8 @@ struct SendWqe {
   uint32_t npkts = 0;      // PSNs the message uses
   uint32_t first_psn = 0;  // valid once started
   uint32_t last_psn = 0;
-  bool started = false;    // PSNs assigned (at least one packet sent)
-  bool resolved = false;   // host_sg valid
+  bool started = false;     // PSNs assigned (at least one packet sent)
+  bool resolved = false;    // host_sg valid
   bool rd_counted = false;  // holds a max_rd_atomic credit
   bool done = false;        // READ/ATOMIC response fully received
   ibv_wc_status local_err = IBV_WC_SUCCESS;  // found when resolving
@@ -57,6 +57,7 @@ struct RespResource {
   uint32_t rkey = 0;
   // Responses still to send: next PSN, position, bytes left.
   bool pending = false;
+  bool replay = false;  // pending only because a duplicate asked again
   uint32_t tx_psn = 0;
   uint32_t tx_first = 0;  // PSN of the request being answered
   uint8_t* tx_p = nullptr;
@@ -86,6 +87,7 @@ class Qp {
   // Attributes (ibv_modify_qp).
   ibv_qp_attr attr_{};  // as last set, for query_qp
   Path path_;
+  wire::RoceFields tmpl_;  // addresses + dest QPN of every RC/UC packet
   uint32_t mtu_ = 1024;
   uint32_t dest_qpn_ = 0;
   uint32_t qkey_ = 0;
@@ -116,9 +118,9 @@ class Qp {
 
   // Requester.
   struct Req {
-    uint32_t psn = 0;     // next PSN to send
-    uint32_t max_psn = 0;  // one past the highest PSN ever sent
-    uint32_t offset = 0;  // bytes of sqe(sq_next_) already sent
+    uint32_t psn = 0;        // next PSN to send
+    uint32_t max_psn = 0;    // one past the highest PSN ever sent
+    uint32_t offset = 0;     // bytes of sqe(sq_next_) already sent
     uint32_t rd_atomic = 0;  // READ/ATOMIC WRs holding a credit
     uint32_t pkts_since_ackreq = 0;
   } req_;

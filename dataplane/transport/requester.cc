@@ -63,9 +63,12 @@ uint8_t data_opcode(ibv_qp_type t, ibv_wr_opcode op, bool first, bool last) {
 bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   const bool ud = qp.type_ == IBV_QPT_UD;
   const bool rc = qp.type_ == IBV_QPT_RC;
-  wire::RoceFields f{};
-  e.fill_addr(qp, ud ? w.wr.ah->path() : qp.path_, f);
-  f.dqpn = ud ? w.wr.remote_qpn : qp.dest_qpn_;
+  wire::RoceFields f = qp.tmpl_;
+  if (ud) {
+    f = {};
+    e.fill_addr(qp, w.wr.ah->path(), f);
+    f.dqpn = w.wr.remote_qpn;
+  }
   f.psn = qp.req_.psn;
   const uint32_t mtu = qp.mtu_;
   const uint32_t off = qp.req_.offset;
@@ -109,13 +112,13 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
            op != IBV_WR_RDMA_WRITE;
     npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
     f.payload_len = len;
-    f.ack_req =
-        rc && (last || qp.req_.pkts_since_ackreq + 1 >= e.config().ack_req_every);
+    f.ack_req = rc && (last || qp.req_.pkts_since_ackreq + 1 >=
+                                   e.config().ack_req_every);
   }
   if (ud) {
     // C10-15: a Q_Key with the high bit set means "use the QP's Q_Key".
-    f.deth_qkey = (w.wr.remote_qkey & 0x80000000u) ? qp.qkey_
-                                                   : w.wr.remote_qkey;
+    f.deth_qkey =
+        (w.wr.remote_qkey & 0x80000000u) ? qp.qkey_ : w.wr.remote_qkey;
     f.deth_src_qp = qp.qpn_;
   }
   if (!e.send_packet(qp, f, {pieces, npieces})) return false;
@@ -167,7 +170,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     SendWqe& w = qp.sqe(qp.sq_next_);
     const bool rd = is_rd_atomic(w.wr.opcode);
     if (!w.started && qp.req_.offset == 0) {
-      if (qp.state_ == IBV_QPS_SQD) break;  // draining: no new WRs
+      if (qp.state_ == IBV_QPS_SQD) break;       // draining: no new WRs
       if (w.local_err != IBV_WC_SUCCESS) break;  // completer reports it
       // Fence (IBTA 10.8.3.3): wait for earlier READ/ATOMIC to complete.
       if ((w.wr.send_flags & IBV_SEND_FENCE) && qp.req_.rd_atomic) break;
@@ -186,10 +189,9 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     if (rd && !w.rd_counted && qp.req_.rd_atomic >= qp.max_rd_atomic_) break;
     if (rc) {
       const int32_t out = psn_diff(qp.req_.psn, qp.comp_.psn);
-      const uint32_t need =
-          w.wr.opcode == IBV_WR_RDMA_READ
-              ? w.npkts - qp.req_.offset / qp.mtu_
-              : 1;
+      const uint32_t need = w.wr.opcode == IBV_WR_RDMA_READ
+                                ? w.npkts - qp.req_.offset / qp.mtu_
+                                : 1;
       if (out > 0 && static_cast<uint32_t>(out) + need > e.config().max_unacked)
         break;
     }
@@ -227,8 +229,8 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
     const bool atomic = w.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
                         w.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
     if (w.started && !atomic && psn_diff(psn, w.first_psn) > 0)
-      qp.req_.offset = static_cast<uint32_t>(psn_diff(psn, w.first_psn)) *
-                       qp.mtu_;
+      qp.req_.offset =
+          static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * qp.mtu_;
   }
   qp.req_.psn = psn;
   qp.req_.pkts_since_ackreq = 0;

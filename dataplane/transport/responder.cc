@@ -25,8 +25,7 @@ constexpr uint8_t kSynNakSeq = 0x60, kSynNakInvReq = 0x61,
 enum class Res : uint8_t { kOk, kRnr, kAccess, kInvReq, kLenErr, kOpErr };
 
 bool is_fatal_nak(uint8_t syn) {
-  return syn == kSynNakInvReq || syn == kSynNakRemAccess ||
-         syn == kSynNakRemOp;
+  return syn == kSynNakInvReq || syn == kSynNakRemAccess || syn == kSynNakRemOp;
 }
 
 // Queues the one deferred ACK/NAK of the QP (sent by poll()). A later
@@ -131,9 +130,8 @@ Res check_rkey(Engine& e, Qp& qp, uint32_t rkey, uint64_t va, uint32_t len,
     return Res::kOk;
   }
   Mr* mr;
-  if (!(qp.access_ & right) ||
-      e.dev_.check_remote(qp.pd_, rkey, va, len, right, &mr) !=
-          AccessError::kOk)
+  if (!(qp.access_ & right) || e.dev_.check_remote(qp.pd_, rkey, va, len, right,
+                                                   &mr) != AccessError::kOk)
     return Res::kAccess;
   *host = mr->host(va);
   return Res::kOk;
@@ -181,8 +179,8 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
   if (!length_ok(qp, p)) return Res::kInvReq;
   if (first) {
     uint8_t* host;
-    const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va,
-                               p.f.reth_len, IBV_ACCESS_REMOTE_WRITE, &host);
+    const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
+                               IBV_ACCESS_REMOTE_WRITE, &host);
     if (res != Res::kOk) return res;
     r.wr_p = host;
     r.wr_left = r.wr_total = p.f.reth_len;
@@ -219,7 +217,9 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
 // responses to send (more outstanding than max_dest_rd_atomic, C9-?).
 RespResource* new_resource(Qp& qp) {
   RespResource& s = qp.res_[qp.res_next_ % qp.res_.size()];
-  if (s.pending) return nullptr;
+  // A replay still queued on the oldest slot is moot: the requester has
+  // completed that request, or it could not have sent this one.
+  if (s.pending && !s.replay) return nullptr;
   ++qp.res_next_;
   return &s;
 }
@@ -290,10 +290,10 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
           check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
                      IBV_ACCESS_REMOTE_READ, &host) != Res::kOk)
         return;
-      const uint32_t npkts = std::max<uint32_t>(
-          1, (p.f.reth_len + qp.mtu_ - 1) / qp.mtu_);
+      const uint32_t npkts =
+          std::max<uint32_t>(1, (p.f.reth_len + qp.mtu_ - 1) / qp.mtu_);
       if (psn_after(psn_add(psn, npkts - 1), s.last_psn)) return;
-      s.pending = true;
+      s.pending = s.replay = true;
       s.tx_psn = s.tx_first = psn;
       s.tx_p = host;
       s.tx_left = s.tx_total = p.f.reth_len;
@@ -306,7 +306,7 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
   if (p.op.mask & wire::kAtomic) {
     for (RespResource& s : qp.res_) {
       if (s.kind != RespResource::kAtomic || s.first_psn != psn) continue;
-      s.pending = true;  // the saved original value, not a new execution
+      s.pending = s.replay = true;  // the saved value, not a new execution
       s.tx_psn = psn;
       e.ctr_.inc(ECtr::atomic_replays);
       e.make_ready(qp);
@@ -377,8 +377,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
       e.ctr_.inc(ECtr::naks_rnr_tx);
       ++qp.ctr_.naks_tx;
       r.nak_sent = true;
-      queue_ack(e, qp, static_cast<uint8_t>(kSynRnr | qp.min_rnr_timer_),
-                psn);
+      queue_ack(e, qp, static_cast<uint8_t>(kSynRnr | qp.min_rnr_timer_), psn);
       return;
     case Res::kAccess:
       fatal(e, qp, kSynNakRemAccess, psn);
@@ -434,15 +433,15 @@ void uc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     r.uc_drop = !starts;
     if (!starts) return;
   }
-  const Res res = (p.op.mask & wire::kSend) ? do_send(e, qp, p)
-                                            : do_write(e, qp, p);
+  const Res res =
+      (p.op.mask & wire::kSend) ? do_send(e, qp, p) : do_write(e, qp, p);
   if (res == Res::kOk) return;
   // UC has no NAKs: the message is silently dropped (9.8.3.2).
   e.ctr_.inc(res == Res::kRnr ? ECtr::rx_no_recv : ECtr::rx_uc_dropped);
   if (res == Res::kOpErr || res == Res::kLenErr) {
-    complete_recv(e, qp, res == Res::kLenErr ? IBV_WC_LOC_LEN_ERR
-                                             : IBV_WC_LOC_PROT_ERR,
-                  IBV_WC_RECV, 0, p.f, false);
+    complete_recv(
+        e, qp, res == Res::kLenErr ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR,
+        IBV_WC_RECV, 0, p.f, false);
     e.to_error(qp);
     return;
   }
@@ -516,9 +515,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
         *more = true;
         return sent;
       }
-      wire::RoceFields f{};
-      e.fill_addr(qp, qp.path_, f);
-      f.dqpn = qp.dest_qpn_;
+      wire::RoceFields f = qp.tmpl_;
       f.psn = s.tx_psn;
       f.aeth_syndrome = kSynAckUnlimited;
       f.aeth_msn = r.msn;
@@ -554,10 +551,8 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       *more = true;
       return sent;
     }
-    wire::RoceFields f{};
-    e.fill_addr(qp, qp.path_, f);
+    wire::RoceFields f = qp.tmpl_;
     f.opcode = kRcAck;
-    f.dqpn = qp.dest_qpn_;
     f.psn = r.ack_psn;
     f.aeth_syndrome = r.ack_syndrome;
     f.aeth_msn = r.msn;

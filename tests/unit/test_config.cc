@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/urnic_config.h"
+#include "dataplane/transport/types.h"
 
 #ifndef URNIC_SOURCE_DIR
 #error "URNIC_SOURCE_DIR must be defined to the source tree root"
@@ -105,6 +106,62 @@ TEST(ConfigDefaults, StructDefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.control.mode, 0660u);
   EXPECT_EQ(c.stats.period_ms, 1000u);
   EXPECT_EQ(c.arp.entries, 1024u);
+}
+
+TEST(ConfigDefaults, LimitsDefaultsAreTheDeviceLimits) {
+  const LimitsConfig l;
+  EXPECT_EQ(l.max_qp, 16384u);
+  EXPECT_EQ(l.max_qp_wr, 4096u);
+  EXPECT_EQ(l.max_sge, 16u);
+  EXPECT_EQ(l.max_inline, 256u);
+  EXPECT_EQ(l.max_cq, 16384u);
+  EXPECT_EQ(l.max_cqe, 65536u);
+  EXPECT_EQ(l.max_mr, 65536u);
+  EXPECT_EQ(l.max_mr_size, 1099511627776u);
+  EXPECT_EQ(l.max_pd, 16384u);
+  EXPECT_EQ(l.max_srq, 4096u);
+  EXPECT_EQ(l.max_srq_wr, 16384u);
+  EXPECT_EQ(l.max_ah, 65536u);
+  EXPECT_EQ(l.max_msg_sz, 2147483648u);
+  EXPECT_EQ(l.max_rd_atomic, 16);
+  EXPECT_EQ(l.max_dest_rd_atomic, 16);
+
+  // The same values as the engine's own defaults (the config library does
+  // not include the transport headers, so check here they did not drift).
+  const transport::Limits d;
+  EXPECT_EQ(l.max_qp, d.max_qp);
+  EXPECT_EQ(l.max_qp_wr, d.max_qp_wr);
+  EXPECT_EQ(l.max_sge, d.max_sge);
+  EXPECT_EQ(l.max_sge, transport::kMaxSge);
+  EXPECT_EQ(l.max_inline, d.max_inline);
+  EXPECT_EQ(l.max_inline, transport::kMaxInline);
+  EXPECT_EQ(l.max_cq, d.max_cq);
+  EXPECT_EQ(l.max_cqe, d.max_cqe);
+  EXPECT_EQ(l.max_mr, d.max_mr);
+  EXPECT_EQ(l.max_mr_size, d.max_mr_size);
+  EXPECT_EQ(l.max_pd, d.max_pd);
+  EXPECT_EQ(l.max_srq, d.max_srq);
+  EXPECT_EQ(l.max_srq_wr, d.max_srq_wr);
+  EXPECT_EQ(l.max_ah, d.max_ah);
+  EXPECT_EQ(l.max_msg_sz, d.max_msg_sz);
+  EXPECT_EQ(l.max_rd_atomic, d.max_rd_atomic);
+  EXPECT_EQ(l.max_dest_rd_atomic, d.max_dest_rd_atomic);
+}
+
+TEST(ConfigDefaults, TransportDefaults) {
+  const TransportConfig t;
+  EXPECT_EQ(t.ack_req_every, 16u);
+  EXPECT_EQ(t.max_unacked, 512u);
+  EXPECT_EQ(t.tx_budget, 64u);
+  EXPECT_EQ(t.timer_tick_us, 1u);
+}
+
+TEST(ConfigDefaults, EmbeddedDefaultHasLimitsAndTransportDefaults) {
+  const Config c = parse(embedded_default(), "<embedded>");
+  EXPECT_EQ(dump(Config{.limits = c.limits, .transport = c.transport}),
+            dump(Config{}));
+  EXPECT_EQ(c.limits.max_mr_size, uint64_t{1} << 40);
+  EXPECT_EQ(c.transport.max_unacked, 512u);
 }
 
 TEST(ConfigDefaults, EmbeddedDefaultParsesToDocumentedDefaults) {
@@ -253,6 +310,32 @@ field_mutations() {
           {"arp.retry_ms", [](Config& c) { c.arp.retry_ms = 60000; }},
           {"arp.retries", [](Config& c) { c.arp.retries = 100; }},
           {"arp.queue_len", [](Config& c) { c.arp.queue_len = 0; }},
+          {"limits.max_qp", [](Config& c) { c.limits.max_qp = 1048576; }},
+          {"limits.max_qp_wr", [](Config& c) { c.limits.max_qp_wr = 32768; }},
+          {"limits.max_sge", [](Config& c) { c.limits.max_sge = 1; }},
+          {"limits.max_inline", [](Config& c) { c.limits.max_inline = 0; }},
+          {"limits.max_cq", [](Config& c) { c.limits.max_cq = 1; }},
+          {"limits.max_cqe", [](Config& c) { c.limits.max_cqe = 4194304; }},
+          {"limits.max_mr", [](Config& c) { c.limits.max_mr = 16777215; }},
+          {"limits.max_mr_size",
+           [](Config& c) { c.limits.max_mr_size = uint64_t{1} << 48; }},
+          {"limits.max_pd", [](Config& c) { c.limits.max_pd = 7; }},
+          {"limits.max_srq", [](Config& c) { c.limits.max_srq = 0; }},
+          {"limits.max_srq_wr",
+           [](Config& c) { c.limits.max_srq_wr = 1048576; }},
+          {"limits.max_ah", [](Config& c) { c.limits.max_ah = 16777216; }},
+          {"limits.max_msg_sz", [](Config& c) { c.limits.max_msg_sz = 1; }},
+          {"limits.max_rd_atomic",
+           [](Config& c) { c.limits.max_rd_atomic = 255; }},
+          {"limits.max_dest_rd_atomic",
+           [](Config& c) { c.limits.max_dest_rd_atomic = 1; }},
+          {"transport.ack_req_every",
+           [](Config& c) { c.transport.ack_req_every = 1024; }},
+          {"transport.max_unacked",
+           [](Config& c) { c.transport.max_unacked = 8388607; }},
+          {"transport.tx_budget", [](Config& c) { c.transport.tx_budget = 1; }},
+          {"transport.timer_tick_us",
+           [](Config& c) { c.transport.timer_tick_us = 1000; }},
       };
   return kMutations;
 }
@@ -402,6 +485,64 @@ TEST(ConfigScalars, Integers) {
   }
 }
 
+TEST(ConfigScalars, SixtyFourBitMrSize) {
+  const auto mr_size = [](const std::string& v) {
+    return parse(std::string(kMinimal) + "limits: {max_mr_size: " + v + "}\n",
+                 "t")
+        .limits.max_mr_size;
+  };
+  EXPECT_EQ(mr_size("4096"), 4096u);
+  EXPECT_EQ(mr_size("281474976710656"), uint64_t{1} << 48);
+  EXPECT_EQ(mr_size("0x10000000000"), uint64_t{1} << 40);
+  for (const char* bad : {"4095", "281474976710657", "18446744073709551615",
+                          "18446744073709551616", "-1"}) {
+    EXPECT_NE(parse_error(std::string(kMinimal) +
+                          "limits: {max_mr_size: " + bad + "}\n")
+                  .find("key 'limits.max_mr_size': out of range [4096, "
+                        "281474976710656], got "),
+              std::string::npos)
+        << bad;
+  }
+  // The 64-bit value survives dump() unchanged.
+  Config c = parse(kMinimal, "t");
+  c.limits.max_mr_size = (uint64_t{1} << 48) - 1;
+  EXPECT_NE(dump(c).find("max_mr_size: 281474976710655"), std::string::npos);
+  EXPECT_EQ(parse(dump(c), "<dump>"), c);
+}
+
+TEST(ConfigScalars, LimitsAndTransportRanges) {
+  struct Case {
+    const char* section;
+    const char* key;
+    const char* value;
+    const char* range;
+  };
+  for (const Case& k : {
+           Case{"limits", "max_qp", "0", "[1, 1048576]"},
+           Case{"limits", "max_qp_wr", "32769", "[1, 32768]"},
+           Case{"limits", "max_sge", "17", "[1, 16]"},
+           Case{"limits", "max_inline", "257", "[0, 256]"},
+           Case{"limits", "max_cqe", "4194305", "[1, 4194304]"},
+           Case{"limits", "max_mr", "16777216", "[1, 16777215]"},
+           Case{"limits", "max_srq", "1048577", "[0, 1048576]"},
+           Case{"limits", "max_ah", "16777217", "[1, 16777216]"},
+           Case{"limits", "max_msg_sz", "2147483649", "[1, 2147483648]"},
+           Case{"limits", "max_rd_atomic", "0", "[1, 255]"},
+           Case{"limits", "max_dest_rd_atomic", "256", "[1, 255]"},
+           Case{"transport", "ack_req_every", "1025", "[1, 1024]"},
+           Case{"transport", "max_unacked", "8388608", "[1, 8388607]"},
+           Case{"transport", "tx_budget", "0", "[1, 1024]"},
+           Case{"transport", "timer_tick_us", "1001", "[1, 1000]"},
+       }) {
+    const std::string key = std::string(k.section) + "." + k.key;
+    SCOPED_TRACE(key);
+    EXPECT_EQ(parse_error(std::string(kMinimal) + k.section + ":\n  " + k.key +
+                          ": " + k.value + "\n"),
+              "t.yaml:5:" + std::to_string(std::strlen(k.key) + 5) + ": key '" +
+                  key + "': out of range " + k.range + ", got " + k.value);
+  }
+}
+
 TEST(ConfigScalars, Booleans) {
   const auto huge = [](const std::string& v) {
     return parse(std::string(kMinimal) + "eal: {huge: " + v + "}\n", "t")
@@ -540,6 +681,34 @@ TEST(ConfigOverrides, NestedKeysAndMissingSections) {
   EXPECT_EQ(c.stats.period_ms, 5u);
   EXPECT_EQ(c.port.ttl, 8);
   EXPECT_EQ(c.control.mode, 0600u);
+}
+
+TEST(ConfigOverrides, SetsLimitsAndTransport) {
+  const Config c = parse(embedded_default(), "<embedded>",
+                         {"limits.max_sge=4", "limits.max_mr_size=0x1000000000",
+                          "limits.max_rd_atomic=255", "transport.tx_budget=8",
+                          "transport.timer_tick_us=10"});
+  Config expected = documented_default();
+  expected.limits.max_sge = 4;
+  expected.limits.max_mr_size = uint64_t{1} << 36;
+  expected.limits.max_rd_atomic = 255;
+  expected.transport.tx_budget = 8;
+  expected.transport.timer_tick_us = 10;
+  EXPECT_EQ(c, expected);
+  // A whole section: the keys it omits get defaults.
+  const Config d =
+      parse(kMinimal, "t", {"transport={max_unacked: 64}", "limits={}"});
+  EXPECT_EQ(d.transport.max_unacked, 64u);
+  EXPECT_EQ(d.transport.ack_req_every, TransportConfig{}.ack_req_every);
+  EXPECT_EQ(d.limits.max_qp, LimitsConfig{}.max_qp);
+  EXPECT_EQ(parse_error(kMinimal, {"limits.max_sge=17"}),
+            "<override>:1:16: key 'limits.max_sge': out of range [1, 16], got "
+            "17");
+  EXPECT_EQ(parse_error(kMinimal, {"transport.max_unacked=0"}),
+            "<override>:1:23: key 'transport.max_unacked': out of range [1, "
+            "8388607], got 0");
+  EXPECT_EQ(parse_error(kMinimal, {"limits.max_qps=1"}),
+            "<override>:1:1: key 'limits.max_qps': unknown key");
 }
 
 TEST(ConfigOverrides, ValueKeepsEqualsSignsAndLastWins) {
