@@ -42,7 +42,7 @@ void sync_comp_psn(Qp& qp) {
 void progress(Engine& e, Qp& qp) {
   qp.comp_.retries_left = qp.retry_cnt_;
   qp.comp_.rnr_left = qp.rnr_retry_;
-  qp.comp_.gap_retry_sent = false;
+  qp.comp_.went_back = false;
   // Restart the timer for what is still outstanding.
   e.timers_.cancel(qp.retrans_timer_);
   if (qp.comp_.psn != qp.req_.max_psn) e.arm_retrans(qp);
@@ -61,7 +61,17 @@ void retry(Engine& e, Qp& qp) {
     return;
   }
   --qp.comp_.retries_left;
+  qp.comp_.went_back = true;
+  qp.comp_.went_back_psn = qp.comp_.psn;
   Requester::go_to_st(e, qp, qp.comp_.psn);
+}
+
+// Go-back-N for a loss an arriving packet revealed (a sequence NAK, a gap
+// in responses, an ACK past an unanswered READ). Packets sent before the
+// go-back reveal the same loss again: act once per PSN until progress.
+void go_back_once(Engine& e, Qp& qp) {
+  if (qp.comp_.went_back && qp.comp_.went_back_psn == qp.comp_.psn) return;
+  retry(e, qp);
 }
 
 // Is `psn` one we sent and have not yet seen acknowledged?
@@ -85,7 +95,7 @@ void on_ack(Engine& e, Qp& qp, uint32_t psn) {
   const uint32_t end = psn_add(psn, 1);
   if (ack_through(e, qp, end)) {
     sync_comp_psn(qp);
-    retry(e, qp);
+    go_back_once(e, qp);
     return;
   }
   if (qp.state_ == IBV_QPS_ERR) return;
@@ -104,7 +114,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   const bool advanced = psn_after(psn, qp.comp_.psn);
   if (ack_through(e, qp, psn)) {
     sync_comp_psn(qp);
-    retry(e, qp);
+    go_back_once(e, qp);
     return;
   }
   if (qp.state_ == IBV_QPS_ERR) return;
@@ -112,6 +122,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   if (advanced) {
     qp.comp_.retries_left = qp.retry_cnt_;
     qp.comp_.rnr_left = qp.rnr_retry_;
+    qp.comp_.went_back = false;
   }
   if (cls == kSynRnr) {
     e.ctr_.inc(ECtr::naks_rnr_rx);
@@ -134,7 +145,10 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   switch (code) {
     case kNakSeq:
       e.ctr_.inc(ECtr::naks_seq_rx);
-      retry(e, qp);
+      // Packets sent before we went back to this PSN raise NAKs for the
+      // same gap: the resend is already under way (one retry per gap).
+      if (advanced) qp.comp_.went_back = false;
+      go_back_once(e, qp);
       return;
     case kNakInvReq:
       e.ctr_.inc(ECtr::naks_inv_req_rx);
@@ -174,10 +188,7 @@ SendWqe* expect_response(Engine& e, Qp& qp, uint32_t psn, bool atomic) {
   // A gap in the responses (an earlier one was lost): go back once per gap.
   e.ctr_.inc(ECtr::rx_out_of_seq);
   ++qp.ctr_.out_of_seq;
-  if (!qp.comp_.gap_retry_sent) {
-    qp.comp_.gap_retry_sent = true;
-    retry(e, qp);
-  }
+  go_back_once(e, qp);
   return nullptr;
 }
 

@@ -132,8 +132,9 @@ class Qp {
     uint8_t rnr_left = 7;
     bool rnr_wait = false;  // waiting for the RNR timer
     uint32_t rnr_psn = 0;
-    bool gap_retry_sent = false;  // read-response gap already acted on
-    bool drained_sent = false;    // IBV_EVENT_SQ_DRAINED raised
+    bool drained_sent = false;   // IBV_EVENT_SQ_DRAINED raised
+    bool went_back = false;      // went back to went_back_psn, no progress
+    uint32_t went_back_psn = 0;  // since: a NAK for it is not news
   } comp_;
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;

@@ -352,6 +352,11 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     return;
   }
   r.nak_sent = false;
+  // The gap a pending sequence/RNR NAK reported is closed: drop that NAK
+  // rather than make the requester go back for nothing.
+  if (r.ack_pending &&
+      (r.ack_syndrome == kSynNakSeq || (r.ack_syndrome & 0xe0) == kSynRnr))
+    r.ack_pending = false;
   if (!sequence_ok(qp, p.op)) {
     e.ctr_.inc(ECtr::rx_bad_opcode_seq);
     fatal(e, qp, kSynNakInvReq, psn);
@@ -402,7 +407,9 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     // The response itself acknowledges everything before it.
     if (r.ack_pending && !is_fatal_nak(r.ack_syndrome)) r.ack_pending = false;
     e.make_ready(qp);
-  } else if (p.f.ack_req) {
+  } else if (p.f.ack_req ||
+             (r.ack_pending && r.ack_syndrome == kSynAckUnlimited)) {
+    // Coalescing: a pending ACK grows to cover every packet executed since.
     queue_ack(e, qp, kSynAckUnlimited, psn);
   }
 }

@@ -1,0 +1,2658 @@
+// Protocol traces of the transport engine (dataplane/transport), one test per
+// rule of BEHAVIOUR.md / IBTA vol. 1 ch. 9. The test plays the peer: it
+// crafts frames with wire::encode_frame and hands them to engine.rx(), and it
+// reads back everything the QP under test transmits through a capturing
+// PacketIo. Time is virtual (ns passed to rx/poll). Each test reads as a
+// trace: what is posted or injected, then `// Expect:` what goes on the wire
+// and into the CQs.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dataplane/transport/engine.h"
+#include "dataplane/transport/psn.h"
+#include "dataplane/wire/codec.h"
+
+namespace urnic::transport {
+namespace {
+
+namespace op = wire::opcode;
+
+constexpr wire::MacAddr kOurMac{{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}};
+constexpr wire::MacAddr kPeerMac{{0x02, 0x00, 0x00, 0x00, 0x00, 0x02}};
+constexpr uint32_t kOurIp = 0x0a000001;   // 10.0.0.1
+constexpr uint32_t kPeerIp = 0x0a000002;  // 10.0.0.2
+constexpr uint32_t kPeerQpn = 0x0abcde;
+constexpr uint64_t kPeerVa = 0x00007f0000001000;  // the peer's memory
+constexpr uint32_t kPeerRkey = 0x00c0ffee;
+constexpr uint32_t kSqPsn = 0x000100;  // our requester's first PSN
+constexpr uint32_t kRqPsn = 0x000500;  // our responder's first ePSN
+
+// AETH syndromes (IBTA 9.3.5, table 43).
+constexpr uint8_t kAck = 0x1f;  // ACK with credits 0x1f ("invalid")
+constexpr uint8_t kRnrNak = 0x20;
+constexpr uint8_t kNakSeq = 0x60;
+constexpr uint8_t kNakInvReq = 0x61;
+constexpr uint8_t kNakRemAccess = 0x62;
+
+constexpr uint64_t kUs = 1000;
+constexpr uint64_t kMs = 1000 * kUs;
+// Timers may fire up to a timer-wheel tick late, never early.
+constexpr uint64_t kSlack = 50 * kUs;
+constexpr uint32_t kMemSize = 1 << 20;
+constexpr unsigned kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC;
+
+// Local ACK timeout: 4.096 us * 2^t (IBTA 9.7.6.1.3).
+constexpr uint64_t ack_timeout_ns(uint8_t t) {
+  return uint64_t{4096} << t;
+}
+
+// IBTA table 45: RNR NAK timer field -> minimum wait, in microseconds.
+constexpr uint64_t kRnrTableUs[32] = {
+    655360, 10,    20,    30,     40,     60,     80,     120,
+    160,    240,   320,   480,    640,    960,    1280,   1920,
+    2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+    40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+constexpr uint64_t rnr_wait_ns(uint8_t code) {
+  return kRnrTableUs[code & 31] * kUs;
+}
+
+// One transmitted packet, decoded.
+struct Pkt {
+  wire::RoceFields f;
+  std::vector<uint8_t> payload;
+};
+
+std::string dump(const std::vector<Pkt>& pkts) {
+  std::ostringstream os;
+  os << pkts.size() << " packet(s):";
+  for (const Pkt& p : pkts) {
+    const wire::OpcodeInfo& i = wire::opcode_info(p.f.opcode);
+    os << "\n  " << (i.valid() ? i.name : "?") << std::hex << " psn=0x"
+       << p.f.psn << " dqpn=0x" << p.f.dqpn << std::dec
+       << " ackreq=" << p.f.ack_req << " len=" << p.payload.size();
+    if (i.has_ext(wire::Ext::kReth))
+      os << std::hex << " reth(va=0x" << p.f.reth_va << " rkey=0x"
+         << p.f.reth_rkey << std::dec << " len=" << p.f.reth_len << ")";
+    if (i.has_ext(wire::Ext::kAeth))
+      os << std::hex << " aeth(syn=0x" << unsigned{p.f.aeth_syndrome}
+         << " msn=0x" << p.f.aeth_msn << ")" << std::dec;
+  }
+  return os.str();
+}
+
+std::vector<uint8_t> pattern(uint32_t len, uint8_t seed) {
+  std::vector<uint8_t> v(len);
+  for (uint32_t i = 0; i < len; ++i)
+    v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return v;
+}
+
+std::vector<uint8_t> slice(const std::vector<uint8_t>& v, size_t off,
+                           size_t len) {
+  return {v.begin() + off, v.begin() + off + len};
+}
+
+class TestResolver : public Resolver {
+ public:
+  int resolve(const uint8_t dgid[16], wire::MacAddr* mac) override {
+    uint8_t peer[16];
+    wire::gid_from_ipv4(kPeerIp, peer);
+    if (std::memcmp(dgid, peer, 16) != 0) return EHOSTUNREACH;
+    *mac = kPeerMac;
+    return 0;
+  }
+};
+
+class CaptureIo : public PacketIo {
+ public:
+  bool transmit(const TxFrame& f) override {
+    if (room == 0) return false;  // TX queue full
+    if (room > 0) --room;
+    std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
+    for (const wire::ConstBuf& p : f.payload)
+      b.insert(b.end(), p.data, p.data + p.len);
+    b.insert(b.end(), f.trailer, f.trailer + f.trailer_len);
+    EXPECT_EQ(b.size(), f.frame_len());
+    frames.push_back(std::move(b));
+    return true;
+  }
+  std::vector<std::vector<uint8_t>> frames;
+  int64_t room = -1;  // frames the TX queue still takes; -1: unlimited
+};
+
+struct QpOpts {
+  uint8_t timeout = 14;  // 67 ms: out of the way unless a test wants it
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t min_rnr_timer = 12;  // 0.64 ms
+  uint8_t max_rd_atomic = 16;
+  uint8_t max_dest_rd_atomic = 16;
+  unsigned access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                    IBV_ACCESS_REMOTE_ATOMIC;
+  uint32_t qkey = 0x11111111;  // UD
+  ibv_qp_state until = IBV_QPS_RTS;
+  uint32_t max_send_wr = 128;
+  Cq* send_cq = nullptr;  // default: the fixture's scq_
+  Srq* srq = nullptr;
+};
+
+class TransportTrace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mem_.reset(new uint8_t[kMemSize]);
+    std::memset(mem_.get(), 0, kMemSize);
+    DeviceConfig cfg;
+    cfg.mac = kOurMac;
+    wire::gid_from_ipv4(kOurIp, cfg.gids[0]);
+    cfg.num_gids = 1;
+    cfg.key_seed = 0x5eed;
+    dev_ = std::make_unique<Device>(cfg, &resolver_);
+    engine_ = std::make_unique<Engine>(*dev_, io_, EngineConfig{}, 0);
+    ASSERT_EQ(dev_->alloc_pd(&pd_), 0);
+    ASSERT_EQ(
+        dev_->reg_mr(pd_, mem_.get(), kMemSize, addr(0), kAllAccess, &mr_), 0);
+    ASSERT_EQ(dev_->create_cq(256, &scq_), 0);
+    ASSERT_EQ(dev_->create_cq(256, &rcq_), 0);
+  }
+
+  // --- set-up -------------------------------------------------------------
+
+  static ibv_ah_attr peer_ah_attr() {
+    ibv_ah_attr ah{};
+    ah.is_global = 1;
+    wire::gid_from_ipv4(kPeerIp, ah.grh.dgid.raw);
+    ah.grh.sgid_index = 0;
+    ah.grh.hop_limit = 64;
+    ah.port_num = 1;
+    return ah;
+  }
+
+  Qp* create_qp(ibv_qp_type type, const QpOpts& o = {}) {
+    QpInitAttr a;
+    a.qp_type = type;
+    a.pd = pd_;
+    a.send_cq = o.send_cq ? o.send_cq : scq_;
+    a.recv_cq = rcq_;
+    a.srq = o.srq;
+    a.cap.max_send_wr = o.max_send_wr;
+    a.cap.max_recv_wr = 128;
+    a.cap.max_send_sge = 4;
+    a.cap.max_recv_sge = 4;
+    a.cap.max_inline_data = kMaxInline;
+    Qp* qp = nullptr;
+    EXPECT_EQ(engine_->create_qp(a, &qp), 0);
+    return qp;
+  }
+
+  // RESET -> INIT -> RTR -> RTS (or up to o.until) with the verbs masks of
+  // ib_modify_qp_is_ok for each transition. 0 or the failing errno.
+  int bring_up(Qp* qp, ibv_qp_type type, uint32_t peer_qpn, uint32_t sq_psn,
+               uint32_t rq_psn, ibv_mtu mtu, const QpOpts& o = {}) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = 1;
+    int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+    if (type == IBV_QPT_UD) {
+      a.qkey = o.qkey;
+      mask |= IBV_QP_QKEY;
+    } else {
+      a.qp_access_flags = o.access;
+      mask |= IBV_QP_ACCESS_FLAGS;
+    }
+    if (int rc = engine_->modify_qp(qp, a, mask)) return rc;
+    if (o.until == IBV_QPS_INIT) return 0;
+
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    mask = IBV_QP_STATE;
+    if (type != IBV_QPT_UD) {
+      a.ah_attr = peer_ah_attr();
+      a.path_mtu = mtu;
+      a.dest_qp_num = peer_qpn;
+      a.rq_psn = rq_psn;
+      mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (type == IBV_QPT_RC) {
+        a.max_dest_rd_atomic = o.max_dest_rd_atomic;
+        a.min_rnr_timer = o.min_rnr_timer;
+        mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      }
+    }
+    if (int rc = engine_->modify_qp(qp, a, mask)) return rc;
+    if (o.until == IBV_QPS_RTR) return 0;
+
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = sq_psn;
+    mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    if (type == IBV_QPT_RC) {
+      a.timeout = o.timeout;
+      a.retry_cnt = o.retry_cnt;
+      a.rnr_retry = o.rnr_retry;
+      a.max_rd_atomic = o.max_rd_atomic;
+      mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+              IBV_QP_MAX_QP_RD_ATOMIC;
+    }
+    return engine_->modify_qp(qp, a, mask);
+  }
+
+  // Creates the QP under test (qp_) and brings it up; nullptr on failure.
+  Qp* up(ibv_qp_type type = IBV_QPT_RC, const QpOpts& o = {},
+         uint32_t sq_psn = kSqPsn, uint32_t rq_psn = kRqPsn,
+         ibv_mtu mtu = IBV_MTU_1024) {
+    qp_ = create_qp(type, o);
+    if (!qp_) return nullptr;
+    int rc = bring_up(qp_, type, kPeerQpn, sq_psn, rq_psn, mtu, o);
+    EXPECT_EQ(rc, 0) << "bring_up";
+    return rc == 0 ? qp_ : nullptr;
+  }
+
+  int to_error(Qp* qp) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    return engine_->modify_qp(qp, a, IBV_QP_STATE);
+  }
+
+  // --- memory -------------------------------------------------------------
+
+  uint64_t addr(uint64_t off) const {
+    return reinterpret_cast<uint64_t>(mem_.get() + off);
+  }
+  uint8_t* at(uint64_t off) { return mem_.get() + off; }
+  Sge sge(uint64_t off, uint32_t len) const {
+    return Sge{addr(off), len, mr_->lkey()};
+  }
+  void put(uint64_t off, const std::vector<uint8_t>& v) {
+    std::memcpy(at(off), v.data(), v.size());
+  }
+  std::vector<uint8_t> bytes(uint64_t off, uint32_t len) {
+    return {at(off), at(off) + len};
+  }
+  uint64_t u64(uint64_t off) {
+    uint64_t v;
+    std::memcpy(&v, at(off), 8);
+    return v;
+  }
+  void set_u64(uint64_t off, uint64_t v) { std::memcpy(at(off), &v, 8); }
+
+  // --- work requests ------------------------------------------------------
+
+  static SendWr wr(uint64_t id, ibv_wr_opcode opcode,
+                   std::initializer_list<Sge> sges,
+                   uint32_t flags = IBV_SEND_SIGNALED) {
+    SendWr w;
+    w.wr_id = id;
+    w.opcode = opcode;
+    w.send_flags = flags;
+    for (const Sge& s : sges) w.sg_list[w.num_sge++] = s;
+    return w;
+  }
+  static SendWr rdma(uint64_t id, ibv_wr_opcode opcode,
+                     std::initializer_list<Sge> sges, uint64_t va,
+                     uint32_t rkey = kPeerRkey,
+                     uint32_t flags = IBV_SEND_SIGNALED) {
+    SendWr w = wr(id, opcode, sges, flags);
+    w.remote_addr = va;
+    w.rkey = rkey;
+    return w;
+  }
+  static RecvWr rwr(uint64_t id, std::initializer_list<Sge> sges) {
+    RecvWr w;
+    w.wr_id = id;
+    for (const Sge& s : sges) w.sg_list[w.num_sge++] = s;
+    return w;
+  }
+  int post(const SendWr& w) { return engine_->post_send(qp_, w); }
+  int post_recv(const RecvWr& w) { return engine_->post_recv(qp_, w); }
+
+  // --- the peer -----------------------------------------------------------
+
+  static wire::RoceFields pkt(uint8_t opcode, uint32_t psn,
+                              bool ack_req = false) {
+    wire::RoceFields f;
+    f.opcode = opcode;
+    f.psn = psn & kPsnMask;
+    f.ack_req = ack_req;
+    return f;
+  }
+  static wire::RoceFields ack(uint32_t psn, uint32_t msn = 0,
+                              uint8_t syndrome = kAck) {
+    wire::RoceFields f = pkt(op::kRcAck, psn);
+    f.aeth_syndrome = syndrome;
+    f.aeth_msn = msn;
+    return f;
+  }
+  static wire::RoceFields nak(uint32_t psn, uint8_t syndrome) {
+    return ack(psn, 0, syndrome);
+  }
+  static wire::RoceFields read_resp(uint8_t opcode, uint32_t psn,
+                                    uint32_t msn = 0) {
+    wire::RoceFields f = pkt(opcode, psn);
+    f.aeth_syndrome = kAck;
+    f.aeth_msn = msn;
+    return f;
+  }
+  wire::RoceFields write_req(uint8_t opcode, uint32_t psn, bool ack_req,
+                             uint64_t va, uint32_t len, uint32_t rkey = 0) {
+    wire::RoceFields f = pkt(opcode, psn, ack_req);
+    f.reth_va = va;
+    f.reth_rkey = rkey ? rkey : mr_->rkey();
+    f.reth_len = len;
+    return f;
+  }
+
+  // Encodes `f` as a frame from the peer to us (MACs, GIDs, dqpn = the QP
+  // under test unless f.dqpn is set), decodes it and hands it to the engine
+  // at the current virtual time.
+  void inject(wire::RoceFields f, std::span<const uint8_t> payload = {}) {
+    f.dst_mac = kOurMac;
+    f.src_mac = kPeerMac;
+    wire::gid_from_ipv4(kPeerIp, f.sgid);
+    wire::gid_from_ipv4(kOurIp, f.dgid);
+    if (f.dqpn == 0) f.dqpn = qp_->qpn();
+    f.payload_len = static_cast<uint32_t>(payload.size());
+    last_frame_.assign(16384, 0);
+    const uint32_t n = wire::encode_frame(
+        f, payload.empty() ? nullptr : payload.data(), last_frame_.data(),
+        static_cast<uint32_t>(last_frame_.size()));
+    ASSERT_GT(n, 0u) << "encode_frame";
+    last_frame_.resize(n);
+    last_fi_ = {};
+    wire::decode(last_frame_.data(), n, last_fi_);
+    ASSERT_EQ(last_fi_.kind, wire::FrameKind::kRoce)
+        << wire::malformed_name(last_fi_.why);
+    const wire::ConstBuf seg{last_frame_.data(), n};
+    engine_->rx(last_fi_, {&seg, 1}, now_);
+  }
+  void inject(const wire::RoceFields& f, const std::vector<uint8_t>& payload) {
+    inject(f, std::span<const uint8_t>(payload));
+  }
+
+  // Runs the engine at virtual time t until it has nothing left to do now.
+  void poll(uint64_t t) {
+    now_ = t;
+    for (int i = 0; i < 1000 && engine_->poll(now_) > 0; ++i) {
+    }
+  }
+  void poll() { poll(now_); }
+
+  // Everything transmitted since the last call, decoded. Every frame must
+  // be a valid RoCEv2 frame (ICRC checked) from us to the peer.
+  std::vector<Pkt> sent() {
+    std::vector<Pkt> out;
+    uint8_t our_gid[16], peer_gid[16];
+    wire::gid_from_ipv4(kOurIp, our_gid);
+    wire::gid_from_ipv4(kPeerIp, peer_gid);
+    for (const std::vector<uint8_t>& b : io_.frames) {
+      wire::FrameInfo fi;
+      wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
+      EXPECT_EQ(fi.kind, wire::FrameKind::kRoce)
+          << "transmitted frame does not decode: "
+          << wire::malformed_name(fi.why);
+      if (fi.kind != wire::FrameKind::kRoce) continue;
+      Pkt p;
+      p.f = fi.roce;
+      p.payload.assign(b.begin() + fi.payload_off,
+                       b.begin() + fi.payload_off + fi.roce.payload_len);
+      EXPECT_EQ(p.f.src_mac, kOurMac);
+      EXPECT_EQ(p.f.dst_mac, kPeerMac);
+      EXPECT_FALSE(p.f.ipv6);
+      EXPECT_EQ(std::memcmp(p.f.sgid, our_gid, 16), 0);
+      EXPECT_EQ(std::memcmp(p.f.dgid, peer_gid, 16), 0);
+      out.push_back(std::move(p));
+    }
+    io_.frames.clear();
+    return out;
+  }
+
+  static std::vector<Pkt> without_acks(const std::vector<Pkt>& v) {
+    std::vector<Pkt> out;
+    for (const Pkt& p : v)
+      if (p.f.opcode != op::kRcAck) out.push_back(p);
+    return out;
+  }
+  static std::vector<Pkt> only_acks(const std::vector<Pkt>& v) {
+    std::vector<Pkt> out;
+    for (const Pkt& p : v)
+      if (p.f.opcode == op::kRcAck) out.push_back(p);
+    return out;
+  }
+
+  std::vector<ibv_wc> cq_poll(Cq* cq = nullptr) {
+    if (!cq) cq = scq_;
+    std::vector<ibv_wc> out;
+    ibv_wc wc[16];
+    for (int n; (n = cq->poll(wc)) > 0;) out.insert(out.end(), wc, wc + n);
+    return out;
+  }
+  std::vector<ibv_wc> rcq_poll() { return cq_poll(rcq_); }
+
+  uint64_t ctr(ECtr c) const { return engine_->counters().get(c); }
+
+  std::unique_ptr<uint8_t[]> mem_;
+  TestResolver resolver_;
+  CaptureIo io_;
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<Engine> engine_;
+  Pd* pd_ = nullptr;
+  Mr* mr_ = nullptr;
+  Cq* scq_ = nullptr;
+  Cq* rcq_ = nullptr;
+  Qp* qp_ = nullptr;
+  uint64_t now_ = 0;
+  std::vector<uint8_t> last_frame_;
+  wire::FrameInfo last_fi_;
+};
+
+// wr_id and status; the opcode too for a successful completion (it is
+// undefined in an error completion).
+#define EXPECT_WC(wc, id, st, opc)   \
+  do {                               \
+    EXPECT_EQ((wc).wr_id, (id));     \
+    EXPECT_EQ((wc).status, (st));    \
+    if ((st) == IBV_WC_SUCCESS) {    \
+      EXPECT_EQ((wc).opcode, (opc)); \
+    }                                \
+  } while (0)
+
+// ===========================================================================
+// Requester: segmentation and headers
+// ===========================================================================
+
+TEST_F(TransportTrace, SendIsCutIntoFirstMiddleLastWithGather) {
+  ASSERT_TRUE(up());
+  put(0x0000, pattern(1000, 1));
+  put(0x4000, pattern(1500, 2));
+  put(0x8000, pattern(500, 3));
+  std::vector<uint8_t> msg = bytes(0x0000, 1000);
+  for (auto v : {bytes(0x4000, 1500), bytes(0x8000, 500)})
+    msg.insert(msg.end(), v.begin(), v.end());
+
+  // Post: SEND 3000 bytes gathered from three SGEs, MTU 1024.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND,
+                    {sge(0x0000, 1000), sge(0x4000, 1500), sge(0x8000, 500)})),
+            0);
+  poll(0);
+  auto p = sent();
+  // Expect: SEND_FIRST P (1024), SEND_MIDDLE P+1 (1024), SEND_LAST P+2 (952)
+  // with AckReq, all to the peer QP, payload = the gathered bytes in order.
+  ASSERT_EQ(p.size(), 3u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendFirst);
+  EXPECT_EQ(p[1].f.opcode, op::kRcSendMiddle);
+  EXPECT_EQ(p[2].f.opcode, op::kRcSendLast);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p[i].f.psn, kSqPsn + i);
+    EXPECT_EQ(p[i].f.dqpn, kPeerQpn);
+    EXPECT_EQ(p[i].f.pkey, 0xffff);
+  }
+  EXPECT_EQ(p[0].payload, slice(msg, 0, 1024));
+  EXPECT_EQ(p[1].payload, slice(msg, 1024, 1024));
+  EXPECT_EQ(p[2].payload, slice(msg, 2048, 952));
+  EXPECT_TRUE(p[2].f.ack_req);
+  EXPECT_FALSE(p[2].f.se);
+  // Expect: nothing completes before the ACK.
+  EXPECT_TRUE(cq_poll().empty());
+
+  // Peer: ACK P+2.
+  inject(ack(kSqPsn + 2, 1));
+  poll(10 * kUs);
+  // Expect: IBV_WC_SEND, byte_len 3000.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].byte_len, 3000u);
+  EXPECT_EQ(wc[0].qp_num, qp_->qpn());
+  EXPECT_TRUE(sent().empty());
+}
+
+TEST_F(TransportTrace, WriteOnlyCarriesReth) {
+  ASSERT_TRUE(up());
+  put(0x1000, pattern(512, 9));
+  // Post: RDMA WRITE 512 bytes to the peer's kPeerVa + 0x40.
+  ASSERT_EQ(
+      post(rdma(2, IBV_WR_RDMA_WRITE, {sge(0x1000, 512)}, kPeerVa + 0x40)), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: RDMA_WRITE_ONLY P, RETH(va, rkey, 512), AckReq, the bytes.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcWriteOnly);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 0x40);
+  EXPECT_EQ(p[0].f.reth_rkey, kPeerRkey);
+  EXPECT_EQ(p[0].f.reth_len, 512u);
+  EXPECT_TRUE(p[0].f.ack_req);
+  EXPECT_EQ(p[0].payload, bytes(0x1000, 512));
+
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  // Expect: IBV_WC_RDMA_WRITE, byte_len 512.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc[0].byte_len, 512u);
+}
+
+TEST_F(TransportTrace, MultiPacketWriteHasRethOnFirstOnly) {
+  ASSERT_TRUE(up());
+  put(0x1000, pattern(2500, 4));
+  // Post: RDMA WRITE 2500 bytes.
+  ASSERT_EQ(post(rdma(3, IBV_WR_RDMA_WRITE, {sge(0x1000, 2500)}, kPeerVa)), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: WRITE_FIRST P with RETH(total length 2500), WRITE_MIDDLE P+1,
+  // WRITE_LAST P+2 (AckReq); no RETH after the first.
+  ASSERT_EQ(p.size(), 3u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcWriteFirst);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa);
+  EXPECT_EQ(p[0].f.reth_rkey, kPeerRkey);
+  EXPECT_EQ(p[0].f.reth_len, 2500u);
+  EXPECT_EQ(p[1].f.opcode, op::kRcWriteMiddle);
+  EXPECT_EQ(p[1].f.reth_len, 0u);
+  EXPECT_EQ(p[2].f.opcode, op::kRcWriteLast);
+  EXPECT_TRUE(p[2].f.ack_req);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p[i].f.psn, kSqPsn + i);
+    EXPECT_EQ(p[i].payload,
+              bytes(0x1000 + 1024 * i, std::min(1024u, 2500 - 1024 * i)));
+  }
+}
+
+TEST_F(TransportTrace, WriteWithImmCarriesImmOnLastOnly) {
+  ASSERT_TRUE(up());
+  put(0x1000, pattern(2100, 5));
+  // Post: WRITE_WITH_IMM 2100 bytes, imm 0xdeadbeef; then a 64-byte one.
+  SendWr w = rdma(4, IBV_WR_RDMA_WRITE_WITH_IMM, {sge(0x1000, 2100)}, kPeerVa);
+  w.imm_data = htonl(0xdeadbeef);
+  ASSERT_EQ(post(w), 0);
+  SendWr w2 =
+      rdma(5, IBV_WR_RDMA_WRITE_WITH_IMM, {sge(0x1000, 64)}, kPeerVa + 0x8000);
+  w2.imm_data = htonl(0x01020304);
+  ASSERT_EQ(post(w2), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: WRITE_FIRST (RETH, no imm), WRITE_MIDDLE,
+  // WRITE_LAST_WITH_IMM imm 0xdeadbeef; then WRITE_ONLY_WITH_IMM (RETH + imm).
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcWriteFirst);
+  EXPECT_EQ(p[0].f.reth_len, 2100u);
+  EXPECT_EQ(p[1].f.opcode, op::kRcWriteMiddle);
+  EXPECT_EQ(p[2].f.opcode, op::kRcWriteLastImm);
+  EXPECT_EQ(p[2].f.imm, 0xdeadbeefu);
+  EXPECT_EQ(p[2].f.psn, kSqPsn + 2);
+  EXPECT_EQ(p[2].payload, bytes(0x1000 + 2048, 52));
+  EXPECT_TRUE(p[2].f.ack_req);
+  EXPECT_EQ(p[3].f.opcode, op::kRcWriteOnlyImm);
+  EXPECT_EQ(p[3].f.psn, kSqPsn + 3);
+  EXPECT_EQ(p[3].f.imm, 0x01020304u);
+  EXPECT_EQ(p[3].f.reth_va, kPeerVa + 0x8000);
+  EXPECT_EQ(p[3].f.reth_len, 64u);
+
+  inject(ack(kSqPsn + 3, 2));
+  poll(5 * kUs);
+  // Expect: both complete as IBV_WC_RDMA_WRITE.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 4u, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc[0].byte_len, 2100u);
+  EXPECT_WC(wc[1], 5u, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+}
+
+TEST_F(TransportTrace, InlineSendCarriesBytesCopiedAtPost) {
+  ASSERT_TRUE(up());
+  // An unregistered stack buffer: inline data needs no lkey.
+  std::vector<uint8_t> src = pattern(200, 0x33);
+  const std::vector<uint8_t> original = src;
+  SendWr w =
+      wr(6, IBV_WR_SEND, {Sge{reinterpret_cast<uint64_t>(src.data()), 200, 0}},
+         IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+  // Post, then overwrite the source before the engine runs.
+  ASSERT_EQ(post(w), 0);
+  std::fill(src.begin(), src.end(), 0xee);
+  poll(0);
+  auto p = sent();
+  // Expect: SEND_ONLY with the bytes as they were at post time.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendOnly);
+  EXPECT_EQ(p[0].payload, original);
+
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 6u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].byte_len, 200u);
+}
+
+TEST_F(TransportTrace, UnsignaledWrHasNoCompletionButLaterSignaledOneDoes) {
+  ASSERT_TRUE(up());
+  // Post: SEND wr 1 unsignaled, SEND wr 2 signaled.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 16)}, 0)), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 16)})), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  // Peer ACKs wr 1 only. Expect: no CQE.
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  EXPECT_TRUE(cq_poll().empty());
+  // Peer ACKs wr 2. Expect: exactly one CQE, wr 2.
+  inject(ack(kSqPsn + 1, 2));
+  poll(6 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, SolicitedSendSetsSeOnLastPacket) {
+  ASSERT_TRUE(up());
+  // Post: SEND 1500 bytes with IBV_SEND_SOLICITED.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 1500)},
+                    IBV_SEND_SIGNALED | IBV_SEND_SOLICITED)),
+            0);
+  poll(0);
+  auto p = sent();
+  // Expect: SE only on SEND_LAST.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_FALSE(p[0].f.se);
+  EXPECT_TRUE(p[1].f.se);
+}
+
+TEST_F(TransportTrace, AckReqAtLeastEveryNthPacket) {
+  ASSERT_TRUE(up(IBV_QPT_RC, {}, kSqPsn, kRqPsn, IBV_MTU_256));
+  const uint32_t n = engine_->config().ack_req_every;
+  // Post: one SEND of 3n+5 packets at MTU 256.
+  const uint32_t pkts = 3 * n + 5;
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, pkts * 256)})), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), pkts) << dump(p);
+  // Expect: no run of more than n packets without AckReq; last has it.
+  uint32_t run = 0;
+  for (const Pkt& k : p) {
+    run = k.f.ack_req ? 0 : run + 1;
+    EXPECT_LT(run, n) << "psn 0x" << std::hex << k.f.psn;
+  }
+  EXPECT_TRUE(p.back().f.ack_req);
+}
+
+TEST_F(TransportTrace, FetchAddSendsAtomicEthAndStoresOriginal) {
+  ASSERT_TRUE(up());
+  set_u64(0xb000, 0);
+  // Post: FETCH_ADD +5 at kPeerVa, original into local 8 bytes.
+  SendWr w = rdma(1, IBV_WR_ATOMIC_FETCH_AND_ADD, {sge(0xb000, 8)}, kPeerVa);
+  w.compare_add = 5;
+  ASSERT_EQ(post(w), 0);
+  // Post: CMP_SWAP compare 0x10 swap 0x20.
+  SendWr c = rdma(2, IBV_WR_ATOMIC_CMP_AND_SWP, {sge(0xb008, 8)}, kPeerVa + 8);
+  c.compare_add = 0x10;
+  c.swap = 0x20;
+  ASSERT_EQ(post(c), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: FETCH_ADD P (AtomicETH va, rkey, add 5), CMP_SWAP P+1.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcFetchAdd);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[0].f.atomic_va, kPeerVa);
+  EXPECT_EQ(p[0].f.atomic_rkey, kPeerRkey);
+  EXPECT_EQ(p[0].f.atomic_swap_add, 5u);
+  EXPECT_TRUE(p[0].f.ack_req);
+  EXPECT_EQ(p[1].f.opcode, op::kRcCmpSwap);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[1].f.atomic_swap_add, 0x20u);
+  EXPECT_EQ(p[1].f.atomic_compare, 0x10u);
+
+  // Peer: ATOMIC_ACKs with the original values.
+  auto a = read_resp(op::kRcAtomicAck, kSqPsn, 1);
+  a.atomic_orig = 0x1122334455667788;
+  inject(a);
+  a = read_resp(op::kRcAtomicAck, kSqPsn + 1, 2);
+  a.atomic_orig = 0x10;
+  inject(a);
+  poll(5 * kUs);
+  // Expect: originals in local memory (host order), two CQEs.
+  EXPECT_EQ(u64(0xb000), 0x1122334455667788u);
+  EXPECT_EQ(u64(0xb008), 0x10u);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_FETCH_ADD);
+  EXPECT_EQ(wc[0].byte_len, 8u);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_COMP_SWAP);
+}
+
+TEST_F(TransportTrace, PostSendRejectsInvalidWrs) {
+  ASSERT_TRUE(up());
+  // Atomic with a local SGE list that is not 8 bytes: EINVAL.
+  SendWr a = rdma(1, IBV_WR_ATOMIC_FETCH_AND_ADD, {sge(0, 4)}, kPeerVa);
+  EXPECT_EQ(post(a), EINVAL);
+  // Inline longer than max_inline_data (kMaxInline): EINVAL.
+  std::vector<uint8_t> big(kMaxInline + 1);
+  EXPECT_EQ(
+      post(wr(2, IBV_WR_SEND,
+              {Sge{reinterpret_cast<uint64_t>(big.data()), kMaxInline + 1, 0}},
+              IBV_SEND_SIGNALED | IBV_SEND_INLINE)),
+      EINVAL);
+  // Nothing went out, nothing completed, QP still RTS.
+  poll(0);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+}
+
+TEST_F(TransportTrace, UcRejectsReadAndAtomics) {
+  ASSERT_TRUE(up(IBV_QPT_UC));
+  EXPECT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0, 8)}, kPeerVa)), EINVAL);
+  EXPECT_EQ(post(rdma(2, IBV_WR_ATOMIC_FETCH_AND_ADD, {sge(0, 8)}, kPeerVa)),
+            EINVAL);
+  EXPECT_EQ(post(rdma(3, IBV_WR_RDMA_WRITE, {sge(0, 8)}, kPeerVa)), 0);
+}
+
+TEST_F(TransportTrace, BadLkeyCompletesWithLocProtErr) {
+  ASSERT_TRUE(up());
+  // Post: SEND whose SGE lkey is wrong, then a good SEND.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {Sge{addr(0), 64, mr_->lkey() ^ 0xff}})),
+            0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 64)})), 0);
+  poll(0);
+  // Expect: nothing sent for wr 1; wr 1 LOC_PROT_ERR, wr 2 flushed, QP ERR.
+  auto p = sent();
+  for (const Pkt& k : p) EXPECT_NE(k.f.psn, kSqPsn) << dump(p);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_LOC_PROT_ERR, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 2u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, PostSendQueueFullAndTooManySges) {
+  QpOpts o;
+  o.max_send_wr = 4;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  QpInitAttr init;
+  ASSERT_EQ(engine_->query_qp(qp_, nullptr, &init), 0);
+  const uint32_t depth = init.cap.max_send_wr;
+  ASSERT_GE(depth, 4u);
+  ASSERT_LE(depth, 64u);
+  // More SGEs than granted: EINVAL.
+  if (init.cap.max_send_sge < kMaxSge) {
+    SendWr w = wr(99, IBV_WR_SEND, {});
+    w.num_sge = init.cap.max_send_sge + 1;
+    for (uint32_t i = 0; i < w.num_sge; ++i) w.sg_list[i] = sge(16 * i, 16);
+    EXPECT_EQ(post(w), EINVAL);
+  }
+  // Fill the send queue without running the engine; one more: ENOMEM.
+  for (uint32_t i = 0; i < depth; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0) << i;
+  EXPECT_EQ(post(wr(100, IBV_WR_SEND, {sge(0, 8)})), ENOMEM);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), depth) << dump(p);
+  EXPECT_EQ(p.back().f.psn, kSqPsn + depth - 1);
+}
+
+TEST_F(TransportTrace, WindowLimitsUnackedPsns) {
+  // An engine whose requester window is 4 PSNs.
+  EngineConfig ec;
+  ec.max_unacked = 4;
+  engine_.reset();
+  engine_ = std::make_unique<Engine>(*dev_, io_, ec, 0);
+  ASSERT_TRUE(up());
+  // Post: six single-packet SENDs.
+  for (uint64_t i = 0; i < 6; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: only P..P+3 go out.
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  EXPECT_EQ(p[3].f.psn, kSqPsn + 3);
+  poll(10 * kUs);
+  EXPECT_TRUE(sent().empty());
+  // Peer: ACK P+1. Expect: wr 1, 2 complete; P+4, P+5 go out.
+  inject(ack(kSqPsn + 1, 2));
+  poll(20 * kUs);
+  EXPECT_EQ(cq_poll().size(), 2u);
+  p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 5);
+}
+
+TEST_F(TransportTrace, TxFullLosesNothing) {
+  ASSERT_TRUE(up());
+  put(0, pattern(2500, 0x5a));
+  // The TX queue takes one frame, then is full.
+  io_.room = 1;
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 2500)})), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendFirst);
+  EXPECT_GE(ctr(ECtr::tx_full), 1u);
+  EXPECT_TRUE(engine_->busy());
+  // TX has room again. Expect: the rest, in order, nothing lost or doubled.
+  io_.room = -1;
+  poll(1 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendMiddle);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[0].payload, bytes(1024, 1024));
+  EXPECT_EQ(p[1].f.opcode, op::kRcSendLast);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 2);
+  // Responder side: an ACK due while TX is full is sent later.
+  ASSERT_EQ(post_recv(rwr(7, {sge(0x10000, 64)})), 0);
+  io_.room = 0;
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(8, 1));
+  poll(2 * kUs);
+  EXPECT_TRUE(sent().empty());
+  io_.room = -1;
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+}
+
+TEST_F(TransportTrace, SqdQueuesPostedWrsUntilRts) {
+  ASSERT_TRUE(up());
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_SQD;
+  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  // Post in SQD: accepted, not sent.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  EXPECT_TRUE(sent().empty());
+  // SQD -> RTS. Expect: the WR goes out.
+  a.qp_state = IBV_QPS_RTS;
+  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+}
+
+TEST_F(TransportTrace, LocalProtectionErrorCompletesAfterEarlierWrs) {
+  ASSERT_TRUE(up());
+  // Post: good SEND wr 1, SEND wr 2 with a bad lkey, SEND wr 3.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {Sge{addr(0), 8, mr_->lkey() ^ 0xff}})), 0);
+  ASSERT_EQ(post(wr(3, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  // Expect: only wr 1 goes out; nothing completes before its ACK.
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_TRUE(cq_poll().empty());
+  // Peer: ACK P. Expect: wr 1 SUCCESS, wr 2 LOC_PROT_ERR, wr 3 flushed.
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 3u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 2u, IBV_WC_LOC_PROT_ERR, IBV_WC_SEND);
+  EXPECT_WC(wc[2], 3u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_TRUE(sent().empty());
+}
+
+// ===========================================================================
+// Completer: ACKs
+// ===========================================================================
+
+TEST_F(TransportTrace, AckCompletesCoveredWrsOnly) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 100)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 100)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  // Peer: ACK P. Expect: wr 1 only.
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].byte_len, 100u);
+  // Peer: ACK P+1. Expect: wr 2.
+  inject(ack(kSqPsn + 1, 2));
+  poll(6 * kUs);
+  wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(ctr(ECtr::acks_rx), 2u);
+}
+
+TEST_F(TransportTrace, CoalescedAckCompletesSeveralWrsInOrder) {
+  ASSERT_TRUE(up());
+  // Post: SEND, SEND (2 packets), WRITE: PSNs P, P+1..P+2, P+3.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 10)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 2000)})), 0);
+  ASSERT_EQ(post(rdma(3, IBV_WR_RDMA_WRITE, {sge(0, 30)}, kPeerVa)), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  EXPECT_EQ(p[3].f.psn, kSqPsn + 3);
+  // Peer: one ACK for P+3.
+  inject(ack(kSqPsn + 3, 3));
+  poll(5 * kUs);
+  // Expect: three CQEs in SQ order.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 3u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].byte_len, 10u);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[1].byte_len, 2000u);
+  EXPECT_WC(wc[2], 3u, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc[2].byte_len, 30u);
+}
+
+TEST_F(TransportTrace, DuplicateAckIsIgnoredAndCounted) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  ASSERT_EQ(cq_poll().size(), 1u);
+  const uint64_t dup0 = ctr(ECtr::rx_dup);
+  // Peer: the same ACK P again (older than the oldest unacked P+1).
+  inject(ack(kSqPsn, 1));
+  poll(6 * kUs);
+  // Expect: ignored: no CQE, nothing sent, counted rx_dup.
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_TRUE(sent().empty());
+  EXPECT_EQ(ctr(ECtr::rx_dup), dup0 + 1);
+  // Peer: ACK P+1. Expect: wr 2 completes.
+  inject(ack(kSqPsn + 1, 2));
+  poll(7 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, GhostAckBeyondSentIsIgnoredAndCounted) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Peer: ACK P+5, never sent.
+  inject(ack(kSqPsn + 5, 1));
+  poll(5 * kUs);
+  // Expect: ignored, counted rx_ghost_ack; wr 1 still outstanding.
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_ghost_ack), 1u);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+  // Peer: the real ACK P. Expect: wr 1 completes.
+  inject(ack(kSqPsn, 1));
+  poll(6 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+// ===========================================================================
+// Responder
+// ===========================================================================
+
+TEST_F(TransportTrace, InOrderSendFillsRecvAndIsAckedWithMsn) {
+  ASSERT_TRUE(up());
+  // Post: RECV 0x77 (100 + 4000 bytes), RECV 0x78 (same).
+  ASSERT_EQ(post_recv(rwr(0x77, {sge(0x10000, 100), sge(0x20000, 4000)})), 0);
+  ASSERT_EQ(post_recv(rwr(0x78, {sge(0x30000, 100), sge(0x40000, 4000)})), 0);
+  // Peer: SEND_ONLY ePSN, AckReq, 64 bytes.
+  const auto m1 = pattern(64, 0x40);
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), m1);
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: ACK psn ePSN, syndrome 0x1f, MSN 1.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[0].f.dqpn, kPeerQpn);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  // Expect: IBV_WC_RECV wr 0x77, byte_len 64, data in the first SGE.
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 0x77u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 64u);
+  EXPECT_EQ(wc[0].qp_num, qp_->qpn());
+  EXPECT_EQ(wc[0].wc_flags & IBV_WC_WITH_IMM, 0u);
+  EXPECT_EQ(bytes(0x10000, 64), m1);
+
+  // Peer: SEND_FIRST/MIDDLE/LAST_WITH_IMM (1024+1024+300), AckReq on last.
+  const auto m2 = pattern(2348, 0x50);
+  inject(pkt(op::kRcSendFirst, kRqPsn + 1), slice(m2, 0, 1024));
+  inject(pkt(op::kRcSendMiddle, kRqPsn + 2), slice(m2, 1024, 1024));
+  auto last = pkt(op::kRcSendLastImm, kRqPsn + 3, true);
+  last.imm = 0x01020304;
+  inject(last, slice(m2, 2048, 300));
+  poll(2 * kUs);
+  p = sent();
+  // Expect: one ACK psn ePSN+3, MSN 2.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 3);
+  EXPECT_EQ(p[0].f.aeth_msn, 2u);
+  // Expect: RECV wr 0x78, byte_len 2348, WITH_IMM, scattered 100 + 2248.
+  wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 0x78u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 2348u);
+  EXPECT_TRUE(wc[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(wc[0].imm_data, htonl(0x01020304));
+  EXPECT_EQ(bytes(0x30000, 100), slice(m2, 0, 100));
+  EXPECT_EQ(bytes(0x40000, 2248), slice(m2, 100, 2248));
+}
+
+TEST_F(TransportTrace, WriteWithImmConsumesRecvAndCompletesRecvRdmaWithImm) {
+  ASSERT_TRUE(up());
+  std::memset(at(0x10000), 0xaa, 64);
+  ASSERT_EQ(post_recv(rwr(5, {sge(0x10000, 64)})), 0);
+  // Peer: WRITE_ONLY_WITH_IMM 200 bytes to 0x30000, imm 0xcafef00d.
+  const auto data = pattern(200, 0x61);
+  auto f = write_req(op::kRcWriteOnlyImm, kRqPsn, true, addr(0x30000), 200);
+  f.imm = 0xcafef00d;
+  inject(f, data);
+  poll(1 * kUs);
+  // Expect: data in memory, ACK ePSN MSN 1.
+  EXPECT_EQ(bytes(0x30000, 200), data);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  // Expect: RECV_RDMA_WITH_IMM wr 5, byte_len 200, imm; receive buffer not
+  // written.
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 5u, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(wc[0].byte_len, 200u);
+  EXPECT_TRUE(wc[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(wc[0].imm_data, htonl(0xcafef00d));
+  EXPECT_EQ(bytes(0x10000, 64), std::vector<uint8_t>(64, 0xaa));
+}
+
+TEST_F(TransportTrace, MultiPacketWriteLandsInMemory) {
+  ASSERT_TRUE(up());
+  const auto data = pattern(2500, 0x71);
+  // Peer: WRITE_FIRST (RETH 2500), WRITE_MIDDLE, WRITE_LAST (AckReq).
+  inject(write_req(op::kRcWriteFirst, kRqPsn, false, addr(0x50000), 2500),
+         slice(data, 0, 1024));
+  inject(pkt(op::kRcWriteMiddle, kRqPsn + 1), slice(data, 1024, 1024));
+  inject(pkt(op::kRcWriteLast, kRqPsn + 2, true), slice(data, 2048, 452));
+  poll(1 * kUs);
+  // Expect: all 2500 bytes written; one ACK ePSN+2 MSN 1; no receive CQE.
+  EXPECT_EQ(bytes(0x50000, 2500), data);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 2);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  EXPECT_TRUE(rcq_poll().empty());
+}
+
+TEST_F(TransportTrace, DuplicateSendIsReAckedNotExecuted) {
+  ASSERT_TRUE(up());
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_EQ(post_recv(rwr(i + 1, {sge(0x10000 + 0x1000 * i, 256)})), 0);
+  // Peer: SEND_ONLY R and R+1, both acknowledged.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
+  inject(pkt(op::kRcSendOnly, kRqPsn + 1, true), pattern(32, 2));
+  poll(1 * kUs);
+  ASSERT_EQ(sent().size(), 1u);
+  ASSERT_EQ(rcq_poll().size(), 2u);
+  // Peer: SEND R again (it missed the ACK and went back).
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
+  poll(2 * kUs);
+  // Expect: re-ACK with PSN ePSN-1 = R+1, MSN 2; no receive consumed;
+  // counted rx_dup.
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[0].f.aeth_msn, 2u);
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_dup), 1u);
+  // Peer: the next new SEND R+2 lands in RECV 3.
+  inject(pkt(op::kRcSendOnly, kRqPsn + 2, true), pattern(32, 3));
+  poll(3 * kUs);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_RECV);
+}
+
+TEST_F(TransportTrace, DuplicateReadIsReplayedIncludingSubRange) {
+  ASSERT_TRUE(up());
+  put(0x60000, pattern(2500, 0x11));
+  // Peer: READ_REQUEST ePSN, RETH(0x60000, 2500).
+  auto rd = write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 2500);
+  inject(rd);
+  poll(1 * kUs);
+  auto p = without_acks(sent());
+  // Expect: READ_RESPONSE FIRST R (1024), MIDDLE R+1 (1024), LAST R+2 (452),
+  // AETH ACK on FIRST and LAST.
+  ASSERT_EQ(p.size(), 3u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespFirst);
+  EXPECT_EQ(p[1].f.opcode, op::kRcReadRespMiddle);
+  EXPECT_EQ(p[2].f.opcode, op::kRcReadRespLast);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[2].f.aeth_syndrome, kAck);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p[i].f.psn, kRqPsn + i);
+    EXPECT_EQ(p[i].payload,
+              bytes(0x60000 + 1024 * i, std::min(1024u, 2500 - 1024 * i)));
+  }
+
+  // The memory changes; the peer repeats the whole request (responses lost).
+  put(0x60000, pattern(2500, 0x22));
+  inject(rd);
+  poll(2 * kUs);
+  p = without_acks(sent());
+  // Expect: replayed at R, R+1, R+2 with the same lengths (current memory).
+  ASSERT_EQ(p.size(), 3u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespFirst);
+  EXPECT_EQ(p[2].f.opcode, op::kRcReadRespLast);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p[i].f.psn, kRqPsn + i);
+    EXPECT_EQ(p[i].payload,
+              bytes(0x60000 + 1024 * i, std::min(1024u, 2500 - 1024 * i)));
+  }
+  EXPECT_GE(ctr(ECtr::read_replays), 1u);
+  EXPECT_GE(ctr(ECtr::rx_dup), 1u);
+
+  // Peer: sub-range re-request: PSN R+1, va + 1024, len 1476.
+  auto sub = write_req(op::kRcReadRequest, kRqPsn + 1, true,
+                       addr(0x60000 + 1024), 1476);
+  inject(sub);
+  poll(3 * kUs);
+  p = without_acks(sent());
+  // Expect: FIRST R+1 (1024 from va+1024), LAST R+2 (452 from va+2048).
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespFirst);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[0].payload, bytes(0x60000 + 1024, 1024));
+  EXPECT_EQ(p[1].f.opcode, op::kRcReadRespLast);
+  EXPECT_EQ(p[1].f.psn, kRqPsn + 2);
+  EXPECT_EQ(p[1].payload, bytes(0x60000 + 2048, 452));
+
+  // Peer: a new READ at R+3 (ePSN was not moved by the replays).
+  inject(write_req(op::kRcReadRequest, kRqPsn + 3, true, addr(0x60000), 8));
+  poll(4 * kUs);
+  p = without_acks(sent());
+  // Expect: READ_RESPONSE_ONLY R+3.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespOnly);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 3);
+  EXPECT_EQ(p[0].payload, bytes(0x60000, 8));
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+}
+
+TEST_F(TransportTrace, DuplicateAtomicReturnsSavedValueWithoutReexecuting) {
+  ASSERT_TRUE(up());
+  set_u64(0x70000, 100);
+  // Peer: FETCH_ADD +5 at ePSN.
+  auto fa = pkt(op::kRcFetchAdd, kRqPsn, true);
+  fa.atomic_va = addr(0x70000);
+  fa.atomic_rkey = mr_->rkey();
+  fa.atomic_swap_add = 5;
+  inject(fa);
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: ATOMIC_ACK R orig 100, MSN 1; memory 105.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAtomicAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  EXPECT_EQ(p[0].f.atomic_orig, 100u);
+  EXPECT_EQ(u64(0x70000), 105u);
+
+  // Peer: the same FETCH_ADD again (its ACK was lost).
+  inject(fa);
+  poll(2 * kUs);
+  p = sent();
+  // Expect: ATOMIC_ACK R with the saved original 100; memory still 105.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAtomicAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[0].f.atomic_orig, 100u);
+  EXPECT_EQ(u64(0x70000), 105u);
+  EXPECT_EQ(ctr(ECtr::atomic_replays), 1u);
+
+  // Peer: a new CMP_SWAP(105 -> 7) at R+1. Expect: orig 105, memory 7.
+  auto cs = pkt(op::kRcCmpSwap, kRqPsn + 1, true);
+  cs.atomic_va = addr(0x70000);
+  cs.atomic_rkey = mr_->rkey();
+  cs.atomic_compare = 105;
+  cs.atomic_swap_add = 7;
+  inject(cs);
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[0].f.atomic_orig, 105u);
+  EXPECT_EQ(u64(0x70000), 7u);
+}
+
+TEST_F(TransportTrace, OutOfSequenceGetsOneNakPerGap) {
+  ASSERT_TRUE(up());
+  auto w = [&](uint32_t psn) {
+    return write_req(op::kRcWriteOnly, psn, true,
+                     addr(0x10000 + 64 * ((psn - kRqPsn) & 0xff)), 16);
+  };
+  // Peer: WRITE at ePSN+2 (ePSN and ePSN+1 lost).
+  inject(w(kRqPsn + 2), pattern(16, 2));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: one NAK seq error with PSN ePSN; nothing written.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakSeq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(bytes(0x10000 + 128, 16), std::vector<uint8_t>(16, 0));
+  // Peer: ePSN+3, still out of sequence. Expect: dropped silently.
+  inject(w(kRqPsn + 3), pattern(16, 3));
+  poll(2 * kUs);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_EQ(ctr(ECtr::naks_seq_tx), 1u);
+  EXPECT_GE(ctr(ECtr::rx_out_of_seq), 1u);
+  // Peer: go-back-N from ePSN: ePSN, ePSN+1.
+  inject(w(kRqPsn), pattern(16, 0));
+  inject(w(kRqPsn + 1), pattern(16, 1));
+  poll(3 * kUs);
+  p = sent();
+  // Expect: accepted: one coalesced ACK ePSN+1 MSN 2; data written.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[0].f.aeth_msn, 2u);
+  EXPECT_EQ(bytes(0x10000, 16), pattern(16, 0));
+  EXPECT_EQ(bytes(0x10000 + 64, 16), pattern(16, 1));
+  // Peer: a new gap: ePSN+4 while ePSN+2 is expected.
+  inject(w(kRqPsn + 4), pattern(16, 4));
+  poll(4 * kUs);
+  p = sent();
+  // Expect: a new NAK seq error with PSN ePSN+2.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakSeq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 2);
+  EXPECT_EQ(ctr(ECtr::naks_seq_tx), 2u);
+}
+
+TEST_F(TransportTrace, SendWithoutRecvGetsRnrNakWithMinRnrTimer) {
+  QpOpts o;
+  o.min_rnr_timer = 14;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  // Peer: SEND_ONLY ePSN, no receive WR posted.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(40, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: RNR NAK 0x20|14 with this packet's PSN; no completion.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kRnrNak | 14);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::naks_rnr_tx), 1u);
+  // Post a RECV; the peer retries the same PSN (ePSN was not advanced).
+  ASSERT_EQ(post_recv(rwr(9, {sge(0x10000, 64)})), 0);
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(40, 1));
+  poll(2 * kMs);
+  p = sent();
+  // Expect: ACK ePSN MSN 1; RECV completes with 40 bytes.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 9u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 40u);
+}
+
+TEST_F(TransportTrace, RecvTooSmallNaksInvalidRequestAndFailsRecv) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post_recv(rwr(3, {sge(0x10000, 32)})), 0);
+  // Peer: SEND_ONLY of 64 bytes into a 32-byte receive buffer.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(64, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: NAK invalid request; RECV wr 3 LOC_LEN_ERR; QP ERR.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 3u, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, MisalignedAtomicNaksInvalidRequest) {
+  ASSERT_TRUE(up());
+  set_u64(0x70000, 1);
+  auto fa = pkt(op::kRcFetchAdd, kRqPsn, true);
+  fa.atomic_va = addr(0x70004);  // not 8-byte aligned
+  fa.atomic_rkey = mr_->rkey();
+  fa.atomic_swap_add = 1;
+  inject(fa);
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: NAK invalid request, no ATOMIC_ACK, memory untouched.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(u64(0x70000), 1u);
+}
+
+TEST_F(TransportTrace, ZeroLengthWriteDoesNotCheckRkey) {
+  ASSERT_TRUE(up());
+  // Peer: WRITE_ONLY length 0 with a bogus rkey and va.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, 0x1234, 0, 0xbadbad));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: plain ACK, QP stays RTS.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+}
+
+TEST_F(TransportTrace, PacketsForQpNotReadyOrUnknownAreDropped) {
+  QpOpts o;
+  o.until = IBV_QPS_INIT;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 64)})), 0);
+  // Peer: SEND to a QP in INIT. Expect: dropped, rx_bad_state, no reply.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(8, 1));
+  poll(1 * kUs);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_bad_state), 1u);
+  // Peer: SEND to a QPN that does not exist. Expect: rx_no_qp.
+  auto f = pkt(op::kRcSendOnly, kRqPsn, true);
+  f.dqpn = 0xfffff0;
+  inject(f, pattern(8, 1));
+  poll(2 * kUs);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_EQ(ctr(ECtr::rx_no_qp), 1u);
+}
+
+TEST_F(TransportTrace, CoalescedAckCarriesEpsnMinusOne) {
+  ASSERT_TRUE(up());
+  // Peer: WRITE_ONLY R with AckReq, WRITE_ONLY R+1 without; then poll.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, addr(0x30000), 16),
+         pattern(16, 1));
+  inject(write_req(op::kRcWriteOnly, kRqPsn + 1, false, addr(0x30100), 16),
+         pattern(16, 2));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: one ACK, PSN = ePSN-1 = R+1, MSN 2 (BEHAVIOUR.md: coalesced).
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[0].f.aeth_msn, 2u);
+}
+
+TEST_F(TransportTrace, AckIsNotSentAheadOfEarlierReadResponses) {
+  ASSERT_TRUE(up());
+  put(0x60000, pattern(2000, 3));
+  // Peer: READ R (2000 bytes: R, R+1), WRITE_ONLY R+2 with AckReq.
+  inject(write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 2000));
+  inject(write_req(op::kRcWriteOnly, kRqPsn + 2, true, addr(0x30000), 16),
+         pattern(16, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: READ_RESPONSE_FIRST R, READ_RESPONSE_LAST R+1, then ACK R+2.
+  ASSERT_EQ(p.size(), 3u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespFirst);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[1].f.opcode, op::kRcReadRespLast);
+  EXPECT_EQ(p[1].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[1].payload, bytes(0x60000 + 1024, 976));
+  EXPECT_EQ(p[2].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[2].f.psn, kRqPsn + 2);
+  EXPECT_EQ(p[2].f.aeth_msn, 2u);
+}
+
+TEST_F(TransportTrace, MoreReadsThanMaxDestRdAtomicNakInvalidRequest) {
+  QpOpts o;
+  o.max_dest_rd_atomic = 1;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  // Peer: READ R and READ R+1 back to back (the requester ignores our
+  // limit of one outstanding READ/ATOMIC).
+  inject(write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 8));
+  inject(write_req(op::kRcReadRequest, kRqPsn + 1, true, addr(0x60000), 8));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: the first is answered, the second gets NAK invalid request.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespOnly);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[1].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[1].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[1].f.psn, kRqPsn + 1);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, SolicitedOnlyNotifyWakesOnSolicitedCompletion) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 64)})), 0);
+  ASSERT_EQ(post_recv(rwr(2, {sge(0x10100, 64)})), 0);
+  rcq_->req_notify(true);
+  // Peer: SEND_ONLY without SE. Expect: a completion, no event.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(8, 1));
+  poll(1 * kUs);
+  EXPECT_EQ(rcq_poll().size(), 1u);
+  EXPECT_EQ(rcq_->events(), 0u);
+  // Peer: SEND_ONLY with SE. Expect: a completion and one event.
+  auto f = pkt(op::kRcSendOnly, kRqPsn + 1, true);
+  f.se = true;
+  inject(f, pattern(8, 2));
+  poll(2 * kUs);
+  EXPECT_EQ(rcq_poll().size(), 1u);
+  EXPECT_EQ(rcq_->events(), 1u);
+}
+
+TEST_F(TransportTrace, SrqFeedsReceivesAndKeepsItsWrsOnQpError) {
+  Srq* srq = nullptr;
+  ASSERT_EQ(dev_->create_srq(pd_, 8, 4, &srq), 0);
+  QpOpts o;
+  o.srq = srq;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_EQ(srq->post(rwr(i + 1, {sge(0x10000 + 0x1000 * i, 256)})), 0);
+  ibv_srq_attr sa{};
+  sa.srq_limit = 2;
+  ASSERT_EQ(dev_->modify_srq(srq, sa, IBV_SRQ_LIMIT), 0);
+  EXPECT_EQ(post_recv(rwr(9, {sge(0x10000, 8)})), EINVAL);  // RQ is the SRQ
+  // Peer: two SENDs. Expect: SRQ WRs 1 and 2 in order; the limit event
+  // when fewer than 2 remain.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
+  inject(pkt(op::kRcSendOnly, kRqPsn + 1, true), pattern(48, 2));
+  poll(1 * kUs);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 32u);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(bytes(0x11000, 48), pattern(48, 2));
+  EXPECT_EQ(srq->size(), 1u);
+  bool limit_event = false;
+  for (AsyncEvent ev; dev_->next_event(&ev);)
+    limit_event |= ev.type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.srq == srq;
+  EXPECT_TRUE(limit_event);
+  // QP -> ERR. Expect: no receive flushed; the SRQ keeps its WR.
+  ASSERT_EQ(to_error(qp_), 0);
+  poll(2 * kUs);
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(srq->size(), 1u);
+}
+
+TEST_F(TransportTrace, RestOfRnrNakedMessageIsDroppedSilently) {
+  ASSERT_TRUE(up());
+  const auto m = pattern(2148, 0x44);
+  auto send3 = [&] {
+    inject(pkt(op::kRcSendFirst, kRqPsn), slice(m, 0, 1024));
+    inject(pkt(op::kRcSendMiddle, kRqPsn + 1), slice(m, 1024, 1024));
+    inject(pkt(op::kRcSendLast, kRqPsn + 2, true), slice(m, 2048, 100));
+  };
+  // Peer: a 3-packet SEND, no receive WR posted.
+  send3();
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: one RNR NAK at R; MIDDLE/LAST dropped without a sequence NAK.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome & 0xe0, kRnrNak);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(ctr(ECtr::naks_seq_tx), 0u);
+  // A RECV is posted; the peer retries the whole message.
+  ASSERT_EQ(post_recv(rwr(4, {sge(0x10000, 4096)})), 0);
+  send3();
+  poll(1 * kMs);
+  p = sent();
+  // Expect: ACK R+2 MSN 1 and the receive completion.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 2);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 4u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 2148u);
+  EXPECT_EQ(bytes(0x10000, 2148), m);
+}
+
+// ===========================================================================
+// Requester: RNR
+// ===========================================================================
+
+TEST_F(TransportTrace, RnrNakWaitsTable45TimeThenRetransmits) {
+  ASSERT_TRUE(up());
+  const auto data = pattern(300, 0x21);
+  put(0, data);
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 300)})), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  // Peer at t=100us: RNR NAK P, timer code 14 (1.28 ms).
+  const uint64_t t_nak = 100 * kUs;
+  now_ = t_nak;
+  inject(nak(kSqPsn, kRnrNak | 14));
+  poll(t_nak);
+  // Expect: nothing until 1.28 ms after the NAK.
+  EXPECT_TRUE(sent().empty());
+  poll(t_nak + rnr_wait_ns(14) - 1);
+  p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  // Expect: then the same SEND_ONLY P is retransmitted.
+  poll(t_nak + rnr_wait_ns(14) + kSlack);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendOnly);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[0].payload, data);
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::naks_rnr_rx), 1u);
+  EXPECT_EQ(ctr(ECtr::rnr_waits), 1u);
+  // Peer: ACK P. Expect: success.
+  inject(ack(kSqPsn, 1));
+  poll();
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, RnrRetryExhaustedCompletesRnrRetryExcErr) {
+  QpOpts o;
+  o.rnr_retry = 2;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)}, 0)), 0);  // unsignaled
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  uint64_t t = 0;
+  // Two RNR NAKs (code 1: 10 us): each is followed by a resend from P.
+  for (int i = 0; i < 2; ++i) {
+    t += 20 * kUs;
+    now_ = t;
+    inject(nak(kSqPsn, kRnrNak | 1));
+    t += rnr_wait_ns(1) + kSlack;
+    poll(t);
+    auto p = sent();
+    ASSERT_GE(p.size(), 1u) << "retry " << i;
+    EXPECT_EQ(p[0].f.psn, kSqPsn);
+    EXPECT_EQ(p[0].f.opcode, op::kRcSendOnly);
+  }
+  // Third RNR NAK: retries exhausted.
+  t += 20 * kUs;
+  now_ = t;
+  inject(nak(kSqPsn, kRnrNak | 1));
+  poll(t + rnr_wait_ns(1) + kSlack);
+  // Expect: no resend; wr 1 RNR_RETRY_EXC_ERR, wr 2 flushed; QP ERR.
+  auto p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_RNR_RETRY_EXC_ERR, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 2u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].qp_num, qp_->qpn());
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, RnrRetry7IsInfinite) {
+  QpOpts o;
+  o.rnr_retry = 7;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  uint64_t t = 0;
+  // 20 RNR NAKs, each followed by a resend of P.
+  for (int i = 0; i < 20; ++i) {
+    t += 20 * kUs;
+    now_ = t;
+    inject(nak(kSqPsn, kRnrNak | 1));
+    t += rnr_wait_ns(1) + kSlack;
+    poll(t);
+    auto p = sent();
+    ASSERT_EQ(p.size(), 1u) << "rnr " << i << " " << dump(p);
+    EXPECT_EQ(p[0].f.psn, kSqPsn);
+  }
+  EXPECT_TRUE(cq_poll().empty());
+  // Peer: ACK. Expect: success.
+  inject(ack(kSqPsn, 1));
+  poll();
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(ctr(ECtr::rnr_waits), 20u);
+}
+
+TEST_F(TransportTrace, RnrNakImpliesAckAndCode0Waits655Ms) {
+  ASSERT_TRUE(up());  // retransmit timeout 67 ms: must not fire meanwhile
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  // Peer at 10 us: RNR NAK at P+1, timer code 0 (655.36 ms).
+  now_ = 10 * kUs;
+  inject(nak(kSqPsn + 1, kRnrNak | 0));
+  poll(10 * kUs);
+  // Expect: wr 1 (P) completes: implied ACK.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  // Expect: nothing until 655.36 ms after the NAK, then P+1 again.
+  poll(10 * kUs + 100 * kMs);
+  poll(10 * kUs + rnr_wait_ns(0) - 1);
+  auto p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  poll(10 * kUs + rnr_wait_ns(0) + kSlack);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendOnly);
+}
+
+TEST_F(TransportTrace, RnrRetryZeroFailsOnFirstRnrNak) {
+  QpOpts o;
+  o.rnr_retry = 0;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  inject(nak(kSqPsn, kRnrNak | 1));
+  poll(1 * kMs);
+  // Expect: no retry at all; RNR_RETRY_EXC_ERR.
+  auto p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_RNR_RETRY_EXC_ERR, IBV_WC_SEND);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+// ===========================================================================
+// Requester: retransmit timer, go-back-N
+// ===========================================================================
+
+TEST_F(TransportTrace, RetransmitTimerResendsSamePacketAfterTimeout) {
+  QpOpts o;
+  o.timeout = 10;  // 4.194304 ms
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  const auto data = pattern(100, 0x31);
+  put(0, data);
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 100)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Expect: nothing before 4.096 us * 2^10.
+  poll(T - 1);
+  auto p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  // Expect: after it, the same SEND_ONLY P with the same bytes.
+  poll(T + kSlack);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendOnly);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_TRUE(p[0].f.ack_req);
+  EXPECT_EQ(p[0].payload, data);
+  EXPECT_EQ(ctr(ECtr::timeouts), 1u);
+  EXPECT_GE(ctr(ECtr::retransmits), 1u);
+  inject(ack(kSqPsn, 1));
+  poll();
+  EXPECT_EQ(cq_poll().size(), 1u);
+}
+
+TEST_F(TransportTrace, RetryExhaustedAfterRetryCntRetransmitsThenFlush) {
+  QpOpts o;
+  o.timeout = 10;
+  o.retry_cnt = 3;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  // Post: SEND wr 1, SEND wr 2 (unsignaled), WRITE wr 3; RECV wr 9.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)}, 0)), 0);
+  ASSERT_EQ(post(rdma(3, IBV_WR_RDMA_WRITE, {sge(0, 8)}, kPeerVa)), 0);
+  ASSERT_EQ(post_recv(rwr(9, {sge(0x10000, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 3u);
+  // Three timeouts: each resends P, P+1, P+2 (never early).
+  uint64_t t = 0;
+  int resends_of_p = 0;
+  for (int i = 0; i < 3; ++i) {
+    poll(t + T - 1);
+    auto early = sent();
+    EXPECT_TRUE(early.empty()) << "retry " << i << " " << dump(early);
+    t += T + kSlack;
+    poll(t);
+    auto p = sent();
+    ASSERT_EQ(p.size(), 3u) << "retry " << i << " " << dump(p);
+    for (uint32_t k = 0; k < 3; ++k) EXPECT_EQ(p[k].f.psn, kSqPsn + k);
+    resends_of_p += p[0].f.psn == kSqPsn;
+    EXPECT_TRUE(cq_poll().empty());
+  }
+  EXPECT_EQ(resends_of_p, 3);
+  // Fourth timeout: retries exhausted.
+  t += T + kSlack;
+  poll(t);
+  auto p = sent();
+  // Expect: no 4th resend; wr 1 RETRY_EXC_ERR, wr 2 and 3 flushed in order
+  // (wr 2 although unsignaled); RECV 9 flushed; QP ERR.
+  EXPECT_TRUE(p.empty()) << dump(p);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 3u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_RETRY_EXC_ERR, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 2u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  EXPECT_WC(wc[2], 3u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  auto rwc = rcq_poll();
+  ASSERT_EQ(rwc.size(), 1u);
+  EXPECT_WC(rwc[0], 9u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(ctr(ECtr::timeouts), 4u);
+}
+
+TEST_F(TransportTrace, PartialAckThenTimeoutResumesWriteMidMessage) {
+  QpOpts o;
+  o.timeout = 10;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  put(0x1000, pattern(4096, 0x41));
+  // Post: WRITE 4096 bytes: WRITE_FIRST P .. WRITE_LAST P+3.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_WRITE, {sge(0x1000, 4096)}, kPeerVa)), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 4u);
+  // Peer at 1 ms: ACK P+1 (the first half arrived), then silence.
+  now_ = 1 * kMs;
+  inject(ack(kSqPsn + 1, 0));
+  poll(1 * kMs);
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_TRUE(sent().empty());
+  poll(1 * kMs + T + kSlack);
+  auto p = sent();
+  // Expect: resend from P+2 only: WRITE_MIDDLE P+2 (offset 2048, no RETH),
+  // WRITE_LAST P+3 (offset 3072, AckReq).
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcWriteMiddle);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
+  EXPECT_EQ(p[0].payload, bytes(0x1000 + 2048, 1024));
+  EXPECT_EQ(p[1].f.opcode, op::kRcWriteLast);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 3);
+  EXPECT_EQ(p[1].payload, bytes(0x1000 + 3072, 1024));
+  EXPECT_TRUE(p[1].f.ack_req);
+  // Peer: ACK P+3. Expect: the WRITE completes.
+  inject(ack(kSqPsn + 3, 1));
+  poll();
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc[0].byte_len, 4096u);
+}
+
+TEST_F(TransportTrace, PartlyAnsweredReadIsReRequestedForTheRest) {
+  QpOpts o;
+  o.timeout = 10;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  const auto remote = pattern(4096, 0x51);
+  // Post: READ 4096 bytes from kPeerVa into local 0x20000.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 4096)}, kPeerVa)), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: READ_REQUEST P, RETH(kPeerVa, rkey, 4096), AckReq.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa);
+  EXPECT_EQ(p[0].f.reth_rkey, kPeerRkey);
+  EXPECT_EQ(p[0].f.reth_len, 4096u);
+  EXPECT_TRUE(p[0].f.ack_req);
+  // Peer at 1 ms: READ_RESPONSE_FIRST P, MIDDLE P+1; the rest is lost.
+  now_ = 1 * kMs;
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn), slice(remote, 0, 1024));
+  inject(pkt(op::kRcReadRespMiddle, kSqPsn + 1), slice(remote, 1024, 1024));
+  poll(1 * kMs);
+  // Expect: data lands at (psn - first) * mtu; no completion yet.
+  EXPECT_EQ(bytes(0x20000, 2048), slice(remote, 0, 2048));
+  EXPECT_TRUE(cq_poll().empty());
+  poll(1 * kMs + T + kSlack);
+  p = sent();
+  // Expect: READ_REQUEST P+2, RETH(kPeerVa + 2048, rkey, 2048).
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 2048);
+  EXPECT_EQ(p[0].f.reth_rkey, kPeerRkey);
+  EXPECT_EQ(p[0].f.reth_len, 2048u);
+  // Peer: answers the re-request: FIRST P+2, LAST P+3.
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn + 2),
+         slice(remote, 2048, 1024));
+  inject(read_resp(op::kRcReadRespLast, kSqPsn + 3, 1),
+         slice(remote, 3072, 1024));
+  poll();
+  // Expect: IBV_WC_RDMA_READ, 4096 bytes, all data in place.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  EXPECT_EQ(wc[0].byte_len, 4096u);
+  EXPECT_EQ(bytes(0x20000, 4096), remote);
+  // The next request uses P+4.
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll();
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
+}
+
+TEST_F(TransportTrace, AckCoveringUnansweredReadRetransmitsIt) {
+  ASSERT_TRUE(up());
+  // Post: READ 100 bytes (P), SEND (P+1).
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 100)}, kPeerVa)), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  // Peer: ACK P+1 (so the read response for P was lost).
+  inject(ack(kSqPsn + 1, 2));
+  poll(5 * kUs);
+  auto p = sent();
+  // Expect: READ_REQUEST P again; nothing completes yet (SQ order).
+  ASSERT_GE(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[0].f.reth_len, 100u);
+  EXPECT_TRUE(cq_poll().empty());
+  // Peer: READ_RESPONSE_ONLY P. Expect: READ then SEND complete.
+  inject(read_resp(op::kRcReadRespOnly, kSqPsn, 1), pattern(100, 7));
+  inject(ack(kSqPsn + 1, 2));
+  poll(6 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(bytes(0x20000, 100), pattern(100, 7));
+}
+
+TEST_F(TransportTrace, NakSeqErrorImpliesAckAndGoesBack) {
+  ASSERT_TRUE(up());
+  put(0, pattern(300, 0x61));
+  // Post: three SENDs, PSNs P, P+1, P+2.
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(100 * i, 100)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 3u);
+  // Peer: NAK sequence error at P+1.
+  inject(nak(kSqPsn + 1, kNakSeq));
+  poll(5 * kUs);
+  // Expect: wr 1 completes (implied ACK of P), P+1 and P+2 are resent as
+  // they were.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendOnly);
+  EXPECT_EQ(p[0].payload, bytes(100, 100));
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 2);
+  EXPECT_EQ(p[1].payload, bytes(200, 100));
+  EXPECT_EQ(ctr(ECtr::naks_seq_rx), 1u);
+  // Peer: ACK P+2. Expect: wr 2, wr 3.
+  inject(ack(kSqPsn + 2, 3));
+  poll(6 * kUs);
+  wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 3u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, RetryCnt7MeansSevenRetriesNotInfinite) {
+  QpOpts o;
+  o.timeout = 8;  // 1.048576 ms
+  o.retry_cnt = 7;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(8);
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  uint64_t t = 0;
+  for (int i = 0; i < 7; ++i) {
+    t += T + kSlack;
+    poll(t);
+    auto p = sent();
+    ASSERT_EQ(p.size(), 1u) << "retry " << i << " " << dump(p);
+    EXPECT_EQ(p[0].f.psn, kSqPsn);
+  }
+  t += T + kSlack;
+  poll(t);
+  // Expect: the 8th expiry fails the WR instead of an 8th retry.
+  EXPECT_TRUE(sent().empty());
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_RETRY_EXC_ERR, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, TimeoutZeroNeverRetransmits) {
+  QpOpts o;
+  o.timeout = 0;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Expect: nothing, however long we wait.
+  for (uint64_t t = 1; t <= 10; ++t) poll(t * 1000 * kMs);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::timeouts), 0u);
+  inject(ack(kSqPsn, 1));
+  poll();
+  EXPECT_EQ(cq_poll().size(), 1u);
+}
+
+TEST_F(TransportTrace, ReadResponseGapTriggersOneReRequest) {
+  ASSERT_TRUE(up());
+  const auto remote = pattern(3072, 0x71);
+  // Post: READ 3072 bytes (PSNs P..P+2).
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 3072)}, kPeerVa)), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Peer: READ_RESPONSE_FIRST P, (MIDDLE P+1 lost), LAST P+2.
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn), slice(remote, 0, 1024));
+  inject(read_resp(op::kRcReadRespLast, kSqPsn + 2, 1),
+         slice(remote, 2048, 1024));
+  poll(10 * kUs);
+  auto p = sent();
+  // Expect: LAST dropped; READ_REQUEST P+1 for (va+1024, 2048).
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 1024);
+  EXPECT_EQ(p[0].f.reth_len, 2048u);
+  EXPECT_TRUE(cq_poll().empty());
+  // Peer: the stale LAST P+2 once more. Expect: no second re-request.
+  inject(read_resp(op::kRcReadRespLast, kSqPsn + 2, 1),
+         slice(remote, 2048, 1024));
+  poll(20 * kUs);
+  p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  // Peer: answers the re-request. Expect: READ completes with all bytes.
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn + 1),
+         slice(remote, 1024, 1024));
+  inject(read_resp(op::kRcReadRespLast, kSqPsn + 2, 1),
+         slice(remote, 2048, 1024));
+  poll(30 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  EXPECT_EQ(bytes(0x20000, 3072), remote);
+}
+
+TEST_F(TransportTrace, NakSeqErrorCountsAsRetry) {
+  QpOpts o;
+  o.retry_cnt = 1;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Peer: NAK seq at P. Expect: resend of P (the one retry).
+  inject(nak(kSqPsn, kNakSeq));
+  poll(5 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  // Peer: NAK seq at P again, no progress. Expect: ignored -- packets sent
+  // before the go-back report the same gap, so one retry per gap; nothing
+  // is resent and nothing completes.
+  inject(nak(kSqPsn, kNakSeq));
+  poll(10 * kUs);
+  p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  EXPECT_TRUE(cq_poll().empty());
+  // Expect: the retransmit timer (4.096 us * 2^14) then finds the retry
+  // budget spent: RETRY_EXC_ERR, nothing resent.
+  poll(10 * kUs + (uint64_t{4096} << 14) + 2 * kUs);
+  p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_RETRY_EXC_ERR, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, LateAckAfterGoBackMovesRequesterForward) {
+  QpOpts o;
+  o.timeout = 10;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  for (uint64_t i = 0; i < 4; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 4u);
+  // Timeout with room for one frame: only P is resent so far.
+  io_.room = 1;
+  poll(T + kSlack);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  // Peer: the delayed ACK of the original P+3 arrives.
+  inject(ack(kSqPsn + 3, 4));
+  io_.room = -1;
+  poll(T + kSlack + 10 * kUs);
+  // Expect: all four complete; P+1..P+3 are not sent again.
+  p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  EXPECT_EQ(cq_poll().size(), 4u);
+  EXPECT_EQ(ctr(ECtr::rx_ghost_ack), 0u);
+  // The next WR uses P+4.
+  ASSERT_EQ(post(wr(5, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll();
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
+}
+
+// ===========================================================================
+// Remote access and invalid requests
+// ===========================================================================
+
+class TransportTraceAccess : public TransportTrace {
+ protected:
+  // Injects WRITE_ONLY (64 bytes) to (va, rkey); expects NAK remote access
+  // error at ePSN, QP in ERR, the target untouched, the RECV flushed.
+  void expect_access_nak(uint64_t va, uint32_t rkey, uint8_t* target) {
+    ASSERT_EQ(post_recv(rwr(9, {sge(0x10000, 64)})), 0);
+    inject(write_req(op::kRcWriteOnly, kRqPsn, true, va, 64, rkey),
+           pattern(64, 0x99));
+    poll(1 * kUs);
+    auto p = sent();
+    // Expect: NAK 0x62 with the request's PSN; QP -> ERR.
+    ASSERT_EQ(p.size(), 1u) << dump(p);
+    EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+    EXPECT_EQ(p[0].f.aeth_syndrome, kNakRemAccess);
+    EXPECT_EQ(p[0].f.psn, kRqPsn);
+    EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+    EXPECT_EQ(ctr(ECtr::naks_access_tx), 1u);
+    if (target) {
+      EXPECT_EQ(std::vector<uint8_t>(target, target + 64),
+                std::vector<uint8_t>(64, 0));
+    }
+    auto wc = rcq_poll();
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_WC(wc[0], 9u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  }
+};
+
+TEST_F(TransportTraceAccess, WriteWithBadRkeyNaksRemoteAccess) {
+  ASSERT_TRUE(up());
+  expect_access_nak(addr(0x30000), mr_->rkey() ^ 0xff, at(0x30000));
+}
+
+TEST_F(TransportTraceAccess, WriteOutOfMrBoundsNaksRemoteAccess) {
+  ASSERT_TRUE(up());
+  Mr* small = nullptr;
+  ASSERT_EQ(
+      dev_->reg_mr(pd_, at(0x80000), 4096, addr(0x80000), kAllAccess, &small),
+      0);
+  // 64 bytes starting 32 bytes before the end of the 4 KiB region.
+  expect_access_nak(addr(0x80000 + 4096 - 32), small->rkey(), nullptr);
+  EXPECT_EQ(bytes(0x80000 + 4096 - 32, 32), std::vector<uint8_t>(32, 0));
+}
+
+TEST_F(TransportTraceAccess, WriteToMrWithoutRemoteWriteNaksRemoteAccess) {
+  ASSERT_TRUE(up());
+  Mr* ro = nullptr;
+  ASSERT_EQ(dev_->reg_mr(pd_, at(0x80000), 4096, addr(0x80000),
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, &ro),
+            0);
+  expect_access_nak(addr(0x80000), ro->rkey(), at(0x80000));
+}
+
+TEST_F(TransportTraceAccess, WriteToMrOfOtherPdNaksRemoteAccess) {
+  ASSERT_TRUE(up());
+  Pd* other = nullptr;
+  ASSERT_EQ(dev_->alloc_pd(&other), 0);
+  Mr* mr = nullptr;
+  ASSERT_EQ(
+      dev_->reg_mr(other, at(0x80000), 4096, addr(0x80000), kAllAccess, &mr),
+      0);
+  expect_access_nak(addr(0x80000), mr->rkey(), at(0x80000));
+}
+
+TEST_F(TransportTraceAccess, WriteToQpWithoutRemoteWriteAccessNaks) {
+  QpOpts o;
+  o.access = IBV_ACCESS_REMOTE_READ;  // the QP does not allow writes
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  expect_access_nak(addr(0x30000), mr_->rkey(), at(0x30000));
+}
+
+TEST_F(TransportTrace, RemoteAccessNakFailsWrFlushesRest) {
+  ASSERT_TRUE(up());
+  // Post: WRITE wr 1 (P), SEND wr 2 (P+1); RECV wr 9.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_WRITE, {sge(0, 64)}, kPeerVa)), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 64)})), 0);
+  ASSERT_EQ(post_recv(rwr(9, {sge(0x10000, 64)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  // Peer: NAK remote access error at P.
+  inject(nak(kSqPsn, kNakRemAccess));
+  poll(5 * kUs);
+  // Expect: wr 1 REM_ACCESS_ERR, wr 2 flushed, RECV flushed, QP ERR.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE);
+  EXPECT_WC(wc[1], 2u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  auto rwc = rcq_poll();
+  ASSERT_EQ(rwc.size(), 1u);
+  EXPECT_WC(rwc[0], 9u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  // Expect: nothing is resent later.
+  poll(1000 * kMs);
+  EXPECT_TRUE(sent().empty());
+}
+
+TEST_F(TransportTrace, InvalidRequestNakCompletesRemInvReqErr) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 64)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  inject(nak(kSqPsn, kNakInvReq));
+  poll(5 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_REM_INV_REQ_ERR, IBV_WC_SEND);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, WriteMiddleWithoutFirstNaksInvalidRequest) {
+  ASSERT_TRUE(up());
+  // Peer: RDMA_WRITE_MIDDLE at ePSN, no message in progress.
+  inject(pkt(op::kRcWriteMiddle, kRqPsn, true), pattern(1024, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: NAK invalid request at ePSN; QP ERR.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(ctr(ECtr::naks_inv_req_tx), 1u);
+}
+
+TEST_F(TransportTrace, SendLastAfterWriteFirstNaksInvalidRequest) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 4096)})), 0);
+  // Peer: WRITE_FIRST at ePSN, then SEND_LAST at ePSN+1.
+  inject(write_req(op::kRcWriteFirst, kRqPsn, false, addr(0x30000), 2048),
+         pattern(1024, 1));
+  inject(pkt(op::kRcSendLast, kRqPsn + 1, true), pattern(100, 2));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: NAK invalid request at ePSN+1.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, RemoteAccessNakOnSecondWrImpliesAckOfFirst) {
+  ASSERT_TRUE(up());
+  // Post: SEND wr 1 (P), WRITE wr 2 (P+1), SEND wr 3 (P+2).
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(rdma(2, IBV_WR_RDMA_WRITE, {sge(0, 8)}, kPeerVa)), 0);
+  ASSERT_EQ(post(wr(3, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 3u);
+  // Peer: NAK remote access error at P+1.
+  inject(nak(kSqPsn + 1, kNakRemAccess));
+  poll(5 * kUs);
+  // Expect: wr 1 SUCCESS (implied ACK), wr 2 REM_ACCESS_ERR, wr 3 flushed.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 3u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 2u, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE);
+  EXPECT_WC(wc[2], 3u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+// ===========================================================================
+// PSN wrap-around
+// ===========================================================================
+
+TEST_F(TransportTrace, RequesterPsnWrapsAt2To24) {
+  ASSERT_TRUE(up(IBV_QPT_RC, {}, 0xfffffe));
+  put(0, pattern(4000, 0x13));
+  // Post: SEND 4000 bytes = 4 packets from PSN 0xfffffe.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 4000)})), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: PSNs fffffe, ffffff, 0, 1.
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, 0xfffffeu);
+  EXPECT_EQ(p[1].f.psn, 0xffffffu);
+  EXPECT_EQ(p[2].f.psn, 0u);
+  EXPECT_EQ(p[3].f.psn, 1u);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendFirst);
+  EXPECT_EQ(p[2].f.opcode, op::kRcSendMiddle);
+  EXPECT_EQ(p[3].f.opcode, op::kRcSendLast);
+  EXPECT_EQ(p[3].payload, bytes(3072, 928));
+  // Peer: ACK 0 (partial: neither a ghost nor a duplicate).
+  inject(ack(0, 0));
+  poll(5 * kUs);
+  EXPECT_TRUE(cq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_ghost_ack), 0u);
+  EXPECT_EQ(ctr(ECtr::rx_dup), 0u);
+  // Peer: ACK 1. Expect: the SEND completes.
+  inject(ack(1, 1));
+  poll(6 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].byte_len, 4000u);
+}
+
+TEST_F(TransportTrace, ResponderPsnWrapsAt2To24) {
+  ASSERT_TRUE(up(IBV_QPT_RC, {}, kSqPsn, 0xffffff));
+  // Peer: WRITE_ONLY at 0xffffff, then at 0.
+  inject(write_req(op::kRcWriteOnly, 0xffffff, true, addr(0x30000), 16),
+         pattern(16, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: ACK 0xffffff MSN 1.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, 0xffffffu);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  inject(write_req(op::kRcWriteOnly, 0, true, addr(0x30100), 16),
+         pattern(16, 2));
+  poll(2 * kUs);
+  p = sent();
+  // Expect: ACK 0 MSN 2; both writes landed.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, 0u);
+  EXPECT_EQ(p[0].f.aeth_msn, 2u);
+  EXPECT_EQ(bytes(0x30000, 16), pattern(16, 1));
+  EXPECT_EQ(bytes(0x30100, 16), pattern(16, 2));
+}
+
+// ===========================================================================
+// UD
+// ===========================================================================
+
+TEST_F(TransportTrace, UdSendCarriesDethAndQkey) {
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  Ah* ah = nullptr;
+  ASSERT_EQ(dev_->create_ah(pd_, peer_ah_attr(), &ah), 0);
+  put(0, pattern(100, 0x17));
+  // Post: SEND 100 bytes to QP 0x77, Q_Key 0x22222222.
+  SendWr w = wr(1, IBV_WR_SEND, {sge(0, 100)});
+  w.ah = ah;
+  w.remote_qpn = 0x77;
+  w.remote_qkey = 0x22222222;
+  ASSERT_EQ(post(w), 0);
+  // Post: SEND with remote_qkey high bit set: the QP's own Q_Key.
+  SendWr w2 = w;
+  w2.wr_id = 2;
+  w2.remote_qkey = 0x80000000;
+  ASSERT_EQ(post(w2), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: UD_SEND_ONLY to QP 0x77 with DETH(qkey, our QPN), the bytes.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kUdSendOnly);
+  EXPECT_EQ(p[0].f.dqpn, 0x77u);
+  EXPECT_EQ(p[0].f.deth_qkey, 0x22222222u);
+  EXPECT_EQ(p[0].f.deth_src_qp, qp_->qpn());
+  EXPECT_EQ(p[0].payload, bytes(0, 100));
+  EXPECT_FALSE(p[0].f.ack_req);
+  EXPECT_EQ(p[1].f.deth_qkey, 0x11111111u);  // QpOpts::qkey
+  // Expect: both complete once sent (no ACK in UD).
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_EQ(wc[0].byte_len, 100u);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, UdReceiveStartsWithGrhAndReportsSrcQp) {
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  std::memset(at(0x10000), 0xaa, 1000);
+  ASSERT_EQ(post_recv(rwr(3, {sge(0x10000, 1000)})), 0);
+  // Peer: UD_SEND_ONLY from QP 0x55 with our Q_Key, 100 bytes.
+  const auto data = pattern(100, 0x27);
+  auto f = pkt(op::kUdSendOnly, 0x42);
+  f.deth_qkey = 0x11111111;
+  f.deth_src_qp = 0x55;
+  inject(f, data);
+  poll(1 * kUs);
+  // Expect: no reply; IBV_WC_RECV, byte_len 140, GRH flag, src_qp 0x55.
+  EXPECT_TRUE(sent().empty());
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 100u + kGrhSize);
+  EXPECT_TRUE(wc[0].wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(wc[0].src_qp, 0x55u);
+  EXPECT_EQ(wc[0].qp_num, qp_->qpn());
+  // Expect: buffer = 20 zero bytes, the received IPv4 header, the payload.
+  EXPECT_EQ(bytes(0x10000, 20), std::vector<uint8_t>(20, 0));
+  EXPECT_EQ(bytes(0x10000 + 20, 20), slice(last_frame_, last_fi_.l3_off, 20));
+  EXPECT_EQ(bytes(0x10000 + 40, 100), data);
+}
+
+TEST_F(TransportTrace, UdWrongQkeyIsDroppedAndCounted) {
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  ASSERT_EQ(post_recv(rwr(3, {sge(0x10000, 1000)})), 0);
+  // Peer: UD_SEND_ONLY with Q_Key 0x99999999 (ours is 0x11111111).
+  auto f = pkt(op::kUdSendOnly, 1);
+  f.deth_qkey = 0x99999999;
+  f.deth_src_qp = 0x55;
+  inject(f, pattern(10, 1));
+  poll(1 * kUs);
+  // Expect: dropped, counted rx_bad_qkey; the RECV stays posted.
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_bad_qkey), 1u);
+  f.deth_qkey = 0x11111111;
+  inject(f, pattern(10, 1));
+  poll(2 * kUs);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 10u + kGrhSize);
+}
+
+TEST_F(TransportTrace, UdSendLongerThanPortMtuIsEinval) {
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  Ah* ah = nullptr;
+  ASSERT_EQ(dev_->create_ah(pd_, peer_ah_attr(), &ah), 0);
+  const uint32_t port_mtu = mtu_bytes(dev_->config().active_mtu);
+  SendWr w = wr(1, IBV_WR_SEND, {sge(0, port_mtu + 1)});
+  w.ah = ah;
+  w.remote_qpn = 0x77;
+  w.remote_qkey = 1;
+  EXPECT_EQ(post(w), EINVAL);
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sg_list[0].length = 8;
+  EXPECT_EQ(post(w), EINVAL);
+}
+
+// ===========================================================================
+// UC
+// ===========================================================================
+
+TEST_F(TransportTrace, UcLostMiddleDropsMessageNextIsReceived) {
+  ASSERT_TRUE(up(IBV_QPT_UC));
+  ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 4096)})), 0);
+  ASSERT_EQ(post_recv(rwr(2, {sge(0x20000, 4096)})), 0);
+  // Peer: UC SEND_FIRST R, (MIDDLE R+1 lost), SEND_LAST R+2.
+  inject(pkt(op::kUcBase + op::kRcSendFirst, kRqPsn), pattern(1024, 1));
+  inject(pkt(op::kUcBase + op::kRcSendLast, kRqPsn + 2), pattern(100, 2));
+  poll(1 * kUs);
+  // Expect: message dropped: no CQE, nothing sent (no ACK/NAK in UC).
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_TRUE(sent().empty());
+  EXPECT_GE(ctr(ECtr::rx_uc_dropped), 1u);
+  // Peer: UC SEND_ONLY R+3 (300 bytes).
+  const auto m = pattern(300, 3);
+  inject(pkt(op::kUcBase + op::kRcSendOnly, kRqPsn + 3), m);
+  poll(2 * kUs);
+  // Expect: received into the first RECV (the dropped message did not
+  // consume it), 300 bytes.
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 300u);
+  EXPECT_EQ(bytes(0x10000, 300), m);
+  // Peer: a two-packet message R+4, R+5. Expect: wr 2, 1124 bytes.
+  inject(pkt(op::kUcBase + op::kRcSendFirst, kRqPsn + 4), pattern(1024, 4));
+  inject(pkt(op::kUcBase + op::kRcSendLast, kRqPsn + 5), pattern(100, 5));
+  poll(3 * kUs);
+  wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].byte_len, 1124u);
+  EXPECT_EQ(bytes(0x20000 + 1024, 100), pattern(100, 5));
+  EXPECT_TRUE(sent().empty());
+}
+
+TEST_F(TransportTrace, UcRequesterCompletesWhenSent) {
+  ASSERT_TRUE(up(IBV_QPT_UC));
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_WRITE, {sge(0, 2000)}, kPeerVa)), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: UC WRITE_FIRST (RETH), WRITE_LAST; completion without any ACK.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kUcBase + op::kRcWriteFirst);
+  EXPECT_EQ(p[0].f.reth_len, 2000u);
+  EXPECT_EQ(p[1].f.opcode, op::kUcBase + op::kRcWriteLast);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 1);
+  EXPECT_FALSE(p[1].f.ack_req);  // UC is never acknowledged
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wc[0].byte_len, 2000u);
+}
+
+// ===========================================================================
+// QP states and flush
+// ===========================================================================
+
+TEST_F(TransportTrace, ModifyToErrFlushesSendsAndRecvsInOrder) {
+  ASSERT_TRUE(up());
+  // Post: 3 SENDs (wr 2 unsignaled), 2 RECVs.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)}, 0)), 0);
+  ASSERT_EQ(post(wr(3, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post_recv(rwr(11, {sge(0x10000, 8)})), 0);
+  ASSERT_EQ(post_recv(rwr(12, {sge(0x10000, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 3u);
+  // modify_qp(ERR).
+  ASSERT_EQ(to_error(qp_), 0);
+  poll(1 * kUs);
+  // Expect: 3 send FLUSH_ERRs (1, 2, 3) and 2 receive FLUSH_ERRs (11, 12).
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_WC(wc[i], i + 1, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+    EXPECT_EQ(wc[i].qp_num, qp_->qpn());
+  }
+  auto rwc = rcq_poll();
+  ASSERT_EQ(rwc.size(), 2u);
+  EXPECT_WC(rwc[0], 11u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  EXPECT_WC(rwc[1], 12u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_TRUE(sent().empty());
+}
+
+TEST_F(TransportTrace, ErrFlushesRecvHeldByMessageInProgressFirst) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 4096)})), 0);
+  ASSERT_EQ(post_recv(rwr(2, {sge(0x20000, 4096)})), 0);
+  // Peer: SEND_FIRST only: RECV wr 1 is now held by the message.
+  inject(pkt(op::kRcSendFirst, kRqPsn), pattern(1024, 1));
+  poll(1 * kUs);
+  EXPECT_TRUE(rcq_poll().empty());
+  // modify_qp(ERR). Expect: wr 1 (held) then wr 2, both FLUSH_ERR.
+  ASSERT_EQ(to_error(qp_), 0);
+  poll(2 * kUs);
+  auto rwc = rcq_poll();
+  ASSERT_EQ(rwc.size(), 2u);
+  EXPECT_WC(rwc[0], 1u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+  EXPECT_WC(rwc[1], 2u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+}
+
+TEST_F(TransportTrace, PostInErrCompletesWithFlushErr) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(to_error(qp_), 0);
+  // Post in ERR: accepted, completes FLUSH_ERR, nothing sent.
+  ASSERT_EQ(post(wr(4, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(post_recv(rwr(13, {sge(0x10000, 8)})), 0);
+  poll(1 * kUs);
+  EXPECT_TRUE(sent().empty());
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 4u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+  auto rwc = rcq_poll();
+  ASSERT_EQ(rwc.size(), 1u);
+  EXPECT_WC(rwc[0], 13u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+}
+
+TEST_F(TransportTrace, PostSendBeforeRtsIsEinval) {
+  // RESET.
+  qp_ = create_qp(IBV_QPT_RC);
+  ASSERT_TRUE(qp_);
+  EXPECT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), EINVAL);
+  EXPECT_EQ(post_recv(rwr(1, {sge(0x10000, 8)})), EINVAL);
+  // INIT.
+  QpOpts o;
+  o.until = IBV_QPS_INIT;
+  ASSERT_EQ(
+      bring_up(qp_, IBV_QPT_RC, kPeerQpn, kSqPsn, kRqPsn, IBV_MTU_1024, o), 0);
+  EXPECT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), EINVAL);
+  EXPECT_EQ(post_recv(rwr(1, {sge(0x10000, 8)})), 0);
+  // RTR.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.ah_attr = peer_ah_attr();
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = kPeerQpn;
+  a.rq_psn = kRqPsn;
+  a.max_dest_rd_atomic = 4;
+  a.min_rnr_timer = 12;
+  ASSERT_EQ(
+      engine_->modify_qp(qp_, a,
+                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                             IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+      0);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTR);
+  EXPECT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), EINVAL);
+  poll(0);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_TRUE(cq_poll().empty());
+  // RTR runs the responder: a SEND is received and ACKed.
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(8, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(rcq_poll().size(), 1u);
+}
+
+// ===========================================================================
+// CQ overflow
+// ===========================================================================
+
+TEST_F(TransportTrace, CqOverflowIsAnErrorWithAsyncEvent) {
+  Cq* small = nullptr;
+  ASSERT_EQ(dev_->create_cq(1, &small), 0);
+  const uint32_t cap = small->capacity();
+  ASSERT_GE(cap, 1u);
+  ASSERT_LE(cap, 1000u);
+  QpOpts o;
+  o.send_cq = small;
+  o.max_send_wr = cap + 1;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  // Post: cap+1 signaled SENDs; the peer ACKs them all.
+  for (uint32_t i = 0; i <= cap; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), cap + 1);
+  inject(ack(kSqPsn + cap, cap + 1));
+  poll(5 * kUs);
+  // Expect: the CQ is in error with an overflow counted, and an
+  // IBV_EVENT_CQ_ERR for it is queued; the QP went to ERR.
+  EXPECT_TRUE(small->in_error());
+  EXPECT_GE(small->overflows(), 1u);
+  EXPECT_GE(ctr(ECtr::cq_overflows), 1u);
+  bool got_event = false;
+  for (AsyncEvent ev; dev_->next_event(&ev);)
+    if (ev.type == IBV_EVENT_CQ_ERR && ev.cq == small) got_event = true;
+  EXPECT_TRUE(got_event);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+// ===========================================================================
+// Ordering: fence and READ/ATOMIC credits
+// ===========================================================================
+
+TEST_F(TransportTrace, FencedWriteWaitsForEarlierRead) {
+  ASSERT_TRUE(up());
+  // Post: READ 100 (wr 1), WRITE with IBV_SEND_FENCE (wr 2).
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 100)}, kPeerVa)), 0);
+  ASSERT_EQ(post(rdma(2, IBV_WR_RDMA_WRITE, {sge(0, 64)}, kPeerVa + 0x1000,
+                      kPeerRkey, IBV_SEND_SIGNALED | IBV_SEND_FENCE)),
+            0);
+  poll(0);
+  auto p = sent();
+  // Expect: only the READ_REQUEST P.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  poll(50 * kUs);
+  p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  // Peer: READ_RESPONSE_ONLY P.
+  inject(read_resp(op::kRcReadRespOnly, kSqPsn, 1), pattern(100, 9));
+  poll(60 * kUs);
+  // Expect: READ completes, then WRITE_ONLY P+1 goes out.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  EXPECT_EQ(wc[0].byte_len, 100u);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcWriteOnly);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 0x1000);
+}
+
+TEST_F(TransportTrace, MaxRdAtomicOneSerializesReads) {
+  QpOpts o;
+  o.max_rd_atomic = 1;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  // Post: READ wr 1 and READ wr 2, 100 bytes each.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 100)}, kPeerVa)), 0);
+  ASSERT_EQ(post(rdma(2, IBV_WR_RDMA_READ, {sge(0x21000, 100)}, kPeerVa)), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: only the first READ_REQUEST (P).
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  // Peer: READ_RESPONSE_ONLY P.
+  inject(read_resp(op::kRcReadRespOnly, kSqPsn, 1), pattern(100, 1));
+  poll(10 * kUs);
+  // Expect: wr 1 completes; READ_REQUEST P+1 goes out.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  inject(read_resp(op::kRcReadRespOnly, kSqPsn + 1, 2), pattern(100, 2));
+  poll(20 * kUs);
+  wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  EXPECT_EQ(bytes(0x20000, 100), pattern(100, 1));
+  EXPECT_EQ(bytes(0x21000, 100), pattern(100, 2));
+}
+
+}  // namespace
+}  // namespace urnic::transport
