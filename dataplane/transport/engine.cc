@@ -459,12 +459,19 @@ uint32_t Engine::poll(uint64_t now_ns) {
     if (!ready_head_) ready_tail_ = nullptr;
     qp->ready_next_ = nullptr;
     qp->on_ready_ = false;
+    tx_refused_ = false;
     bool more = false;
     uint32_t sent = Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
     bool more_req = false;
     if (!more)
       sent += Requester::send_st(*this, *qp, cfg_.tx_budget - sent, &more_req);
     work += sent;
+    if (tx_refused_) {
+      // TX is full: this QP keeps its place at the front and the pass ends,
+      // so freed slots go round-robin, not to whichever QP is first.
+      push_ready_front(*qp);
+      break;
+    }
     if (more || more_req) make_ready(*qp);
     if (qp == end) break;
   }
@@ -482,6 +489,14 @@ void Engine::make_ready(Qp& qp) {
   else
     ready_head_ = &qp;
   ready_tail_ = &qp;
+}
+
+void Engine::push_ready_front(Qp& qp) {
+  if (qp.on_ready_) return;
+  qp.on_ready_ = true;
+  qp.ready_next_ = ready_head_;
+  ready_head_ = &qp;
+  if (!ready_tail_) ready_tail_ = &qp;
 }
 
 void Engine::unlink_ready(Qp& qp) {
@@ -527,6 +542,7 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
   tf.trailer = trailer;
   tf.trailer_len = tl;
   if (!io_.transmit(tf)) {
+    tx_refused_ = true;
     ctr_.inc(ECtr::tx_full);
     return false;
   }

@@ -146,6 +146,7 @@ class Engine {
   bool send_packet(Qp& qp, wire::RoceFields& f,
                    std::span<const wire::ConstBuf> payload);
   void make_ready(Qp& qp);
+  void push_ready_front(Qp& qp);
   void unlink_ready(Qp& qp);
   // Completes sqe(qp.sq_head_) with `st` (a CQE if signaled or an error).
   void complete_head(Qp& qp, ibv_wc_status st);
@@ -168,7 +169,7 @@ class Engine {
   size_t nqp_ = 0;
   Qp* ready_head_ = nullptr;  // QPs with transmit work (intrusive list)
   Qp* ready_tail_ = nullptr;
-  Qp* ack_head_ = nullptr;  // QPs with a deferred ACK
+  bool tx_refused_ = false;  // the PacketIo refused a frame this turn
 };
 
 }  // namespace urnic::transport

@@ -123,6 +123,7 @@ class Qp {
     uint32_t offset = 0;     // bytes of sqe(sq_next_) already sent
     uint32_t rd_atomic = 0;  // READ/ATOMIC WRs holding a credit
     uint32_t pkts_since_ackreq = 0;
+    bool ackreq_next = false;  // first packet after a go-back asks for an ACK
   } req_;
 
   // Completer.

@@ -112,8 +112,11 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
            op != IBV_WR_RDMA_WRITE;
     npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
     f.payload_len = len;
-    f.ack_req = rc && (last || qp.req_.pkts_since_ackreq + 1 >=
-                                   e.config().ack_req_every);
+    // AckReq on the last packet, at least every ack_req_every packets, and
+    // on the first packet resent after a go-back (quick news of recovery).
+    f.ack_req =
+        rc && (last || qp.req_.ackreq_next ||
+               qp.req_.pkts_since_ackreq + 1 >= e.config().ack_req_every);
   }
   if (ud) {
     // C10-15: a Q_Key with the high bit set means "use the QP's Q_Key".
@@ -124,6 +127,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   if (!e.send_packet(qp, f, {pieces, npieces})) return false;
 
   qp.req_.pkts_since_ackreq = f.ack_req ? 0 : qp.req_.pkts_since_ackreq + 1;
+  qp.req_.ackreq_next = false;
   if (!w.started) {
     w.started = true;
     w.first_psn = qp.req_.psn;
@@ -234,6 +238,7 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
   }
   qp.req_.psn = psn;
   qp.req_.pkts_since_ackreq = 0;
+  qp.req_.ackreq_next = true;
   e.timers_.cancel(qp.retrans_timer_);
   if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
 }

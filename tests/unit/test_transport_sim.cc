@@ -23,8 +23,19 @@
 // wr_id, SUCCESS, opcode, byte_len; every receive as expected; both hosts'
 // memory byte-identical to the model; every QP still in RTS.
 //
+// The link: each host transmits into a 25 Gb/s queue of bounded depth (a
+// full queue refuses the frame, as a NIC TX ring does, plus rare random
+// refusals), then the SimLink adds delay, loss, duplication, reordering and
+// bit flips. Received frames go through wire::decode (a flipped bit fails
+// the ICRC or the IPv4 checksum: dropped and counted) and an L2 filter, now
+// and then split into two segments, to Engine::rx. Virtual time jumps to the
+// next event (arrival, room in a transmit queue, end of a dry receive queue)
+// or by 50 us when idle, so retransmit and RNR timers fire.
+//
 // Replay: URNIC_SIM_SEED=<seed> (and URNIC_SIM_OPS=<n>, default 100000) with
-// --gtest_filter=<the test>; a failing run prints the exact line.
+// --gtest_filter=<the test>; a failing run prints the exact line. Debug aids:
+// URNIC_SIM_TRACE_QPN=<qpn> prints every frame to that QPN (both hosts use
+// the same QPNs for a pair), URNIC_SIM_VERBOSE=1 per-QP counters.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 
@@ -74,7 +85,7 @@ constexpr uint64_t tx_ns(uint64_t bytes) {
 // ACK, 62 bytes: 19.8 ns), so it varies the delay without reordering; the
 // SimLink's `reorder` knob does the reordering (RoCE expects an in-order
 // network: jitter of a few frame times reorders nearly every frame, and
-// go-back-N then spends retry_cnt without ever making progress).
+// go-back-N then resends almost everything, until retry_cnt runs out).
 constexpr uint64_t kJitterNs = 16;
 static_assert(kJitterNs < tx_ns(62));
 constexpr uint32_t kMaxFailures = 12;
@@ -242,8 +253,10 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-// Debug aid: URNIC_SIM_TRACE_QPN=<qpn> prints every frame to or from that
-// QPN (sent, dropped, delivered). Off by default.
+// Debug aid: URNIC_SIM_TRACE_QPN=<qpn> prints every frame to that QPN when
+// it is sent (time: when it leaves the transmit queue; marked LOST, CORR,
+// HELD or DUP by what the link did to it) and when it arrives, and every
+// frame that arrives damaged. Off by default.
 uint32_t trace_qpn() {
   static const uint32_t q =
       static_cast<uint32_t>(env_u64("URNIC_SIM_TRACE_QPN", 0));
@@ -311,9 +324,19 @@ class SimIo final : public PacketIo {
     if (f.trailer_len) std::memcpy(p, f.trailer, f.trailer_len);
     // The frame is sent when its last bit is.
     free_at_ = start + tx_ns(len);
-    if (trace_qpn())
-      trace_frame(free_at_, ep_ ? "B" : "A", "tx", buf_.data(), len);
+    const SimLinkStats before = link_.stats(ep_);
     link_.send(ep_, buf_, free_at_);
+    if (trace_qpn()) {
+      // What the link did to it: lost, corrupted, held back, duplicated.
+      const SimLinkStats& st = link_.stats(ep_);
+      trace_frame(free_at_, ep_ ? "B" : "A",
+                  st.lost != before.lost               ? "tx LOST"
+                  : st.corrupted != before.corrupted   ? "tx CORR"
+                  : st.reordered != before.reordered   ? "tx HELD"
+                  : st.duplicated != before.duplicated ? "tx DUP"
+                                                       : "tx",
+                  buf_.data(), len);
+    }
     ++frames;
     bytes += len;
     return true;
@@ -1236,13 +1259,13 @@ bool Sim::post_one_send(Dir& d) {
          : x < 89 ? IBV_WR_ATOMIC_CMP_AND_SWP
                   : IBV_WR_ATOMIC_FETCH_AND_ADD;
   }
-  const bool consumes = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
-                        op == IBV_WR_RDMA_WRITE_WITH_IMM;
   const uint64_t ci = d.cons_posted();
   // UC and UD drop a message that finds no receive WR: on the clean link,
   // post one only when its receive is there.
   const bool recv_known = d.exact && ci < d.recv_posted();
-  if (consumes && d.exact && d.kind != Kind::kRc && !recv_known) {
+  if ((op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
+       op == IBV_WR_RDMA_WRITE_WITH_IMM) &&
+      d.exact && d.kind != Kind::kRc && !recv_known) {
     if (d.kind == Kind::kUd) return false;
     op = IBV_WR_RDMA_WRITE;
   }
@@ -1271,6 +1294,7 @@ bool Sim::post_one_send(Dir& d) {
                        op == IBV_WR_RDMA_WRITE ||
                        op == IBV_WR_RDMA_WRITE_WITH_IMM;
   const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+  const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
   rec.op = op;
   SendWr wr;
   wr.opcode = op;
@@ -1500,9 +1524,16 @@ void Sim::on_send_wc(Host& h, const ibv_wc& wc) {
     // and a requester timing out against a peer in ERR, follow from it.
     const bool peer_dead = dead_.count(d.peer) != 0;
     if (dead_.insert(d.qp).second && !peer_dead) {
+      std::string hint;
+      if (wc.status == IBV_WC_RETRY_EXC_ERR) {
+        hint =
+            fmt("\n  (with heavy loss retry_cnt+1 attempts in a row can all be "
+                "lost; URNIC_SIM_TRACE_QPN=0x%x marks what the link dropped)",
+                d.qp->qpn());
+      }
       fail(fmt("status %s (vendor_err %u): ", wc_status_name(wc.status),
                wc.vendor_err) +
-           wr_str(d, r) + "\n  " + dump(d));
+           wr_str(d, r) + "\n  " + dump(d) + hint);
     } else {
       ++flushed_;
     }
@@ -1583,10 +1614,15 @@ void Sim::on_recv_wc(Host& h, const ibv_wc& wc) {
   const uint32_t grh = d.kind == Kind::kUd ? kGrhSize : 0;
   const bool imm = (wc.wc_flags & IBV_WC_WITH_IMM) != 0;
   std::vector<uint8_t> got;
-  if (wc.opcode == IBV_WC_RECV && wc.byte_len > rr.cap) {
-    fail(where +
-         fmt(" byte_len %u beyond the buffers (%u)", wc.byte_len, rr.cap));
-  } else if (wc.opcode == IBV_WC_RECV) {
+  if (wc.opcode == IBV_WC_RECV) {
+    if (wc.byte_len > rr.cap || wc.byte_len < grh) {
+      fail(where + fmt(" byte_len %u: more than the buffers (%u) or less "
+                       "than a GRH",
+                       wc.byte_len, rr.cap));
+      d.recvs.pop_front();
+      ++d.recv_done;
+      return;
+    }
     got = gather(h.mem.get(), rr.pieces, wc.byte_len);
   }
   if (d.kind == Kind::kUd) {
