@@ -1,0 +1,503 @@
+// Verbs objects of the transport: keys, access checks, limits, lifetimes,
+// and create_qp's capability checks.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "dataplane/transport/engine.h"
+
+namespace urnic::transport {
+namespace {
+
+class NullIo : public PacketIo {
+ public:
+  bool transmit(const TxFrame&) override { return true; }
+};
+
+DeviceConfig small_device() {
+  DeviceConfig dc;
+  dc.mac = {{2, 0, 0, 0, 0, 1}};
+  wire::gid_from_ipv4(0x0a000001, dc.gids[0]);
+  dc.num_gids = 1;
+  dc.key_seed = 42;
+  return dc;
+}
+
+constexpr uint32_t kRemoteAll =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC;
+
+TEST(TransportObjects, KeysAreIndexPlusRandomAndStaleKeysDie) {
+  Device dev(small_device());
+  Pd* pd;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  std::vector<uint8_t> buf(4096);
+  Mr* mr;
+  ASSERT_EQ(dev.reg_mr(pd, buf.data(), buf.size(), 0x1000, kRemoteAll, &mr), 0);
+  const uint32_t old_key = mr->rkey();
+  EXPECT_EQ(dev.mr_by_rkey(old_key), mr);
+  // Same index, different low bits: a neighbour key guess fails.
+  EXPECT_EQ(dev.mr_by_rkey(old_key ^ 1), nullptr);
+  EXPECT_EQ(dev.mr_by_rkey((old_key & ~0xffu) | ((old_key + 1) & 0xff)),
+            nullptr);
+  ASSERT_EQ(dev.dereg_mr(mr), 0);
+  EXPECT_EQ(dev.mr_by_rkey(old_key), nullptr);
+  // Re-registration reuses the slot with a different key: the stale one
+  // stays invalid.
+  Mr* mr2;
+  ASSERT_EQ(dev.reg_mr(pd, buf.data(), buf.size(), 0x1000, kRemoteAll, &mr2),
+            0);
+  EXPECT_EQ(mr2->rkey() >> 8, old_key >> 8);
+  EXPECT_NE(mr2->rkey(), old_key);
+  EXPECT_EQ(dev.mr_by_rkey(old_key), nullptr);
+  EXPECT_EQ(dev.mr_by_rkey(mr2->rkey()), mr2);
+}
+
+TEST(TransportObjects, KeysDoNotFollowASequence) {
+  Device dev(small_device());
+  Pd* pd;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  std::vector<uint8_t> buf(64);
+  std::set<uint32_t> low;
+  for (int i = 0; i < 64; ++i) {
+    Mr* mr;
+    ASSERT_EQ(dev.reg_mr(pd, buf.data(), buf.size(), 0, 0, &mr), 0);
+    low.insert(mr->lkey() & 0xff);
+  }
+  // 64 keys drawn from 256 values: a counter would give 1 distinct value.
+  EXPECT_GT(low.size(), 30u);
+}
+
+TEST(TransportObjects, AccessChecks) {
+  Device dev(small_device());
+  Pd *pd, *other;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ASSERT_EQ(dev.alloc_pd(&other), 0);
+  std::vector<uint8_t> buf(4096);
+  Mr *ro, *rw;
+  ASSERT_EQ(
+      dev.reg_mr(pd, buf.data(), 1024, 0x10000, IBV_ACCESS_REMOTE_READ, &ro),
+      0);
+  ASSERT_EQ(dev.reg_mr(pd, buf.data() + 1024, 1024, 0x20000, kRemoteAll, &rw),
+            0);
+  Mr* got;
+  EXPECT_EQ(dev.check_remote(pd, ro->rkey(), 0x10000, 1024,
+                             IBV_ACCESS_REMOTE_READ, &got),
+            AccessError::kOk);
+  EXPECT_EQ(got, ro);
+  EXPECT_EQ(got->host(0x10010), buf.data() + 0x10);
+  EXPECT_EQ(dev.check_remote(pd, ro->rkey(), 0x10000, 1,
+                             IBV_ACCESS_REMOTE_WRITE, &got),
+            AccessError::kRights);
+  EXPECT_EQ(dev.check_remote(other, ro->rkey(), 0x10000, 1,
+                             IBV_ACCESS_REMOTE_READ, &got),
+            AccessError::kPd);
+  EXPECT_EQ(dev.check_remote(pd, ro->rkey(), 0x10000, 1025,
+                             IBV_ACCESS_REMOTE_READ, &got),
+            AccessError::kBounds);
+  EXPECT_EQ(
+      dev.check_remote(pd, ro->rkey(), 0xffff, 1, IBV_ACCESS_REMOTE_READ, &got),
+      AccessError::kBounds);
+  // Overflowing va + len must not wrap into the region.
+  EXPECT_EQ(dev.check_remote(pd, rw->rkey(), 0x20010, UINT64_MAX - 8,
+                             IBV_ACCESS_REMOTE_WRITE, &got),
+            AccessError::kBounds);
+  EXPECT_EQ(dev.check_remote(pd, rw->rkey() + 0x100, 0x20000, 1,
+                             IBV_ACCESS_REMOTE_WRITE, &got),
+            AccessError::kBadKey);
+  // lkeys are checked the same way (local write for receive buffers).
+  EXPECT_EQ(
+      dev.check_local(pd, ro->lkey(), 0x10000, 8, IBV_ACCESS_LOCAL_WRITE, &got),
+      AccessError::kRights);
+  EXPECT_EQ(
+      dev.check_local(pd, rw->lkey(), 0x20000, 8, IBV_ACCESS_LOCAL_WRITE, &got),
+      AccessError::kOk);
+}
+
+TEST(TransportObjects, RegMrRulesAndLimits) {
+  DeviceConfig dc = small_device();
+  dc.limits.max_mr = 2;
+  Device dev(dc);
+  Pd* pd;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  std::vector<uint8_t> buf(64);
+  Mr* mr;
+  // verbs: remote write / atomic need local write.
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, IBV_ACCESS_REMOTE_WRITE, &mr),
+            EINVAL);
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, IBV_ACCESS_REMOTE_ATOMIC, &mr),
+            EINVAL);
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 1u << 30, &mr), EINVAL);
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, UINT64_MAX - 8, 0, &mr), EINVAL);
+  ASSERT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 0, &mr), 0);
+  ASSERT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 0, &mr), 0);
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 0, &mr), ENOMEM);
+  EXPECT_EQ(dev.num_mrs(), 2u);
+  // A PD in use cannot go.
+  EXPECT_EQ(dev.dealloc_pd(pd), EBUSY);
+  ASSERT_EQ(dev.dereg_mr(mr), 0);
+  EXPECT_EQ(dev.dereg_mr(mr), EINVAL);  // twice
+}
+
+TEST(TransportObjects, CreateQpChecksCapsAndLimit) {
+  DeviceConfig dc = small_device();
+  dc.limits.max_qp = 3;
+  Device dev(dc);
+  NullIo io;
+  Engine eng(dev, io);
+  Pd* pd;
+  Cq* cq;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ASSERT_EQ(dev.create_cq(16, &cq), 0);
+  QpInitAttr a;
+  a.pd = pd;
+  a.send_cq = a.recv_cq = cq;
+  a.cap = {16, 16, kMaxSge + 1, 1, 0};
+  Qp* qp;
+  EXPECT_EQ(eng.create_qp(a, &qp), EINVAL);  // too many SGEs
+  a.cap = {16, 16, 1, 1, kMaxInline + 1};
+  EXPECT_EQ(eng.create_qp(a, &qp), EINVAL);  // inline too large
+  a.cap = {dc.limits.max_qp_wr + 1, 16, 1, 1, 0};
+  EXPECT_EQ(eng.create_qp(a, &qp), EINVAL);  // queue too deep
+  a.qp_type = IBV_QPT_RAW_PACKET;
+  a.cap = {16, 16, 1, 1, 0};
+  EXPECT_EQ(eng.create_qp(a, &qp), EINVAL);
+  a.qp_type = IBV_QPT_RC;
+  // Granted caps are at least what was asked.
+  a.cap = {10, 5, 16, 16, 256};
+  ASSERT_EQ(eng.create_qp(a, &qp), 0);
+  EXPECT_GE(a.cap.max_send_wr, 10u);
+  EXPECT_GE(a.cap.max_recv_wr, 5u);
+  EXPECT_EQ(a.cap.max_send_sge, 16u);
+  EXPECT_EQ(a.cap.max_inline_data, 256u);
+  EXPECT_EQ(eng.find_qp(qp->qpn()), qp);
+  EXPECT_GE(qp->qpn(), kFirstQpn);  // 0 and 1 are special QPs
+  Qp *q2, *q3;
+  ASSERT_EQ(eng.create_qp(a, &q2), 0);
+  ASSERT_EQ(eng.create_qp(a, &q3), 0);
+  EXPECT_EQ(eng.create_qp(a, &qp), ENOMEM);  // max_qp reached
+  // The CQ and PD are held while QPs use them.
+  EXPECT_EQ(dev.destroy_cq(cq), EBUSY);
+  EXPECT_EQ(dev.dealloc_pd(pd), EBUSY);
+  const uint32_t gone = q2->qpn();
+  ASSERT_EQ(eng.destroy_qp(q2), 0);
+  EXPECT_EQ(eng.find_qp(gone), nullptr);
+  EXPECT_EQ(eng.qp_count(), 2u);
+  ASSERT_EQ(eng.create_qp(a, &q2), 0);  // the slot comes back
+}
+
+TEST(TransportObjects, CqPollAndNotify) {
+  Device dev(small_device());
+  Cq* cq;
+  ASSERT_EQ(dev.create_cq(4, &cq), 0);
+  EXPECT_EQ(dev.create_cq(0, &cq), EINVAL);
+  ibv_wc wc{};
+  cq->req_notify(true);  // solicited only
+  wc.wr_id = 1;
+  ASSERT_TRUE(cq->push(wc, false));
+  EXPECT_EQ(cq->events(), 0u);  // not solicited: no event
+  wc.wr_id = 2;
+  ASSERT_TRUE(cq->push(wc, true));
+  EXPECT_EQ(cq->events(), 1u);
+  wc.wr_id = 3;
+  ASSERT_TRUE(cq->push(wc, true));
+  EXPECT_EQ(cq->events(), 1u);  // disarmed after one event
+  ibv_wc out[8];
+  ASSERT_EQ(cq->poll(out), 3);
+  EXPECT_EQ(out[0].wr_id, 1u);
+  EXPECT_EQ(out[2].wr_id, 3u);
+  EXPECT_EQ(cq->poll(out), 0);
+}
+
+TEST(TransportObjects, SrqLimitEventFiresOnceWhenArmed) {
+  Device dev(small_device());
+  Pd* pd;
+  Srq* srq;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ASSERT_EQ(dev.create_srq(pd, 8, 2, &srq), 0);
+  RecvWr r;
+  r.num_sge = 3;
+  EXPECT_EQ(srq->post(r), EINVAL);  // more SGEs than max_sge
+  r.num_sge = 1;
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(srq->post(r), 0);
+  EXPECT_EQ(srq->post(r), ENOMEM);
+  ibv_srq_attr at{};
+  at.srq_limit = 9;
+  EXPECT_EQ(dev.modify_srq(srq, at, IBV_SRQ_LIMIT), EINVAL);
+  EXPECT_EQ(dev.modify_srq(srq, at, IBV_SRQ_MAX_WR), EINVAL);
+  at.srq_limit = 6;
+  ASSERT_EQ(dev.modify_srq(srq, at, IBV_SRQ_LIMIT), 0);
+  RecvWr out;
+  AsyncEvent ev;
+  ASSERT_TRUE(srq->pop(out));  // 7 left
+  ASSERT_TRUE(srq->pop(out));  // 6 left: not below the limit yet
+  EXPECT_FALSE(dev.next_event(&ev));
+  ASSERT_TRUE(srq->pop(out));  // 5 left: below 6
+  ASSERT_TRUE(dev.next_event(&ev));
+  EXPECT_EQ(ev.type, IBV_EVENT_SRQ_LIMIT_REACHED);
+  EXPECT_EQ(ev.srq, srq);
+  ASSERT_TRUE(srq->pop(out));
+  EXPECT_FALSE(dev.next_event(&ev));  // disarmed
+}
+
+TEST(TransportObjects, AhNeedsGrhAndAResolvableGid) {
+  Device dev(small_device());  // no resolver
+  Pd* pd;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ibv_ah_attr a{};
+  Ah* ah;
+  EXPECT_EQ(dev.create_ah(pd, a, &ah), EINVAL);  // RoCE needs a GRH
+  a.is_global = 1;
+  wire::gid_from_ipv4(0x0a000002, a.grh.dgid.raw);
+  EXPECT_EQ(dev.create_ah(pd, a, &ah), EHOSTUNREACH);
+  a.grh.sgid_index = 1;
+  EXPECT_EQ(dev.create_ah(pd, a, &ah), EINVAL);  // no such GID
+  // Our own GID: loopback through our own MAC.
+  a.grh.sgid_index = 0;
+  wire::gid_from_ipv4(0x0a000001, a.grh.dgid.raw);
+  ASSERT_EQ(dev.create_ah(pd, a, &ah), 0);
+  EXPECT_EQ(ah->path().dmac, small_device().mac);
+  EXPECT_EQ(ah->path().hop_limit, 64);
+}
+
+}  // namespace
+}  // namespace urnic::transport
+
+namespace urnic::transport {
+namespace {
+
+// Frames the engine sends come back to it: two QPs of one device talking
+// through the device's own GID (the loopback the service does for two
+// programs on one urnicd).
+class LoopIo : public PacketIo {
+ public:
+  std::vector<std::vector<uint8_t>> q;
+  bool transmit(const TxFrame& f) override {
+    std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
+    for (const wire::ConstBuf& p : f.payload)
+      b.insert(b.end(), p.data, p.data + p.len);
+    b.insert(b.end(), f.trailer, f.trailer + f.trailer_len);
+    q.push_back(std::move(b));
+    return true;
+  }
+};
+
+struct Loopback : ::testing::Test {
+  DeviceConfig dc = [] {
+    DeviceConfig c = small_device();
+    // GID 1: an IPv6 address (fd00::1), so packets use IPv6 headers.
+    const uint8_t v6[16] = {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    std::memcpy(c.gids[1], v6, 16);
+    c.num_gids = 2;
+    c.limits.gid_table_len = 2;
+    return c;
+  }();
+  Device dev{dc};
+  LoopIo io;
+  Engine eng{dev, io};
+  Pd* pd = nullptr;
+  Cq* cq = nullptr;
+  Mr* mr = nullptr;
+  std::vector<uint8_t> mem = std::vector<uint8_t>(1 << 16);
+  uint64_t now = 0;
+  uint32_t ipv6_frames = 0;
+
+  void SetUp() override {
+    ASSERT_EQ(dev.alloc_pd(&pd), 0);
+    ASSERT_EQ(dev.create_cq(64, &cq), 0);
+    ASSERT_EQ(
+        dev.reg_mr(pd, mem.data(), mem.size(),
+                   reinterpret_cast<uint64_t>(mem.data()), kRemoteAll, &mr),
+        0);
+  }
+  Qp* make(ibv_qp_type t) {
+    QpInitAttr a;
+    a.qp_type = t;
+    a.pd = pd;
+    a.send_cq = a.recv_cq = cq;
+    a.cap = {16, 16, 2, 2, 64};
+    Qp* qp = nullptr;
+    EXPECT_EQ(eng.create_qp(a, &qp), 0);
+    return qp;
+  }
+  ibv_ah_attr ah6() const {
+    ibv_ah_attr a{};
+    a.is_global = 1;
+    a.port_num = 1;
+    a.grh.sgid_index = 1;
+    std::memcpy(a.grh.dgid.raw, dc.gids[1], 16);
+    return a;
+  }
+  void up_rc(Qp* qp, uint32_t peer) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = kRemoteAll;
+    ASSERT_EQ(eng.modify_qp(qp, a,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                IBV_QP_ACCESS_FLAGS),
+              0);
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = peer;
+    a.rq_psn = 7;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 1;
+    a.ah_attr = ah6();
+    ASSERT_EQ(
+        eng.modify_qp(qp, a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                          IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+        0);
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 7;
+    a.timeout = 10;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 4;
+    ASSERT_EQ(eng.modify_qp(qp, a,
+                            IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+                                IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                IBV_QP_MAX_QP_RD_ATOMIC),
+              0);
+  }
+  // Runs the loop until `n` completions are in; returns them.
+  std::vector<ibv_wc> run(size_t n) {
+    std::vector<ibv_wc> out;
+    for (int i = 0; i < 10000 && out.size() < n; ++i) {
+      now += 1000;
+      eng.poll(now);
+      auto frames = std::move(io.q);
+      io.q.clear();
+      for (auto& b : frames) {
+        wire::FrameInfo fi;
+        wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
+        EXPECT_EQ(fi.kind, wire::FrameKind::kRoce);
+        if (fi.kind != wire::FrameKind::kRoce) continue;
+        ipv6_frames += fi.roce.ipv6;
+        const wire::ConstBuf seg{b.data(), static_cast<uint32_t>(b.size())};
+        eng.rx(fi, {&seg, 1}, now);
+      }
+      ibv_wc wc[8];
+      for (int k; (k = cq->poll(wc)) > 0;) out.insert(out.end(), wc, wc + k);
+    }
+    return out;
+  }
+};
+
+TEST_F(Loopback, RcOverIpv6GidsWriteReadSend) {
+  Qp* a = make(IBV_QPT_RC);
+  Qp* b = make(IBV_QPT_RC);
+  up_rc(a, b->qpn());
+  up_rc(b, a->qpn());
+  uint8_t* m = mem.data();
+  const auto va = [&](uint32_t off) {
+    return reinterpret_cast<uint64_t>(m) + off;
+  };
+  for (uint32_t i = 0; i < 3000; ++i) m[i] = static_cast<uint8_t>(i * 7);
+  RecvWr r;
+  r.wr_id = 9;
+  r.num_sge = 1;
+  r.sg_list[0] = {va(0x8000), 4096, mr->lkey()};
+  ASSERT_EQ(eng.post_recv(b, r), 0);
+  SendWr w;
+  w.wr_id = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.num_sge = 1;
+  w.sg_list[0] = {va(0), 3000, mr->lkey()};
+  w.remote_addr = va(0x4000);
+  w.rkey = mr->rkey();
+  ASSERT_EQ(eng.post_send(a, w), 0);
+  w.wr_id = 2;
+  w.opcode = IBV_WR_RDMA_READ;
+  w.sg_list[0] = {va(0xc000), 3000, mr->lkey()};
+  ASSERT_EQ(eng.post_send(a, w), 0);
+  w.wr_id = 3;
+  w.opcode = IBV_WR_SEND_WITH_IMM;
+  w.imm_data = htonl(0x1234);
+  w.sg_list[0] = {va(0), 100, mr->lkey()};
+  ASSERT_EQ(eng.post_send(a, w), 0);
+  auto wc = run(4);
+  ASSERT_EQ(wc.size(), 4u);
+  for (const ibv_wc& c : wc) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(m + 0x4000, m, 3000), 0);  // WRITE landed
+  EXPECT_EQ(std::memcmp(m + 0xc000, m, 3000), 0);  // READ brought it back
+  EXPECT_EQ(std::memcmp(m + 0x8000, m, 100), 0);   // SEND payload
+  bool recv_seen = false;
+  for (const ibv_wc& c : wc) {
+    if (c.opcode != IBV_WC_RECV) continue;
+    recv_seen = true;
+    EXPECT_EQ(c.wr_id, 9u);
+    EXPECT_EQ(c.byte_len, 100u);
+    EXPECT_EQ(ntohl(c.imm_data), 0x1234u);
+    EXPECT_EQ(c.src_qp, a->qpn());
+  }
+  EXPECT_TRUE(recv_seen);
+  EXPECT_GT(ipv6_frames, 5u);
+}
+
+TEST_F(Loopback, UdOverIpv6CarriesTheIpv6HeaderAsGrh) {
+  Qp* a = make(IBV_QPT_UD);
+  Qp* b = make(IBV_QPT_UD);
+  for (Qp* q : {a, b}) {
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_INIT;
+    at.port_num = 1;
+    at.qkey = 0x1111;
+    ASSERT_EQ(eng.modify_qp(
+                  q, at,
+                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+              0);
+    at = {};
+    at.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE), 0);
+    at.qp_state = IBV_QPS_RTS;
+    at.sq_psn = 1;
+    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+  }
+  Ah* ah;
+  ASSERT_EQ(dev.create_ah(pd, ah6(), &ah), 0);
+  uint8_t* m = mem.data();
+  for (uint32_t i = 0; i < 200; ++i) m[i] = static_cast<uint8_t>(i + 1);
+  RecvWr r;
+  r.wr_id = 5;
+  r.num_sge = 1;
+  r.sg_list[0] = {reinterpret_cast<uint64_t>(m) + 0x1000, 1024, mr->lkey()};
+  ASSERT_EQ(eng.post_recv(b, r), 0);
+  SendWr w;
+  w.wr_id = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.num_sge = 1;
+  w.sg_list[0] = {reinterpret_cast<uint64_t>(m), 200, mr->lkey()};
+  w.ah = ah;
+  w.remote_qpn = b->qpn();
+  w.remote_qkey = 0x1111;
+  ASSERT_EQ(eng.post_send(a, w), 0);
+  auto wc = run(2);
+  ASSERT_EQ(wc.size(), 2u);
+  const ibv_wc* rc = wc[0].opcode == IBV_WC_RECV ? &wc[0] : &wc[1];
+  EXPECT_EQ(rc->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(rc->byte_len, 200u + kGrhSize);
+  EXPECT_TRUE(rc->wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(rc->src_qp, a->qpn());
+  // The GRH slot holds the IPv6 header: version 6, next header UDP, our
+  // GID as both source and destination (loopback).
+  const uint8_t* grh = m + 0x1000;
+  EXPECT_EQ(grh[0] >> 4, 6);
+  EXPECT_EQ(grh[6], wire::kIpProtoUdp);
+  EXPECT_EQ(std::memcmp(grh + 8, dc.gids[1], 16), 0);
+  EXPECT_EQ(std::memcmp(grh + 24, dc.gids[1], 16), 0);
+  EXPECT_EQ(std::memcmp(grh + kGrhSize, m, 200), 0);
+}
+
+}  // namespace
+}  // namespace urnic::transport
