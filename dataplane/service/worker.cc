@@ -35,6 +35,7 @@ transport::EngineConfig engine_config(const config::Config& cfg) {
   ec.ack_req_every = cfg.transport.ack_req_every;
   ec.max_unacked = cfg.transport.max_unacked;
   ec.tx_budget = cfg.transport.tx_budget;
+  ec.tx_quantum = cfg.transport.tx_quantum;
   ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
   return ec;
 }

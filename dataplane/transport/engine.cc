@@ -83,6 +83,7 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
   if (cfg_.ack_req_every == 0) cfg_.ack_req_every = 1;
   if (cfg_.max_unacked == 0) cfg_.max_unacked = 1;
   if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
+  if (cfg_.tx_quantum == 0) cfg_.tx_quantum = 1;
 }
 
 Engine::~Engine() {
@@ -451,6 +452,26 @@ uint32_t Engine::poll(uint64_t now_ns) {
   now_ = now_ns;
   uint32_t work =
       timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); });
+  // ACK-sized responses first, unless read responses for earlier PSNs of
+  // the same QP are still to go (then the data pass sends them in order).
+  while (Qp* qp = ack_head_) {
+    ack_head_ = qp->ack_next_;
+    if (!ack_head_) ack_tail_ = nullptr;
+    qp->ack_next_ = nullptr;
+    qp->on_ack_ = false;
+    if (Responder::read_pending(*qp)) continue;
+    tx_refused_ = false;
+    turn_left_ = INT64_MAX;  // ACK-sized packets only
+    bool more = false;
+    work += Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
+    if (tx_refused_) {
+      qp->on_ack_ = true;
+      qp->ack_next_ = ack_head_;
+      ack_head_ = qp;
+      if (!ack_tail_) ack_tail_ = qp;
+      return work;
+    }
+  }
   // One pass over the QPs that have transmit work; a QP that still has
   // some afterwards goes to the back of the list.
   Qp* end = ready_tail_;
@@ -460,16 +481,28 @@ uint32_t Engine::poll(uint64_t now_ns) {
     qp->ready_next_ = nullptr;
     qp->on_ready_ = false;
     tx_refused_ = false;
+    // Round-robin by bytes: a QP's turn ends after tx_quantum bytes (or
+    // tx_budget packets), so a bulk sender cannot hold the port while
+    // another QP's READ response waits. A turn cut short by a full TX queue
+    // resumes with what was left of it, not with a fresh quantum.
+    const uint32_t budget = qp->turn_cont_ ? qp->turn_pkts_ : cfg_.tx_budget;
+    turn_left_ = qp->turn_cont_ ? qp->turn_bytes_ : cfg_.tx_quantum;
+    qp->turn_cont_ = false;
     bool more = false;
-    uint32_t sent = Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
+    uint32_t sent = Responder::send_st(*this, *qp, budget, &more);
     bool more_req = false;
-    if (!more)
-      sent += Requester::send_st(*this, *qp, cfg_.tx_budget - sent, &more_req);
+    if (!more) sent += Requester::send_st(*this, *qp, budget - sent, &more_req);
     work += sent;
     if (tx_refused_) {
-      // TX is full: this QP keeps its place at the front and the pass ends,
-      // so freed slots go round-robin, not to whichever QP is first.
-      push_ready_front(*qp);
+      // TX is full: this QP keeps its place at the front and the pass ends.
+      if (sent < budget && turn_left_ > 0) {
+        qp->turn_cont_ = true;
+        qp->turn_pkts_ = budget - sent;
+        qp->turn_bytes_ = turn_left_;
+        push_ready_front(*qp);
+      } else {
+        make_ready(*qp);  // its turn is over: to the back
+      }
       break;
     }
     if (more || more_req) make_ready(*qp);
@@ -491,6 +524,17 @@ void Engine::make_ready(Qp& qp) {
   ready_tail_ = &qp;
 }
 
+void Engine::make_ack_ready(Qp& qp) {
+  if (qp.on_ack_) return;
+  qp.on_ack_ = true;
+  qp.ack_next_ = nullptr;
+  if (ack_tail_)
+    ack_tail_->ack_next_ = &qp;
+  else
+    ack_head_ = &qp;
+  ack_tail_ = &qp;
+}
+
 void Engine::push_ready_front(Qp& qp) {
   if (qp.on_ready_) return;
   qp.on_ready_ = true;
@@ -500,9 +544,9 @@ void Engine::push_ready_front(Qp& qp) {
 }
 
 void Engine::unlink_ready(Qp& qp) {
-  if (!qp.on_ready_) return;
   Qp* prev = nullptr;
-  for (Qp* q = ready_head_; q; prev = q, q = q->ready_next_) {
+  for (Qp* q = qp.on_ready_ ? ready_head_ : nullptr; q;
+       prev = q, q = q->ready_next_) {
     if (q != &qp) continue;
     (prev ? prev->ready_next_ : ready_head_) = q->ready_next_;
     if (ready_tail_ == q) ready_tail_ = prev;
@@ -510,6 +554,17 @@ void Engine::unlink_ready(Qp& qp) {
   }
   qp.on_ready_ = false;
   qp.ready_next_ = nullptr;
+  if (qp.on_ack_) {
+    Qp* before = nullptr;
+    for (Qp* q = ack_head_; q; before = q, q = q->ack_next_) {
+      if (q != &qp) continue;
+      (before ? before->ack_next_ : ack_head_) = q->ack_next_;
+      if (ack_tail_ == q) ack_tail_ = before;
+      break;
+    }
+    qp.on_ack_ = false;
+    qp.ack_next_ = nullptr;
+  }
 }
 
 void Engine::fill_addr(const Qp& qp, const Path& path,
@@ -546,8 +601,10 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
     ctr_.inc(ECtr::tx_full);
     return false;
   }
+  const uint32_t flen = tf.frame_len();
   ctr_.inc(ECtr::tx_packets);
-  ctr_.inc(ECtr::tx_bytes, tf.frame_len());
+  ctr_.inc(ECtr::tx_bytes, flen);
+  turn_left_ -= flen;
   ++qp.ctr_.tx_packets;
   return true;
 }

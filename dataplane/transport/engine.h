@@ -87,6 +87,7 @@ struct EngineConfig {
   uint32_t ack_req_every = 16;  // AckReq on at least every Nth packet
   uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
   uint32_t tx_budget = 64;      // packets one poll() may send per QP
+  uint32_t tx_quantum = 16384;  // bytes per QP turn (round-robin by bytes)
   uint16_t udp_sport_base = 0xc000;
   uint32_t timer_tick_ns = 1000;  // timer wheel resolution
 };
@@ -146,6 +147,9 @@ class Engine {
   bool send_packet(Qp& qp, wire::RoceFields& f,
                    std::span<const wire::ConstBuf> payload);
   void make_ready(Qp& qp);
+  // Small responder packets (ACK/NAK, atomic ACK) go out before bulk data:
+  // an ACK queued behind every other QP's data burst would look lost.
+  void make_ack_ready(Qp& qp);
   void push_ready_front(Qp& qp);
   void unlink_ready(Qp& qp);
   // Completes sqe(qp.sq_head_) with `st` (a CQE if signaled or an error).
@@ -170,6 +174,9 @@ class Engine {
   Qp* ready_head_ = nullptr;  // QPs with transmit work (intrusive list)
   Qp* ready_tail_ = nullptr;
   bool tx_refused_ = false;  // the PacketIo refused a frame this turn
+  int64_t turn_left_ = 0;    // bytes the QP whose turn it is may still send
+  Qp* ack_head_ = nullptr;   // QPs with an ACK-sized response pending
+  Qp* ack_tail_ = nullptr;
 };
 
 }  // namespace urnic::transport

@@ -171,6 +171,11 @@ class Qp {
   // Engine lists.
   Qp* ready_next_ = nullptr;
   bool on_ready_ = false;
+  bool turn_cont_ = false;  // TX turn interrupted by a full queue:
+  uint32_t turn_pkts_ = 0;  // packets and bytes left of it
+  int64_t turn_bytes_ = 0;
+  Qp* ack_next_ = nullptr;  // has an ACK/NAK/atomic ACK to send
+  bool on_ack_ = false;
 
   QpCounters ctr_;
 };

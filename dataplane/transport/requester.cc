@@ -167,7 +167,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   const bool rc = qp.type_ == IBV_QPT_RC;
   uint32_t sent = 0;
   while (qp.sq_next_ != qp.sq_tail_) {
-    if (sent >= budget) {
+    if (sent >= budget || e.turn_left_ <= 0) {
       *more = true;
       break;
     }

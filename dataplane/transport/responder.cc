@@ -42,6 +42,7 @@ void queue_ack(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
   r.ack_syndrome = syn;
   r.ack_psn = psn;
   e.make_ready(qp);
+  e.make_ack_ready(qp);
 }
 
 void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
@@ -310,6 +311,7 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
       s.tx_psn = psn;
       e.ctr_.inc(ECtr::atomic_replays);
       e.make_ready(qp);
+      e.make_ack_ready(qp);
       return;
     }
     return;
@@ -407,6 +409,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     // The response itself acknowledges everything before it.
     if (r.ack_pending && !is_fatal_nak(r.ack_syndrome)) r.ack_pending = false;
     e.make_ready(qp);
+    if (p.op.mask & wire::kAtomic) e.make_ack_ready(qp);
   } else if (p.f.ack_req ||
              (r.ack_pending && r.ack_syndrome == kSynAckUnlimited)) {
     // Coalescing: a pending ACK grows to cover every packet executed since.
@@ -507,6 +510,12 @@ void Responder::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   }
 }
 
+bool Responder::read_pending(const Qp& qp) {
+  for (const RespResource& s : qp.res_)
+    if (s.pending && s.kind == RespResource::kRead) return true;
+  return false;
+}
+
 uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   *more = false;
   if (qp.state_ == IBV_QPS_ERR || qp.type_ != IBV_QPT_RC) return 0;
@@ -518,7 +527,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   for (uint32_t k = 0; k < n; ++k) {
     RespResource& s = qp.res_[(qp.res_next_ + k) % n];
     while (s.pending) {
-      if (sent >= budget) {
+      if (sent >= budget || e.turn_left_ <= 0) {
         *more = true;
         return sent;
       }

@@ -46,6 +46,8 @@ class Responder {
   static void rx_st(Engine& e, Qp& qp, const RxPkt& p);
   // Sends read responses, atomic ACKs and the deferred ACK/NAK.
   static uint32_t send_st(Engine& e, Qp& qp, uint32_t budget, bool* more);
+  // True while read responses are still to be sent (an ACK must wait).
+  static bool read_pending(const Qp& qp);
 };
 
 // Copies [off, off+len) of the payload pieces... helpers shared by roles.

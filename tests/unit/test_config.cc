@@ -153,6 +153,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.ack_req_every, 16u);
   EXPECT_EQ(t.max_unacked, 512u);
   EXPECT_EQ(t.tx_budget, 64u);
+  EXPECT_EQ(t.tx_quantum, 16384u);
   EXPECT_EQ(t.timer_tick_us, 1u);
 }
 
@@ -334,6 +335,8 @@ field_mutations() {
           {"transport.max_unacked",
            [](Config& c) { c.transport.max_unacked = 8388607; }},
           {"transport.tx_budget", [](Config& c) { c.transport.tx_budget = 1; }},
+          {"transport.tx_quantum",
+           [](Config& c) { c.transport.tx_quantum = 4096; }},
           {"transport.timer_tick_us",
            [](Config& c) { c.transport.timer_tick_us = 1000; }},
       };
@@ -532,6 +535,7 @@ TEST(ConfigScalars, LimitsAndTransportRanges) {
            Case{"transport", "ack_req_every", "1025", "[1, 1024]"},
            Case{"transport", "max_unacked", "8388608", "[1, 8388607]"},
            Case{"transport", "tx_budget", "0", "[1, 1024]"},
+           Case{"transport", "tx_quantum", "255", "[256, 1048576]"},
            Case{"transport", "timer_tick_us", "1001", "[1, 1000]"},
        }) {
     const std::string key = std::string(k.section) + "." + k.key;
