@@ -276,7 +276,10 @@ namespace {
 class LoopIo : public PacketIo {
  public:
   std::vector<std::vector<uint8_t>> q;
+  uint32_t room = UINT32_MAX;  // frames accepted until refilled
   bool transmit(const TxFrame& f) override {
+    if (room == 0) return false;
+    --room;
     std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
     for (const wire::ConstBuf& p : f.payload)
       b.insert(b.end(), p.data, p.data + p.len);
@@ -497,6 +500,55 @@ TEST_F(Loopback, UdOverIpv6CarriesTheIpv6HeaderAsGrh) {
   EXPECT_EQ(std::memcmp(grh + 8, dc.gids[1], 16), 0);
   EXPECT_EQ(std::memcmp(grh + 24, dc.gids[1], 16), 0);
   EXPECT_EQ(std::memcmp(grh + kGrhSize, m, 200), 0);
+}
+
+// A bulk sender cannot hold a congested port: with TX accepting one frame
+// per poll, a 16-byte SEND on another QP leaves within one byte quantum of
+// the bulk QP's frames, not after its whole 256 KiB message.
+TEST_F(Loopback, FullTxIsSharedRoundRobinByBytes) {
+  Qp* a1 = make(IBV_QPT_RC);
+  Qp* a2 = make(IBV_QPT_RC);
+  Qp* b1 = make(IBV_QPT_RC);
+  Qp* b2 = make(IBV_QPT_RC);
+  up_rc(a1, b1->qpn());
+  up_rc(b1, a1->qpn());
+  up_rc(a2, b2->qpn());
+  up_rc(b2, a2->qpn());
+  const uint64_t base = reinterpret_cast<uint64_t>(mem.data());
+  SendWr w;
+  w.wr_id = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.num_sge = 1;
+  w.sg_list[0] = {base, 1 << 15, mr->lkey()};
+  w.remote_addr = base + (1 << 15);
+  w.rkey = mr->rkey();
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(eng.post_send(a1, w), 0);  // 256 KiB
+  SendWr s;
+  s.wr_id = 2;
+  s.opcode = IBV_WR_RDMA_WRITE;
+  s.num_sge = 1;
+  s.sg_list[0] = {base, 16, mr->lkey()};
+  s.remote_addr = base + 100;
+  s.rkey = mr->rkey();
+  ASSERT_EQ(eng.post_send(a2, s), 0);
+  // Expect: the small WRITE from a2 leaves within tx_quantum (16 KiB) of
+  // a1's 1 KiB frames, i.e. by about the 17th poll.
+  int polls = 0;
+  bool seen = false;
+  while (!seen && polls < 400) {
+    io.room = 1;
+    now += 1000;
+    eng.poll(now);
+    ++polls;
+    for (auto& b : io.q) {
+      wire::FrameInfo fi;
+      wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
+      seen |= fi.kind == wire::FrameKind::kRoce && fi.roce.dqpn == b2->qpn();
+    }
+    io.q.clear();
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_LE(polls, 20) << "the small WRITE waited behind the bulk sender";
 }
 
 }  // namespace
