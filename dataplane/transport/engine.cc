@@ -339,6 +339,9 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   for (uint32_t i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
   if (len > dev_.limits().max_msg_sz) return EINVAL;
+  // PSNs compare within a 2^23 window (psn.h): a message of more packets
+  // than half of it (2 GiB at MTU 256) could not be tracked.
+  if (len / qp->mtu_ >= (kPsnHalf >> 1)) return EINVAL;
   if (qp->type_ == IBV_QPT_UD &&
       (!wr.ah || len > mtu_bytes(dev_.config().active_mtu)))
     return EINVAL;

@@ -335,7 +335,7 @@ struct Loopback : ::testing::Test {
     std::memcpy(a.grh.dgid.raw, dc.gids[1], 16);
     return a;
   }
-  void up_rc(Qp* qp, uint32_t peer) {
+  void up_rc(Qp* qp, uint32_t peer, ibv_mtu mtu = IBV_MTU_1024) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
@@ -346,7 +346,7 @@ struct Loopback : ::testing::Test {
               0);
     a = {};
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
+    a.path_mtu = mtu;
     a.dest_qp_num = peer;
     a.rq_psn = 7;
     a.max_dest_rd_atomic = 4;
@@ -549,6 +549,25 @@ TEST_F(Loopback, FullTxIsSharedRoundRobinByBytes) {
   }
   EXPECT_TRUE(seen);
   EXPECT_LE(polls, 20) << "the small WRITE waited behind the bulk sender";
+}
+
+// A 2 GiB message is 2^23 packets at MTU 256: more than the PSN comparison
+// window can track, so it is refused at post time; at MTU 1024 it fits.
+TEST_F(Loopback, MessageLongerThanHalfThePsnWindowIsRefused) {
+  Qp* a = make(IBV_QPT_RC);
+  Qp* b = make(IBV_QPT_RC);
+  Qp* c = make(IBV_QPT_RC);
+  up_rc(a, b->qpn(), IBV_MTU_256);
+  up_rc(c, b->qpn(), IBV_MTU_1024);
+  SendWr w;
+  w.opcode = IBV_WR_RDMA_READ;
+  w.num_sge = 1;
+  w.sg_list[0] = {reinterpret_cast<uint64_t>(mem.data()), 0x80000000u,
+                  mr->lkey()};
+  w.remote_addr = 0x1000;
+  w.rkey = mr->rkey();
+  EXPECT_EQ(eng.post_send(a, w), EINVAL);
+  EXPECT_EQ(eng.post_send(c, w), 0);
 }
 
 }  // namespace
