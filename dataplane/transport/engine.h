@@ -133,7 +133,7 @@ class Engine {
   uint32_t poll(uint64_t now_ns);
   // True while some QP has packets it could send now (TX was full, or a
   // budget ran out): the caller should poll() again without waiting.
-  bool busy() const { return ready_head_ != nullptr; }
+  bool busy() const { return ready_head_ || ack_head_; }
 
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }
