@@ -120,6 +120,7 @@ before_trunc=$(counter malformed truncated)
 before_other=$(counter totals non_roce_ignored)
 before_nfu=$(counter totals not_for_us)
 before_vlan=$(counter totals vlan_mismatch)
+before_noqp=$(counter transport rx_no_qp)
 check "scapy sends good, bad-ICRC, truncated and non-RoCE packets" \
   ip netns exec "$PEER" $PY - "$IF_P" "$MAC" <<'PYEOF'
 import sys
@@ -149,6 +150,8 @@ for f in (good, bytes(bad), bytes(short), bytes(other), stranger, tagged):
     sendp(Ether(f), iface=iface)
 PYEOF
 check "good RoCE packet counted" wait_counter totals roce_rx $((before_roce + 1))
+check "it reached the transport engine: no such QP (rx_no_qp)" \
+  wait_counter transport rx_no_qp $((before_noqp + 1))
 check "bad ICRC dropped and counted" wait_counter malformed bad_icrc $((before_icrc + 1))
 check "truncated RoCE dropped and counted" wait_counter malformed truncated $((before_trunc + 1))
 check "non-RoCE UDP ignored and counted" wait_counter totals non_roce_ignored $((before_other + 1))
@@ -157,6 +160,8 @@ check "tagged frame on untagged port counted vlan_mismatch" wait_counter totals 
 check "urnicctl stats --json parses" bash -c "'$URNICCTL' -s '$SOCK' stats --json | $PY -m json.tool >/dev/null"
 check "urnicctl stats prints the testpmd layout" bash -c \
   "'$URNICCTL' -s '$SOCK' stats | grep -q 'Throughput (since last show)'"
+check "urnicctl stats shows the transport counters that moved" bash -c \
+  "'$URNICCTL' -s '$SOCK' stats | grep -q 'transport: .*rx_no_qp 1'"
 
 # Bad use: a second service on the same socket is refused before it touches
 # any port; a client of a missing service gets a clear error.
