@@ -9,11 +9,6 @@
 namespace urnic::transport {
 namespace {
 
-bool is_rd_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
-         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
-
 // AETH syndrome classes (IBTA table 42).
 constexpr uint8_t kSynAck = 0x00, kSynRnr = 0x20, kSynNak = 0x60;
 constexpr uint8_t kNakSeq = 0, kNakInvReq = 1, kNakRemAccess = 2, kNakRemOp = 3;
@@ -178,12 +173,10 @@ SendWqe* expect_response(Engine& e, Qp& qp, uint32_t psn, bool atomic) {
   if (qp.state_ == IBV_QPS_ERR) return nullptr;
   sync_comp_psn(qp);
   SendWqe* w = qp.sq_head_ != qp.sq_tail_ ? &qp.sqe(qp.sq_head_) : nullptr;
-  const bool match = !lost && w && w->started &&
-                     (atomic ? (w->wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-                                w->wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
-                             : w->wr.opcode == IBV_WR_RDMA_READ) &&
-                     psn_diff(psn, w->first_psn) >= 0 &&
-                     psn_diff(psn, w->last_psn) <= 0;
+  const bool match =
+      !lost && w && w->started &&
+      (atomic ? is_atomic(w->wr.opcode) : w->wr.opcode == IBV_WR_RDMA_READ) &&
+      psn_diff(psn, w->first_psn) >= 0 && psn_diff(psn, w->last_psn) <= 0;
   if (match && psn == qp.comp_.psn) return w;
   // A gap in the responses (an earlier one was lost): go back once per gap.
   e.ctr_.inc(ECtr::rx_out_of_seq);

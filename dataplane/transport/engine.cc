@@ -60,11 +60,6 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   }
 }
 
-bool is_rd_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
-         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
-
 // P_Key check (IBTA 9.6.1.1, C9-42): one default partition, full or
 // limited membership.
 bool pkey_ok(uint16_t pkey) {
@@ -345,8 +340,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   if (qp->type_ == IBV_QPT_UD &&
       (!wr.ah || len > mtu_bytes(dev_.config().active_mtu)))
     return EINVAL;
-  if (is_rd_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ && len != 8)
-    return EINVAL;
+  if (is_atomic(wr.opcode) && len != 8) return EINVAL;
   if (inl && (is_rd_atomic(wr.opcode) || len > qp->cap_.max_inline_data))
     return EINVAL;
   if (qp->sq_tail_ - qp->sq_head_ > qp->sq_mask_) return ENOMEM;
@@ -356,13 +350,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   w.length = static_cast<uint32_t>(len);
   w.started = w.resolved = w.rd_counted = w.done = false;
   w.local_err = IBV_WC_SUCCESS;
-  w.first_psn = w.last_psn = 0;
-  const uint32_t mtu = qp->mtu_;
-  w.npkts = (wr.opcode == IBV_WR_RDMA_READ || qp->type_ != IBV_QPT_UD)
-                ? (w.length + mtu - 1) / mtu
-                : 1;
-  if (is_rd_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ) w.npkts = 1;
-  if (w.npkts == 0) w.npkts = 1;
+  w.first_psn = w.last_psn = w.npkts = 0;  // assigned when it starts
   if (inl) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;
@@ -457,32 +445,21 @@ uint32_t Engine::poll(uint64_t now_ns) {
       timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); });
   // ACK-sized responses first, unless read responses for earlier PSNs of
   // the same QP are still to go (then the data pass sends them in order).
-  while (Qp* qp = ack_head_) {
-    ack_head_ = qp->ack_next_;
-    if (!ack_head_) ack_tail_ = nullptr;
-    qp->ack_next_ = nullptr;
-    qp->on_ack_ = false;
+  while (Qp* qp = ack_.pop_front()) {
     if (Responder::read_pending(*qp)) continue;
     tx_refused_ = false;
     turn_left_ = INT64_MAX;  // ACK-sized packets only
     bool more = false;
     work += Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
     if (tx_refused_) {
-      qp->on_ack_ = true;
-      qp->ack_next_ = ack_head_;
-      ack_head_ = qp;
-      if (!ack_tail_) ack_tail_ = qp;
+      ack_.push_front(*qp);
       return work;
     }
   }
   // One pass over the QPs that have transmit work; a QP that still has
   // some afterwards goes to the back of the list.
-  Qp* end = ready_tail_;
-  while (Qp* qp = ready_head_) {
-    ready_head_ = qp->ready_next_;
-    if (!ready_head_) ready_tail_ = nullptr;
-    qp->ready_next_ = nullptr;
-    qp->on_ready_ = false;
+  Qp* end = ready_.tail();
+  while (Qp* qp = ready_.pop_front()) {
     tx_refused_ = false;
     // Round-robin by bytes: a QP's turn ends after tx_quantum bytes (or
     // tx_budget packets), so a bulk sender cannot hold the port while
@@ -502,7 +479,7 @@ uint32_t Engine::poll(uint64_t now_ns) {
         qp->turn_cont_ = true;
         qp->turn_pkts_ = budget - sent;
         qp->turn_bytes_ = turn_left_;
-        push_ready_front(*qp);
+        ready_.push_front(*qp);
       } else {
         make_ready(*qp);  // its turn is over: to the back
       }
@@ -516,58 +493,9 @@ uint32_t Engine::poll(uint64_t now_ns) {
 
 // --- shared helpers ---------------------------------------------------------
 
-void Engine::make_ready(Qp& qp) {
-  if (qp.on_ready_) return;
-  qp.on_ready_ = true;
-  qp.ready_next_ = nullptr;
-  if (ready_tail_)
-    ready_tail_->ready_next_ = &qp;
-  else
-    ready_head_ = &qp;
-  ready_tail_ = &qp;
-}
-
-void Engine::make_ack_ready(Qp& qp) {
-  if (qp.on_ack_) return;
-  qp.on_ack_ = true;
-  qp.ack_next_ = nullptr;
-  if (ack_tail_)
-    ack_tail_->ack_next_ = &qp;
-  else
-    ack_head_ = &qp;
-  ack_tail_ = &qp;
-}
-
-void Engine::push_ready_front(Qp& qp) {
-  if (qp.on_ready_) return;
-  qp.on_ready_ = true;
-  qp.ready_next_ = ready_head_;
-  ready_head_ = &qp;
-  if (!ready_tail_) ready_tail_ = &qp;
-}
-
 void Engine::unlink_ready(Qp& qp) {
-  Qp* prev = nullptr;
-  for (Qp* q = qp.on_ready_ ? ready_head_ : nullptr; q;
-       prev = q, q = q->ready_next_) {
-    if (q != &qp) continue;
-    (prev ? prev->ready_next_ : ready_head_) = q->ready_next_;
-    if (ready_tail_ == q) ready_tail_ = prev;
-    break;
-  }
-  qp.on_ready_ = false;
-  qp.ready_next_ = nullptr;
-  if (qp.on_ack_) {
-    Qp* before = nullptr;
-    for (Qp* q = ack_head_; q; before = q, q = q->ack_next_) {
-      if (q != &qp) continue;
-      (before ? before->ack_next_ : ack_head_) = q->ack_next_;
-      if (ack_tail_ == q) ack_tail_ = before;
-      break;
-    }
-    qp.on_ack_ = false;
-    qp.ack_next_ = nullptr;
-  }
+  ready_.remove(qp);
+  ack_.remove(qp);
 }
 
 void Engine::fill_addr(const Qp& qp, const Path& path,

@@ -133,7 +133,7 @@ class Engine {
   uint32_t poll(uint64_t now_ns);
   // True while some QP has packets it could send now (TX was full, or a
   // budget ran out): the caller should poll() again without waiting.
-  bool busy() const { return ready_head_ || ack_head_; }
+  bool busy() const { return !ready_.empty() || !ack_.empty(); }
 
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }
@@ -146,11 +146,10 @@ class Engine {
   // Encodes and transmits one packet of `qp`; false if TX is full.
   bool send_packet(Qp& qp, wire::RoceFields& f,
                    std::span<const wire::ConstBuf> payload);
-  void make_ready(Qp& qp);
+  void make_ready(Qp& qp) { ready_.push_back(qp); }
   // Small responder packets (ACK/NAK, atomic ACK) go out before bulk data:
   // an ACK queued behind every other QP's data burst would look lost.
-  void make_ack_ready(Qp& qp);
-  void push_ready_front(Qp& qp);
+  void make_ack_ready(Qp& qp) { ack_.push_back(qp); }
   void unlink_ready(Qp& qp);
   // Completes sqe(qp.sq_head_) with `st` (a CQE if signaled or an error).
   void complete_head(Qp& qp, ibv_wc_status st);
@@ -171,12 +170,10 @@ class Engine {
   std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
   std::vector<uint32_t> free_qp_;
   size_t nqp_ = 0;
-  Qp* ready_head_ = nullptr;  // QPs with transmit work (intrusive list)
-  Qp* ready_tail_ = nullptr;
-  bool tx_refused_ = false;  // the PacketIo refused a frame this turn
-  int64_t turn_left_ = 0;    // bytes the QP whose turn it is may still send
-  Qp* ack_head_ = nullptr;   // QPs with an ACK-sized response pending
-  Qp* ack_tail_ = nullptr;
+  QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
+  bool tx_refused_ = false;         // the PacketIo refused a frame this turn
+  int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
+  QpList<&Qp::ack_link_> ack_;  // QPs with an ACK-sized response pending
 };
 
 }  // namespace urnic::transport

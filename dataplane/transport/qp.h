@@ -65,6 +65,31 @@ struct RespResource {
   uint32_t tx_total = 0;
 };
 
+class Qp;
+
+// Membership of a QP in one of the engine's intrusive FIFO lists.
+struct QpLink {
+  Qp* next = nullptr;
+  bool on = false;
+};
+
+// An intrusive FIFO of QPs through the QpLink member `Link`: O(1) push and
+// pop, no allocation; a QP is on a given list at most once.
+template <QpLink Qp::*Link>
+class QpList {
+ public:
+  bool empty() const { return head_ == nullptr; }
+  Qp* tail() const { return tail_; }
+  void push_back(Qp& qp);
+  void push_front(Qp& qp);
+  Qp* pop_front();
+  void remove(Qp& qp);  // O(n): control path only
+
+ private:
+  Qp* head_ = nullptr;
+  Qp* tail_ = nullptr;
+};
+
 class Qp {
  public:
   uint32_t qpn() const { return qpn_; }
@@ -169,15 +194,54 @@ class Qp {
   uint32_t res_next_ = 0;          // next slot to use
 
   // Engine lists.
-  Qp* ready_next_ = nullptr;
-  bool on_ready_ = false;
+  QpLink ready_link_;       // on the engine's list of QPs with transmit work
   bool turn_cont_ = false;  // TX turn interrupted by a full queue:
   uint32_t turn_pkts_ = 0;  // packets and bytes left of it
   int64_t turn_bytes_ = 0;
-  Qp* ack_next_ = nullptr;  // has an ACK/NAK/atomic ACK to send
-  bool on_ack_ = false;
+  QpLink ack_link_;  // has an ACK/NAK/atomic ACK to send
 
   QpCounters ctr_;
 };
+
+template <QpLink Qp::*Link>
+void QpList<Link>::push_back(Qp& qp) {
+  QpLink& l = qp.*Link;
+  if (l.on) return;
+  l = {nullptr, true};
+  (tail_ ? (tail_->*Link).next : head_) = &qp;
+  tail_ = &qp;
+}
+
+template <QpLink Qp::*Link>
+void QpList<Link>::push_front(Qp& qp) {
+  QpLink& l = qp.*Link;
+  if (l.on) return;
+  l = {head_, true};
+  head_ = &qp;
+  if (!tail_) tail_ = &qp;
+}
+
+template <QpLink Qp::*Link>
+Qp* QpList<Link>::pop_front() {
+  Qp* qp = head_;
+  if (!qp) return nullptr;
+  head_ = (qp->*Link).next;
+  if (!head_) tail_ = nullptr;
+  qp->*Link = {};
+  return qp;
+}
+
+template <QpLink Qp::*Link>
+void QpList<Link>::remove(Qp& qp) {
+  if (!(qp.*Link).on) return;
+  Qp* prev = nullptr;
+  for (Qp* q = head_; q; prev = q, q = (q->*Link).next) {
+    if (q != &qp) continue;
+    (prev ? (prev->*Link).next : head_) = (q->*Link).next;
+    if (tail_ == q) tail_ = prev;
+    break;
+  }
+  qp.*Link = {};
+}
 
 }  // namespace urnic::transport

@@ -13,15 +13,9 @@ namespace {
 
 using namespace wire::opcode;
 
-bool is_rd_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP ||
-         op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
-
 // Resolves the WR's local SGEs to host memory once (lkey, PD, bounds and,
 // for READ/ATOMIC results, local write access).
-bool resolve(const Engine& e, Qp& qp, SendWqe& w, Device& dev) {
-  (void)e;
+bool resolve(Qp& qp, SendWqe& w, const Device& dev) {
   const uint32_t rights =
       is_rd_atomic(w.wr.opcode) ? uint32_t{IBV_ACCESS_LOCAL_WRITE} : 0u;
   for (uint32_t i = 0; i < w.wr.num_sge; ++i) {
@@ -63,11 +57,13 @@ uint8_t data_opcode(ibv_qp_type t, ibv_wr_opcode op, bool first, bool last) {
 bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   const bool ud = qp.type_ == IBV_QPT_UD;
   const bool rc = qp.type_ == IBV_QPT_RC;
-  wire::RoceFields f = qp.tmpl_;
+  // RC/UC: the per-QP template; UD: the addresses of this WR's AH.
+  wire::RoceFields f;
   if (ud) {
-    f = {};
     e.fill_addr(qp, w.wr.ah->path(), f);
     f.dqpn = w.wr.remote_qpn;
+  } else {
+    f = qp.tmpl_;
   }
   f.psn = qp.req_.psn;
   const uint32_t mtu = qp.mtu_;
@@ -86,8 +82,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
     f.reth_len = w.length - off;
     f.ack_req = true;
     psn_used = w.npkts - off / mtu;
-  } else if (op == IBV_WR_ATOMIC_CMP_AND_SWP ||
-             op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+  } else if (is_atomic(op)) {
     const bool cs = op == IBV_WR_ATOMIC_CMP_AND_SWP;
     f.opcode = cs ? kRcCmpSwap : kRcFetchAdd;
     f.atomic_va = w.wr.remote_addr;
@@ -178,17 +173,15 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       if (w.local_err != IBV_WC_SUCCESS) break;  // completer reports it
       // Fence (IBTA 10.8.3.3): wait for earlier READ/ATOMIC to complete.
       if ((w.wr.send_flags & IBV_SEND_FENCE) && qp.req_.rd_atomic) break;
-      if (!w.resolved && !resolve(e, qp, w, e.device())) {
+      if (!w.resolved && !resolve(qp, w, e.device())) {
         w.local_err = IBV_WC_LOC_PROT_ERR;
         e.ctr_.inc(ECtr::local_errors);
         Completer::check_head_st(e, qp);
         break;
       }
-      if (qp.type_ != IBV_QPT_UD && w.wr.opcode != IBV_WR_ATOMIC_CMP_AND_SWP &&
-          w.wr.opcode != IBV_WR_ATOMIC_FETCH_AND_ADD)
-        w.npkts = std::max<uint32_t>(1, (w.length + qp.mtu_ - 1) / qp.mtu_);
-      else
-        w.npkts = 1;
+      w.npkts = qp.type_ == IBV_QPT_UD || is_atomic(w.wr.opcode)
+                    ? 1
+                    : pkts_for(w.length, qp.mtu_);
     }
     if (rd && !w.rd_counted && qp.req_.rd_atomic >= qp.max_rd_atomic_) break;
     if (rc) {
@@ -230,8 +223,7 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
   qp.req_.offset = 0;
   if (i != qp.sq_tail_) {
     const SendWqe& w = qp.sqe(i);
-    const bool atomic = w.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-                        w.wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    const bool atomic = is_atomic(w.wr.opcode);
     if (w.started && !atomic && psn_diff(psn, w.first_psn) > 0)
       qp.req_.offset =
           static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * qp.mtu_;

@@ -233,7 +233,7 @@ Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
   if (res != Res::kOk) return res;
   RespResource* s = new_resource(qp);
   if (!s) return Res::kInvReq;
-  const uint32_t npkts = std::max<uint32_t>(1, (len + qp.mtu_ - 1) / qp.mtu_);
+  const uint32_t npkts = pkts_for(len, qp.mtu_);
   *s = {};
   s->kind = RespResource::kRead;
   s->first_psn = p.f.psn;
@@ -291,8 +291,7 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
           check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
                      IBV_ACCESS_REMOTE_READ, &host) != Res::kOk)
         return;
-      const uint32_t npkts =
-          std::max<uint32_t>(1, (p.f.reth_len + qp.mtu_ - 1) / qp.mtu_);
+      const uint32_t npkts = pkts_for(p.f.reth_len, qp.mtu_);
       if (psn_after(psn_add(psn, npkts - 1), s.last_psn)) return;
       s.pending = s.replay = true;
       s.tx_psn = s.tx_first = psn;
@@ -372,7 +371,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     res = do_write(e, qp, p);
   } else if (p.op.mask & wire::kRead) {
     res = do_read(e, qp, p);
-    used = std::max<uint32_t>(1, (p.f.reth_len + qp.mtu_ - 1) / qp.mtu_);
+    used = pkts_for(p.f.reth_len, qp.mtu_);
   } else {
     res = do_atomic(e, qp, p);
   }

@@ -39,6 +39,23 @@ constexpr uint32_t mtu_bytes(ibv_mtu m) {
 }
 static_assert(mtu_bytes(IBV_MTU_256) == 256 && mtu_bytes(IBV_MTU_4096) == 4096);
 
+constexpr bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+// READ and atomics: they hold a max_rd_atomic credit and need a response.
+constexpr bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || is_atomic(op);
+}
+
+// Packets (PSNs) a message of `len` bytes takes at path MTU `mtu` (a
+// zero-length message still takes one).
+constexpr uint32_t pkts_for(uint32_t len, uint32_t mtu) {
+  return len ? (len - 1) / mtu + 1 : 1;
+}
+static_assert(pkts_for(0, 1024) == 1 && pkts_for(1024, 1024) == 1 &&
+              pkts_for(1025, 1024) == 2 &&
+              pkts_for(0x80000000u, 256) == 1u << 23);
+
 struct Sge {
   uint64_t addr = 0;
   uint32_t length = 0;
