@@ -296,9 +296,8 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
         break;
       }
       ctr_.inc(Ctr::roce_rx);
-      // Packets for unknown QPs are dropped silently (IBTA 9.6.1.1); the
-      // engine counts them too (rx_no_qp).
-      if (!engine_.find_qp(fi.roce.dqpn)) ctr_.inc(Ctr::roce_no_qp);
+      // Packets for unknown QPs are dropped silently (IBTA 9.6.1.1) and
+      // counted by the engine (transport rx_no_qp).
       engine_.rx(fi, {segs, n}, now);
       break;
     case FrameKind::kArp:

@@ -13,7 +13,7 @@ namespace urnic::stats {
 #define URNIC_COUNTERS(X)                                                    \
   X(rx_packets)        X(rx_bytes)          X(tx_packets)                    \
   X(tx_bytes)          X(tx_dropped)        X(rx_bursts)                     \
-  X(roce_rx)           X(roce_no_qp)        X(not_for_us)                    \
+  X(roce_rx)           X(not_for_us)                                         \
   X(vlan_mismatch)     X(other_l2)          X(non_roce_ignored)              \
   X(arp_rx_request)    X(arp_rx_reply)      X(arp_tx_request)                \
   X(arp_tx_reply)      X(arp_ignored)       X(icmp_echo_rx)                  \
