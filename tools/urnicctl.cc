@@ -24,6 +24,7 @@ void usage(FILE* f) {
           "the last query)\n"
           "  ping IPV4        make the service send one ICMP echo request\n"
           "  gids             the port's GID table (index, GID, type)\n"
+          "  objects          verbs objects of the device and of each client\n"
           "  version          service and protocol version\n"
           "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
 }
@@ -112,6 +113,8 @@ int main(int argc, char** argv) {
     if (rc == 0) out += "\n";
   } else if (cmd == "gids" && i == argc) {
     rc = call(path, ctl::Op::kGids, "", out);
+  } else if (cmd == "objects" && i == argc) {
+    rc = call(path, ctl::Op::kObjects, "", out);
   } else if (cmd == "version" && i == argc) {
     rc = call(path, ctl::Op::kHello, "", out);
     if (rc == 0) out += "\n";

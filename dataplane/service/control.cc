@@ -14,7 +14,8 @@
 namespace urnic::service {
 namespace {
 
-constexpr size_t kMaxClients = 64;
+constexpr size_t kMaxClients = 256;
+constexpr size_t kMaxFds = 72;  // > shim::kMaxMrPieces
 
 std::string errstr(const std::string& what) {
   return what + ": " + strerror(errno);
@@ -32,8 +33,12 @@ void mkdir_p(const std::string& dir) {
 
 }  // namespace
 
-ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h)
-    : path_(cfg.socket), handler_(std::move(h)) {
+ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h,
+                             CloseHandler on_close)
+    : path_(cfg.socket),
+      mode_(cfg.mode),
+      handler_(std::move(h)),
+      on_close_(std::move(on_close)) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   if (path_.size() >= sizeof sa.sun_path)
@@ -73,79 +78,153 @@ void ControlServer::ensure_free(const std::string& path) {
 }
 
 ControlServer::~ControlServer() {
-  for (int fd : clients_) close(fd);
+  for (Client& c : clients_) {
+    if (on_close_) on_close_(c.info);
+    close(c.fd);
+  }
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     unlink(path_.c_str());
   }
 }
 
+// The socket file's mode already limits who can connect; the credentials
+// are checked again here (a socket inherited or passed around does not
+// widen access) and recorded for `urnicctl clients`.
+bool ControlServer::permitted(const ClientInfo& ci) const {
+  if (ci.uid == 0 || ci.uid == geteuid()) return true;
+  if (mode_ & 0002) return true;
+  return (mode_ & 0020) && ci.gid == getegid();
+}
+
 void ControlServer::poll(int timeout_ms) {
   std::vector<pollfd> fds;
   fds.push_back({listen_fd_, POLLIN, 0});
-  for (int fd : clients_) fds.push_back({fd, POLLIN, 0});
+  for (const Client& c : clients_) fds.push_back({c.fd, POLLIN, 0});
   if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
-  std::vector<int> keep;
+  std::vector<Client> keep;
   for (size_t i = 1; i < fds.size(); ++i) {
-    if (fds[i].revents & (POLLERR | POLLHUP | POLLNVAL)) {
-      close(fds[i].fd);
-      continue;
+    Client& c = clients_[i - 1];
+    bool alive = !(fds[i].revents & (POLLERR | POLLNVAL));
+    if (alive && (fds[i].revents & POLLIN))
+      alive = serve(c);
+    else if (alive && (fds[i].revents & POLLHUP))
+      alive = false;
+    if (alive) {
+      keep.push_back(c);
+    } else {
+      if (on_close_) on_close_(c.info);
+      close(c.fd);
     }
-    if (fds[i].revents & POLLIN) serve(fds[i].fd);
-    keep.push_back(fds[i].fd);
   }
   clients_.swap(keep);
-  clients_.erase(std::remove(clients_.begin(), clients_.end(), -1),
-                 clients_.end());
   if (fds[0].revents & POLLIN) {
-    const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c >= 0) {
-      if (clients_.size() >= kMaxClients)
-        close(c);  // the client sees EOF, not a hang
-      else
-        clients_.push_back(c);
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    Client c{fd, {}};
+    ucred cr{};
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
+        clients_.size() >= kMaxClients) {
+      close(fd);  // the client sees EOF, not a hang
+      return;
     }
+    c.info = {next_id_++, cr.pid, cr.uid, cr.gid};
+    if (!permitted(c.info)) {
+      ctl::Hdr rep;
+      rep.status = -EACCES;
+      const std::string msg = "uid " + std::to_string(cr.uid) +
+                              " may not use this urnicd (socket mode " +
+                              std::to_string(mode_) + ")";
+      rep.len = static_cast<uint32_t>(msg.size());
+      std::string out(reinterpret_cast<const char*>(&rep), sizeof rep);
+      send(fd, (out + msg).data(), out.size() + msg.size(),
+           MSG_DONTWAIT | MSG_NOSIGNAL);
+      close(fd);
+      return;
+    }
+    clients_.push_back(c);
   }
 }
 
-void ControlServer::serve(int fd) {
+bool ControlServer::serve(Client& c) {
   char buf[ctl::kMaxMsg];
-  const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-  if (n <= 0) return;  // EOF is seen as POLLHUP next time
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  iovec iov{buf, sizeof buf};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = cbuf;
+  mh.msg_controllen = sizeof cbuf;
+  const ssize_t n = recvmsg(c.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n == 0) return false;  // orderly close
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  std::vector<int> in_fds;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+      in_fds.push_back(fd);
+    }
+  }
   ctl::Hdr req;
   ctl::Hdr rep;
-  std::string payload;
-  if (static_cast<size_t>(n) < sizeof req) {
-    rep.status = -EPROTO;
-    payload = "short message";
+  CtlReply out;
+  if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
+    out.status = -EMSGSIZE;
+    out.payload = "message or its file descriptors truncated";
+  } else if (static_cast<size_t>(n) < sizeof req) {
+    out.status = -EPROTO;
+    out.payload = "short message";
   } else {
     std::memcpy(&req, buf, sizeof req);
     rep.op = req.op;
     if (req.magic != ctl::kMagic) {
-      rep.status = -EPROTO;
-      payload = "not an urnic control message";
+      out.status = -EPROTO;
+      out.payload = "not an urnic control message";
     } else if (req.version != ctl::kVersion) {
-      rep.status = -EPROTONOSUPPORT;
-      payload = "protocol version " + std::to_string(req.version) +
-                " not supported; urnicd speaks " +
-                std::to_string(ctl::kVersion);
+      out.status = -EPROTONOSUPPORT;
+      out.payload = "protocol version " + std::to_string(req.version) +
+                    " not supported; urnicd speaks " +
+                    std::to_string(ctl::kVersion) +
+                    " (use the liburnic-verbs.so / urnicctl of this urnicd)";
     } else if (req.len != n - sizeof req) {
-      rep.status = -EPROTO;
-      payload = "length mismatch";
+      out.status = -EPROTO;
+      out.payload = "length mismatch";
     } else {
-      int status = 0;
-      payload = handler_(static_cast<ctl::Op>(req.op),
-                         std::string(buf + sizeof req, req.len), status);
-      rep.status = status;
+      CtlRequest r{&c.info, static_cast<ctl::Op>(req.op),
+                   std::string_view(buf + sizeof req, req.len), in_fds};
+      handler_(r, out);
     }
   }
-  if (payload.size() > ctl::kMaxMsg - sizeof rep)
-    payload.resize(ctl::kMaxMsg - sizeof rep);
-  rep.len = static_cast<uint32_t>(payload.size());
-  std::string out(reinterpret_cast<const char*>(&rep), sizeof rep);
-  out += payload;
+  for (int fd : in_fds)
+    if (fd >= 0) close(fd);
+  rep.status = out.status;
+  if (out.payload.size() > ctl::kMaxMsg - sizeof rep)
+    out.payload.resize(ctl::kMaxMsg - sizeof rep);
+  rep.len = static_cast<uint32_t>(out.payload.size());
+  std::string msg(reinterpret_cast<const char*>(&rep), sizeof rep);
+  msg += out.payload;
+  iovec oiov{msg.data(), msg.size()};
+  msghdr om{};
+  om.msg_iov = &oiov;
+  om.msg_iovlen = 1;
+  alignas(cmsghdr) char ocbuf[CMSG_SPACE(sizeof(int) * 4)];
+  if (!out.fds.empty() && out.fds.size() <= 4) {
+    om.msg_control = ocbuf;
+    om.msg_controllen = CMSG_SPACE(sizeof(int) * out.fds.size());
+    cmsghdr* cm = CMSG_FIRSTHDR(&om);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * out.fds.size());
+    std::memcpy(CMSG_DATA(cm), out.fds.data(), sizeof(int) * out.fds.size());
+  }
   // A client that stopped reading loses its reply, never the service's time.
-  send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  sendmsg(c.fd, &om, MSG_DONTWAIT | MSG_NOSIGNAL);
+  for (int fd : out.fds) close(fd);
+  return true;
 }
 
 }  // namespace urnic::service

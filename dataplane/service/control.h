@@ -2,8 +2,11 @@
 // message at a time and answers it. Runs on the main lcore only.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/urnic_config.h"
@@ -11,15 +14,38 @@
 
 namespace urnic::service {
 
+// Who is on the other end of a connection (SO_PEERCRED at accept).
+struct ClientInfo {
+  uint64_t id = 0;  // unique for the service's lifetime
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+struct CtlRequest {
+  const ClientInfo* client = nullptr;
+  ctl::Op op{};
+  std::string_view body;
+  std::vector<int>& fds;  // passed with SCM_RIGHTS; the handler closes or
+                          // keeps them (the server closes what is left)
+};
+
+struct CtlReply {
+  int status = 0;  // 0 or -errno (payload then holds a message)
+  std::string payload;
+  std::vector<int> fds;  // sent with the reply, then closed here
+};
+
 class ControlServer {
  public:
-  // Returns the reply payload; sets status to 0 or -errno.
-  using Handler =
-      std::function<std::string(ctl::Op, const std::string&, int& status)>;
+  using Handler = std::function<void(CtlRequest&, CtlReply&)>;
+  // A connection closed (clean exit, crash, kill -9): release its objects.
+  using CloseHandler = std::function<void(const ClientInfo&)>;
 
   // Creates the socket's directory if needed, refuses to start if another
   // service answers on the path, removes a stale socket file. Throws.
-  ControlServer(const config::ControlConfig& cfg, Handler h);
+  ControlServer(const config::ControlConfig& cfg, Handler h,
+                CloseHandler on_close = nullptr);
   ~ControlServer();
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
@@ -33,11 +59,20 @@ class ControlServer {
   const std::string& path() const { return path_; }
 
  private:
-  void serve(int fd);
+  struct Client {
+    int fd = -1;
+    ClientInfo info;
+  };
+  // False when the connection is finished.
+  bool serve(Client& c);
+  bool permitted(const ClientInfo& ci) const;
   std::string path_;
+  uint32_t mode_ = 0;
   int listen_fd_ = -1;
-  std::vector<int> clients_;
+  uint64_t next_id_ = 1;
+  std::vector<Client> clients_;
   Handler handler_;
+  CloseHandler on_close_;
 };
 
 }  // namespace urnic::service

@@ -9,7 +9,7 @@
 namespace urnic::ctl {
 
 constexpr uint32_t kMagic = 0x434e5255;  // "URNC" little-endian
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;         // 2: the verbs shim operations
 constexpr uint32_t kMaxMsg = 64 * 1024;
 
 enum class Op : uint16_t {
@@ -18,6 +18,8 @@ enum class Op : uint16_t {
   kStatsJson = 3,  // reply: JSON
   kPing = 4,       // payload: IPv4 dotted quad; the service sends one echo
   kGids = 5,       // reply: one "index gid" line per GID
+  kObjects = 6,    // reply: verbs objects, per device and per client
+  // 100..199: the verbs shim (verbs-shim/abi.h)
 };
 
 struct Hdr {

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -34,6 +35,85 @@ void usage(FILE* f) {
 
 void on_signal(int) {
   g_quit.store(true);
+}
+
+// GID -> MAC for the transport (create_ah, modify_qp): the neighbour cache
+// only, never waiting (it runs while the transport lcore is parked);
+// ShimEnv::warm_neighbour fills the cache first.
+class NeighbourResolver final : public transport::Resolver {
+ public:
+  explicit NeighbourResolver(const host::NeighbourTable& nt) : nt_(nt) {}
+  int resolve(const uint8_t dgid[16], wire::MacAddr* mac) override {
+    return nt_.lookup(dgid, now_ns(), *mac) == host::Lookup::kHit
+               ? 0
+               : EHOSTUNREACH;
+  }
+
+ private:
+  const host::NeighbourTable& nt_;
+};
+
+// The attributes ibv_query_device / ibv_query_port report: the service's
+// configured limits, as they are.
+shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
+  shim::OpenRep r;
+  const transport::Limits& l = dc.limits;
+  ibv_device_attr& d = r.device;
+  snprintf(d.fw_ver, sizeof d.fw_ver, "urnic %s", URNIC_VERSION);
+  // EUI-64 from the MAC (as RoCE HCAs derive theirs), network byte order.
+  const uint8_t* m = dc.mac.b;
+  const uint8_t g[8] = {
+      static_cast<uint8_t>(m[0] ^ 2), m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]};
+  std::memcpy(&r.node_guid, g, 8);
+  d.node_guid = d.sys_image_guid = r.node_guid;
+  d.max_mr_size = l.max_mr_size;
+  d.page_size_cap = 4096;
+  d.vendor_id = 0;
+  d.vendor_part_id = 0;
+  d.hw_ver = 1;
+  d.max_qp = static_cast<int>(l.max_qp);
+  d.max_qp_wr = static_cast<int>(l.max_qp_wr);
+  d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT;
+  d.max_sge = d.max_sge_rd = static_cast<int>(l.max_sge);
+  d.max_cq = static_cast<int>(l.max_cq);
+  d.max_cqe = static_cast<int>(l.max_cqe);
+  d.max_mr = static_cast<int>(l.max_mr);
+  d.max_pd = static_cast<int>(l.max_pd);
+  d.max_qp_rd_atom = l.max_dest_rd_atomic;
+  d.max_qp_init_rd_atom = l.max_rd_atomic;
+  d.max_res_rd_atom = static_cast<int>(l.max_qp) * l.max_dest_rd_atomic;
+  d.atomic_cap = IBV_ATOMIC_HCA;
+  d.max_ah = static_cast<int>(l.max_ah);
+  d.max_srq = static_cast<int>(l.max_srq);
+  d.max_srq_wr = static_cast<int>(l.max_srq_wr);
+  d.max_srq_sge = static_cast<int>(l.max_sge);
+  d.max_pkeys = 1;
+  d.local_ca_ack_delay = 15;
+  d.phys_port_cnt = 1;
+  ibv_port_attr& p = r.port;
+  p.state = IBV_PORT_ACTIVE;
+  p.max_mtu = IBV_MTU_4096;
+  p.active_mtu = dc.active_mtu;
+  p.gid_tbl_len = dc.num_gids;
+  p.port_cap_flags = 0;
+  p.max_msg_sz = l.max_msg_sz;
+  p.pkey_tbl_len = 1;
+  p.lid = 0;
+  p.sm_lid = 0;
+  p.lmc = 0;
+  p.max_vl_num = 1;
+  p.active_width = 2;  // 4X
+  p.active_speed = 1;  // SDR: the numbers describe nothing real
+  p.phys_state = 5;    // LinkUp
+  p.link_layer = IBV_LINK_LAYER_ETHERNET;
+  r.num_gids = dc.num_gids;
+  for (uint32_t i = 0; i < dc.num_gids; ++i) {
+    std::memcpy(r.gids[i], dc.gids[i], 16);
+    r.gid_is_ipv4[i] = wire::gid_is_ipv4(dc.gids[i]);
+  }
+  std::memcpy(r.mac, dc.mac.b, 6);
+  snprintf(r.service_version, sizeof r.service_version, "%s", URNIC_VERSION);
+  return r;
 }
 
 host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
@@ -69,8 +149,10 @@ int run(const config::Config& cfg, char* prog) {
     PortInfo port;
     host::HostAddrs addrs;
     std::unique_ptr<host::NeighbourTable> neigh;
+    std::unique_ptr<NeighbourResolver> resolver;
     std::unique_ptr<transport::Device> device;
     std::vector<std::unique_ptr<Worker>> workers;
+    std::unique_ptr<ShimServer> shim;
     try {
       port = port_setup(cfg);
       addrs = make_addrs(cfg, port);
@@ -80,11 +162,55 @@ int run(const config::Config& cfg, char* prog) {
       np.retry_ns = uint64_t{cfg.arp.retry_ms} * 1'000'000;
       np.retries = cfg.arp.retries;
       neigh = std::make_unique<host::NeighbourTable>(np);
-      device =
-          std::make_unique<transport::Device>(device_config(cfg, port, addrs));
+      resolver = std::make_unique<NeighbourResolver>(*neigh);
+      const transport::DeviceConfig dc = device_config(cfg, port, addrs);
+      device = std::make_unique<transport::Device>(dc, resolver.get());
       for (uint16_t q = 0; q < port.nb_queues; ++q)
         workers.push_back(std::make_unique<Worker>(
             cfg, port, addrs, *neigh, *device, cfg.eal.workers[q], q));
+      std::deque<std::unique_ptr<Command>> commands;
+      ShimEnv env;
+      env.dev = device.get();
+      env.engine = &workers[0]->engine();
+      env.gate = &workers[0]->gate();
+      env.info = shim_info(dc);
+      env.port_state = [&](ibv_port_attr& pa) {
+        stats::PortSnapshot ps;
+        port_read_link(port, ps);
+        pa.state = ps.link_up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+        pa.phys_state = ps.link_up ? 5 : 3;  // LinkUp : Disabled
+      };
+      // Asks worker 0 to resolve and waits (control thread only; a verbs
+      // client's modify_qp/create_ah waits with it, as on a kernel HCA).
+      env.warm_neighbour = [&](const uint8_t dgid[16]) -> int {
+        for (uint32_t i = 0; i < dc.num_gids; ++i)
+          if (std::memcmp(dc.gids[i], dgid, 16) == 0) return 0;
+        wire::MacAddr mac;
+        const uint64_t deadline = now_ns() + 3'000'000'000ull;
+        uint64_t next_ask = 0;
+        while (now_ns() < deadline && !g_quit.load()) {
+          switch (neigh->lookup(dgid, now_ns(), mac)) {
+            case host::Lookup::kHit:
+              return 0;
+            case host::Lookup::kFailed:
+            case host::Lookup::kPending:
+              break;
+          }
+          if (now_ns() >= next_ask) {
+            auto c = std::make_unique<Command>();
+            c->kind = Command::Kind::kResolve;
+            std::memcpy(c->gid, dgid, 16);
+            if (workers[0]->post(c.get())) commands.push_back(std::move(c));
+            next_ask = now_ns() + 1'000'000'000ull;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        return EHOSTUNREACH;
+      };
+      shim = std::make_unique<ShimServer>(std::move(env));
+      workers[0]->make_transport(shim.get());
+      for (size_t i = 1; i < workers.size(); ++i)
+        workers[i]->hand_roce_to(workers[0].get());
       printf(
           "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
           "queues %u%s ipv4 %s/%u%s%s\n",
@@ -119,11 +245,12 @@ int run(const config::Config& cfg, char* prog) {
         s.neigh_entries = neigh->size();
         return s;
       };
-      std::deque<std::unique_ptr<Command>> commands;
       stats::Snapshot last_query = snapshot();
-      auto handler = [&](ctl::Op op, const std::string& body,
-                         int& status) -> std::string {
+      auto handle_ctl = [&](ctl::Op op, std::string_view body,
+                            int& status) -> std::string {
         switch (op) {
+          case ctl::Op::kObjects:
+            return shim->objects_text();
           case ctl::Op::kHello:
             return "urnicd " URNIC_VERSION " proto " +
                    std::to_string(ctl::kVersion);
@@ -146,9 +273,9 @@ int run(const config::Config& cfg, char* prog) {
           }
           case ctl::Op::kPing: {
             uint32_t ip;
-            if (!config::parse_ipv4(body, ip)) {
+            if (!config::parse_ipv4(std::string(body), ip)) {
               status = -EINVAL;
-              return "not an IPv4 address: " + body;
+              return "not an IPv4 address: " + std::string(body);
             }
             auto c = std::make_unique<Command>();
             c->kind = Command::Kind::kPing;
@@ -158,18 +285,28 @@ int run(const config::Config& cfg, char* prog) {
               return "worker command ring full";
             }
             commands.push_back(std::move(c));
-            return "echo request queued to " + body;
+            return "echo request queued to " + std::string(body);
           }
         }
         status = -EOPNOTSUPP;
         return "unknown operation " + std::to_string(static_cast<int>(op));
       };
-      ControlServer ctl(cfg.control, handler);
+      auto handler = [&](CtlRequest& req, CtlReply& rep) {
+        if (ShimServer::is_shim_op(static_cast<uint16_t>(req.op))) {
+          shim->handle(req, rep);
+          return;
+        }
+        rep.payload = handle_ctl(req.op, req.body, rep.status);
+      };
+      ControlServer ctl(cfg.control, handler,
+                        [&](const ClientInfo& ci) { shim->on_close(ci); });
       printf("urnicd: control socket %s\n", ctl.path().c_str());
       fflush(stdout);
 
-      for (auto& w : workers)
+      for (auto& w : workers) {
+        w->gate().set_running(true);  // before launch: park() waits for it
         rte_eal_remote_launch(&Worker::launch, w.get(), w->lcore());
+      }
 
       stats::Snapshot last_print = snapshot();
       bool link_up = !last_print.port.link_up;  // report the first state
@@ -177,6 +314,7 @@ int run(const config::Config& cfg, char* prog) {
       uint64_t next_print = now_ns() + uint64_t{cfg.stats.period_ms} * 1000000;
       while (!g_quit.load()) {
         ctl.poll(20);
+        shim->pump_events();
         while (!commands.empty() &&
                commands.front()->result.load(std::memory_order_acquire) != 1)
           commands.pop_front();
@@ -205,6 +343,7 @@ int run(const config::Config& cfg, char* prog) {
         stats::Snapshot s = snapshot();
         fputs(stats::format_text(s, &last_print).c_str(), stdout);
       }
+      shim.reset();  // releases every client's objects (lcores stopped)
       workers.clear();
       port_teardown(port);
       printf("urnicd: stopped\n");
@@ -212,6 +351,7 @@ int run(const config::Config& cfg, char* prog) {
       fprintf(stderr, "urnicd: %s\n", e.what());
       g_quit.store(true);
       rte_eal_mp_wait_lcore();
+      shim.reset();
       workers.clear();
       if (port.started) port_teardown(port);
       rc = 1;

@@ -15,6 +15,7 @@
 #include "dataplane/host/gid_table.h"
 #include "dataplane/host/host.h"
 #include "dataplane/host/pending.h"
+#include "dataplane/service/shim_server.h"
 #include "dataplane/stats/report.h"
 #include "dataplane/transport/engine.h"
 
@@ -49,7 +50,8 @@ void port_teardown(PortInfo& p);  // idempotent
 
 // A request from the control thread to a worker (rte_ring of pointers).
 struct Command {
-  enum class Kind : uint8_t { kPing } kind = Kind::kPing;
+  // kPing: one ICMP echo to gid. kResolve: start ARP/ND for gid.
+  enum class Kind : uint8_t { kPing, kResolve } kind = Kind::kPing;
   uint8_t gid[16] = {};
   std::atomic<int> result{1};  // 1: pending, then 0 or -errno
 };
@@ -76,6 +78,12 @@ class alignas(64) Worker final : public transport::PacketIo {
   }
   // Control thread: hands a command over; false if the ring is full.
   bool post(Command* c) { return rte_ring_enqueue(cmd_ring_, c) == 0; }
+  LcoreGate& gate() { return gate_; }
+  transport::Engine& engine() { return engine_; }
+  // Makes this worker the transport lcore: it owns every QP (and serves the
+  // shim's doorbells); the others hand RoCE frames to it by ring.
+  void make_transport(ShimServer* shim);
+  void hand_roce_to(Worker* transport) { transport_ = transport; }
 
  private:
   void loop_st();
@@ -86,6 +94,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   void tx_st(rte_mbuf* m);
   void tx_flush_st();
   bool accept_l2_st(const rte_mbuf* m);
+  uint32_t local_rx_st(uint64_t now);
   // PacketIo: copies the frame into (chained) mbufs from the port's pool;
   // false when the pool is empty (the engine retries on a later poll).
   // Zero-copy external buffers come with shared-memory MRs.
@@ -107,6 +116,15 @@ class alignas(64) Worker final : public transport::PacketIo {
   uint16_t ping_seq_ = 0;
   rte_mbuf* tx_[config::kMaxBurst];
   transport::Engine engine_;
+  LcoreGate gate_;
+  ShimServer* shim_ = nullptr;
+  Worker* transport_ = nullptr;  // set on the other workers
+  rte_ring* handoff_ = nullptr;  // transport worker: RoCE frames (MP/SC)
+  // Frames to our own MAC (a QP talking to a QP of this service) loop back
+  // here, whole and with their ICRC, and are received on the next loop.
+  static constexpr uint32_t kLoopSize = 1024;
+  rte_mbuf* loop_[kLoopSize];
+  uint32_t loop_head_ = 0, loop_tail_ = 0;
 };
 
 // Device attributes of the port: MAC, GIDs, limits, and the largest IB MTU

@@ -67,6 +67,43 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
 Worker::~Worker() {
   pending_.clear([](rte_mbuf* m) { rte_pktmbuf_free(m); });
   rte_ring_free(cmd_ring_);
+  while (loop_head_ != loop_tail_)
+    rte_pktmbuf_free(loop_[loop_head_++ % kLoopSize]);
+  if (handoff_) {
+    void* m;
+    while (rte_ring_dequeue(handoff_, &m) == 0)
+      rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+    rte_ring_free(handoff_);
+  }
+}
+
+void Worker::make_transport(ShimServer* shim) {
+  shim_ = shim;
+  const std::string name = "urnic_handoff_" + std::to_string(lcore_);
+  handoff_ = rte_ring_create(name.c_str(), 4096, SOCKET_ID_ANY, RING_F_SC_DEQ);
+  if (!handoff_)
+    throw std::runtime_error("handoff ring: " +
+                             std::string(rte_strerror(rte_errno)));
+}
+
+// Frames this service sent to itself and frames other workers received for
+// our QPs: both are received like frames from the port.
+uint32_t Worker::local_rx_st(uint64_t now) {
+  uint32_t n = 0;
+  const uint32_t tail = loop_tail_;  // frames looped while handling these
+                                     // wait for the next loop
+  while (loop_head_ != tail) {
+    handle_st(loop_[loop_head_++ % kLoopSize], now);
+    ++n;
+  }
+  if (handoff_) {
+    void* m[32];
+    const unsigned k = rte_ring_dequeue_burst(handoff_, m, 32, nullptr);
+    for (unsigned i = 0; i < k; ++i)
+      handle_st(static_cast<rte_mbuf*>(m[i]), now);
+    n += k;
+  }
+  return n;
 }
 
 int Worker::launch(void* self) {
@@ -112,6 +149,17 @@ bool Worker::transmit(const transport::TxFrame& f) {
   if (!ok) {
     rte_pktmbuf_free(head);
     return false;
+  }
+  if (std::memcmp(f.hdr, addrs_.mac.b, 6) == 0) {
+    // To one of our own GIDs: received on the next loop (whole frame, ICRC
+    // checked on the way in), never put on the wire.
+    if (loop_tail_ - loop_head_ >= kLoopSize) {
+      rte_pktmbuf_free(head);
+      return false;  // the engine retries on a later poll
+    }
+    loop_[loop_tail_++ % kLoopSize] = head;
+    ctr_.inc(Ctr::roce_loopback);
+    return true;
   }
   tx_st(head);
   return true;
@@ -221,7 +269,11 @@ void Worker::commands_st(uint64_t now) {
     auto* c = static_cast<Command*>(obj);
     ctr_.inc(Ctr::commands);
     int result = 0;
-    if (c->kind == Command::Kind::kPing) {
+    if (c->kind == Command::Kind::kResolve) {
+      bool full = false;
+      if (nt_.start(c->gid, now, &full)) send_resolve_request_st(c->gid);
+      result = full ? -ENOSPC : 0;
+    } else if (c->kind == Command::Kind::kPing) {
       rte_mbuf* m = rte_pktmbuf_alloc(port_.pool);
       if (!m) {
         result = -ENOMEM;
@@ -295,6 +347,15 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
         ctr_.inc(Ctr::not_for_us);
         break;
       }
+      if (transport_) {
+        // QPs live on the transport lcore: hand the frame over whole.
+        if (rte_ring_enqueue(transport_->handoff_, m) == 0) {
+          ctr_.inc(Ctr::roce_handoff);
+          return;
+        }
+        ctr_.inc(Ctr::roce_handoff_dropped);
+        break;
+      }
       ctr_.inc(Ctr::roce_rx);
       // Packets for unknown QPs are dropped silently (IBTA 9.6.1.1) and
       // counted by the engine (transport rx_no_qp).
@@ -341,6 +402,7 @@ void Worker::loop_st() {
   rte_mbuf* pkts[config::kMaxBurst];
   uint64_t t_prev = rte_rdtsc();
   while (!g_quit.load(std::memory_order_relaxed)) {
+    gate_.check_st();  // the control thread may change shared tables now
     const uint64_t now = now_ns();
     // 1. Commands from the control thread and resolution timers.
     if (now >= next_timer) {
@@ -369,6 +431,13 @@ void Worker::loop_st() {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
       handle_st(pkts[i], now);
     }
+    uint32_t local = local_rx_st(now);
+    // 2b. New work requests the applications rang for (shim doorbells).
+    if (shim_) {
+      const uint32_t wqes = shim_->doorbells_st();
+      if (wqes) ctr_.add(Ctr::shim_wqes, wqes);
+      local += wqes;
+    }
     // 3. Transport: timers, requester/responder transmit work, deferred
     // ACKs; then transmit what the burst and the engine produced.
     const uint32_t work = engine_.poll(now);
@@ -376,7 +445,7 @@ void Worker::loop_st() {
     // 4. Poll accounting and idle back-off (poll -> pause -> sleep); never
     // sleep while the engine has packets it could send.
     const uint64_t t = rte_rdtsc();
-    if (n || work || engine_.busy()) {
+    if (n || local || work || engine_.busy() || loop_head_ != loop_tail_) {
       ctr_.inc(Ctr::poll_busy);
       ctr_.add(Ctr::cycles_busy, t - t_prev);
       empty_polls = 0;
@@ -397,6 +466,7 @@ void Worker::loop_st() {
     t_prev = t_end;
   }
   tx_flush_st();
+  gate_.set_running(false);
 }
 
 }  // namespace urnic::service

@@ -24,7 +24,9 @@ namespace urnic::stats {
   X(neigh_table_full)  X(pending_queued)    X(pending_sent)                  \
   X(pending_dropped)   X(malformed)         X(poll_busy)                     \
   X(poll_idle)         X(cycles_busy)       X(cycles_idle)               \
-  X(icmp_echo_reply_rx) X(icmp_echo_req_tx) X(commands)
+  X(icmp_echo_reply_rx) X(icmp_echo_req_tx) X(commands)                     \
+  X(roce_loopback)     X(roce_handoff)      X(roce_handoff_dropped)          \
+  X(shim_wqes)
 // clang-format on
 
 enum class Ctr : uint16_t {

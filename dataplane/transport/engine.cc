@@ -183,6 +183,9 @@ void Engine::reset_qp(Qp& qp) {
   unlink_ready(qp);
   qp.sq_head_ = qp.sq_next_ = qp.sq_tail_ = 0;
   qp.rq_head_ = qp.rq_tail_ = 0;
+  qp.sq_pub_bias_ = qp.rq_pub_bias_ = 0;
+  qp.publish_sq();
+  qp.publish_rq();
   qp.req_ = {};
   qp.comp_ = {};
   qp.resp_ = {};
@@ -263,14 +266,14 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask) {
   // Transition side effects.
   if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
     reset_qp(*qp);
-    qp->state_ = IBV_QPS_RESET;
+    qp->set_state(IBV_QPS_RESET);
     return 0;
   }
   if (to == IBV_QPS_ERR) {
     to_error(*qp);
     return 0;
   }
-  qp->state_ = to;
+  qp->set_state(to);
   if (to == IBV_QPS_RTS && from != IBV_QPS_RTS) {
     qp->comp_.retries_left = qp->retry_cnt_;
     qp->comp_.rnr_left = qp->rnr_retry_;
@@ -390,6 +393,33 @@ int Engine::post_recv(Qp* qp, const RecvWr& wr) {
   ++qp->rq_tail_;
   ctr_.inc(ECtr::recv_wqes);
   return 0;
+}
+
+void Engine::fail_unposted_send(Qp* qp, uint64_t wr_id, ibv_wr_opcode op,
+                                ibv_wc_status st) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = st;
+  wc.opcode = wc_opcode(op);
+  wc.qp_num = qp->qpn_;
+  ctr_.inc(ECtr::local_errors);
+  push_cqe(*qp, qp->send_cq_, wc, false);
+  ++qp->sq_pub_bias_;
+  qp->publish_sq();
+  to_error(*qp);
+}
+
+void Engine::fail_unposted_recv(Qp* qp, uint64_t wr_id, ibv_wc_status st) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = st;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qp->qpn_;
+  ctr_.inc(ECtr::local_errors);
+  push_cqe(*qp, qp->recv_cq_, wc, false);
+  ++qp->rq_pub_bias_;
+  qp->publish_rq();
+  to_error(*qp);
 }
 
 // --- data path --------------------------------------------------------------
@@ -557,6 +587,7 @@ void Engine::complete_head(Qp& qp, ibv_wc_status st) {
     --qp.req_.rd_atomic;
   }
   ++qp.sq_head_;
+  qp.publish_sq();
   if (qp.sq_next_ - qp.sq_head_ > qp.sq_tail_ - qp.sq_head_)
     qp.sq_next_ = qp.sq_head_;  // head overtook the requester (UC/UD)
   const bool signaled = st != IBV_WC_SUCCESS || qp.sq_sig_all_ ||
@@ -579,7 +610,7 @@ void Engine::fail_head(Qp& qp, ibv_wc_status st) {
 
 void Engine::to_error(Qp& qp) {
   if (qp.state_ == IBV_QPS_ERR) return;
-  qp.state_ = IBV_QPS_ERR;
+  qp.set_state(IBV_QPS_ERR);
   timers_.cancel(qp.retrans_timer_);
   timers_.cancel(qp.rnr_timer_);
   unlink_ready(qp);
@@ -598,6 +629,7 @@ void Engine::to_error(Qp& qp) {
     if (!qp.send_cq_->push(wc, false)) ctr_.inc(ECtr::cq_overflows);
   }
   qp.sq_next_ = qp.sq_head_;
+  qp.publish_sq();
   qp.req_.rd_atomic = 0;
   auto flush_recv = [&](uint64_t wr_id) {
     ibv_wc wc{};
@@ -618,6 +650,7 @@ void Engine::to_error(Qp& qp) {
     flush_recv(qp.rq_[qp.rq_head_ & qp.rq_mask_].wr.wr_id);
     ++qp.rq_head_;
   }
+  qp.publish_rq();
   qp.resp_.ack_pending = false;
   for (RespResource& r : qp.res_) r.pending = false;
   // IBTA 11.6.3: a QP on an SRQ reports its last WQE when it enters error.

@@ -123,6 +123,12 @@ class Engine {
   // completes with IBV_WC_WR_FLUSH_ERR.
   int post_send(Qp* qp, const SendWr& wr);
   int post_recv(Qp* qp, const RecvWr& wr);
+  // A WR the shim accepted but the service refused before it reached the
+  // queue (a misbehaving application wrote it): completes with `st`, the
+  // QP goes to error, and the shared ring still frees its slot.
+  void fail_unposted_send(Qp* qp, uint64_t wr_id, ibv_wr_opcode op,
+                          ibv_wc_status st);
+  void fail_unposted_recv(Qp* qp, uint64_t wr_id, ibv_wc_status st);
 
   // A decoded RoCEv2 frame (fi.kind == kRoce, ICRC verified) addressed to
   // this device; `segs` hold the frame's bytes.

@@ -1,9 +1,13 @@
 // Verbs objects: creation, limits, key generation and access checks.
 #include "dataplane/transport/objects.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 namespace urnic::transport {
 namespace {
@@ -147,13 +151,25 @@ AccessError Device::check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
   return AccessError::kOk;
 }
 
-int Device::create_cq(uint32_t cqe, Cq** out) {
+int Device::create_cq(uint32_t cqe, Cq** out, void* shared) {
   if (cqe == 0 || cqe > cfg_.limits.max_cqe) return EINVAL;
   if (ncq_ >= cfg_.limits.max_cq) return ENOMEM;
   uint32_t idx;
   Cq* cq = take_slot(cqs_, &idx);
   *cq = Cq{};
-  cq->ring_.resize(cqe);
+  const size_t len = shim::cq_shared_len(cqe);
+  if (!shared) {
+    cq->own_ = std::make_unique<uint8_t[]>(len);  // value-initialised: zero
+    shared = cq->own_.get();
+  }
+  cq->sh_ = new (shared) shim::CqShared;
+  cq->sh_->size = shim::ring_slots(cqe);
+  cq->sh_->offset =
+      static_cast<uint32_t>(shim::page_round(sizeof(shim::CqShared)));
+  cq->ring_ = reinterpret_cast<ibv_wc*>(static_cast<uint8_t*>(shared) +
+                                        cq->sh_->offset);
+  cq->cap_ = cqe;
+  cq->mask_ = cq->sh_->size - 1;
   cq->dev_ = this;
   cq->live_ = true;
   ++ncq_;
@@ -165,39 +181,59 @@ int Device::destroy_cq(Cq* cq) {
   if (!cq || !cq->live_) return EINVAL;
   if (cq->users_) return EBUSY;
   cq->live_ = false;
-  cq->ring_ = {};
+  if (cq->notify_fd_ >= 0) close(cq->notify_fd_);
+  *cq = Cq{};
   --ncq_;
   return 0;
 }
 
+uint32_t Cq::size() const {
+  return tail_ - sh_->cons.load(std::memory_order_acquire);
+}
+
 int Cq::poll(std::span<ibv_wc> out) {
+  uint32_t head = sh_->cons.load(std::memory_order_relaxed);
+  const uint32_t prod = sh_->prod.load(std::memory_order_acquire);
   uint32_t n = 0;
-  while (n < out.size() && head_ != tail_) {
-    out[n++] = ring_[head_ % ring_.size()];
-    ++head_;
-  }
+  while (n < out.size() && head != prod) out[n++] = ring_[head++ & mask_];
+  sh_->cons.store(head, std::memory_order_release);
   return static_cast<int>(n);
 }
 
 void Cq::req_notify(bool solicited_only) {
   // A solicited-only request does not narrow an armed "all" (verbs).
-  if (arm_ != Arm::kAll) arm_ = solicited_only ? Arm::kSolicited : Arm::kAll;
+  if (sh_->arm.load(std::memory_order_relaxed) != shim::kArmAll)
+    sh_->arm.store(solicited_only ? shim::kArmSolicited : shim::kArmAll,
+                   std::memory_order_release);
 }
 
 bool Cq::push(const ibv_wc& wc, bool solicited) {
-  if (error_ || tail_ - head_ >= ring_.size()) {
+  // The consumer index may come from another process: a value claiming
+  // more room than the ring has is treated as a full ring.
+  const uint32_t used = tail_ - sh_->cons.load(std::memory_order_acquire);
+  if (error_ || used >= cap_) {
     ++overflows_;
     if (!error_) {
       error_ = true;
+      sh_->error.store(1, std::memory_order_release);
       dev_->raise({IBV_EVENT_CQ_ERR, 0, this, nullptr});
     }
     return false;
   }
-  ring_[tail_ % ring_.size()] = wc;
+  ring_[tail_ & mask_] = wc;
   ++tail_;
-  if (arm_ == Arm::kAll || (arm_ == Arm::kSolicited && solicited)) {
-    arm_ = Arm::kNone;
-    ++events_;
+  sh_->prod.store(tail_, std::memory_order_release);
+  const uint32_t arm = sh_->arm.load(std::memory_order_acquire);
+  if (arm == shim::kArmAll || (arm == shim::kArmSolicited && solicited)) {
+    if (sh_->arm.exchange(0, std::memory_order_acq_rel) != 0) {
+      ++events_;
+      // One datagram to the completion channel; never blocks the lcore (a
+      // channel nobody reads loses events, counted, not the data path).
+      if (notify_fd_ >= 0 &&
+          send(notify_fd_, &notify_cookie_, sizeof notify_cookie_,
+               MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof notify_cookie_)
+        ++notify_failures_;
+    }
   }
   return true;
 }
@@ -254,6 +290,8 @@ bool Srq::pop(RecvWr& out) {
   if (head_ == tail_) return false;
   out = ring_[head_ % ring_.size()];
   ++head_;
+  if (pub_done_)
+    pub_done_->store(static_cast<uint32_t>(head_), std::memory_order_release);
   // IBTA 10.2.9.2: the limit event fires once when the count drops below
   // the armed limit, then the limit disarms.
   if (limit_ && tail_ - head_ < limit_) {
@@ -317,18 +355,20 @@ int Device::destroy_ah(Ah* ah) {
 }
 
 void Device::raise(const AsyncEvent& ev) {
-  if (ev_tail_ - ev_head_ >= events_.size()) {
+  const uint64_t t = ev_tail_.load(std::memory_order_relaxed);
+  if (t - ev_head_.load(std::memory_order_acquire) >= events_.size()) {
     ++events_dropped_;
     return;
   }
-  events_[ev_tail_ % events_.size()] = ev;
-  ++ev_tail_;
+  events_[t % events_.size()] = ev;
+  ev_tail_.store(t + 1, std::memory_order_release);
 }
 
 bool Device::next_event(AsyncEvent* out) {
-  if (ev_head_ == ev_tail_) return false;
-  *out = events_[ev_head_ % events_.size()];
-  ++ev_head_;
+  const uint64_t h = ev_head_.load(std::memory_order_relaxed);
+  if (h == ev_tail_.load(std::memory_order_acquire)) return false;
+  *out = events_[h % events_.size()];
+  ev_head_.store(h + 1, std::memory_order_release);
   return true;
 }
 

@@ -4,6 +4,7 @@
 // index plus random bits, so keys cannot be guessed from one another.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -12,6 +13,7 @@
 
 #include "dataplane/transport/types.h"
 #include "dataplane/wire/headers.h"
+#include "verbs-shim/abi.h"
 
 namespace urnic::transport {
 
@@ -63,10 +65,15 @@ class Mr {
 // Completion queue. Overflow is an error, never a silent loss: the CQ goes
 // to error, the completion that did not fit is counted, an IBV_EVENT_CQ_ERR
 // is queued, and the QP that completed into it moves to error.
+//
+// The ring is a shim::CqShared block: in the service it lives in memory
+// shared with the application (which polls and arms it without a system
+// call); in tests the Device allocates it. The consumer index and the arm
+// word are written by the consumer, so the engine clamps what it reads.
 class Cq {
  public:
-  uint32_t capacity() const { return static_cast<uint32_t>(ring_.size()); }
-  // ibv_poll_cq: copies up to out.size() completions; returns how many.
+  uint32_t capacity() const { return cap_; }
+  // ibv_poll_cq (in-process consumers): copies up to out.size() completions.
   int poll(std::span<ibv_wc> out);
   // ibv_req_notify_cq: the next completion (the next solicited one if
   // `solicited_only`) raises a completion event.
@@ -74,7 +81,14 @@ class Cq {
   uint64_t events() const { return events_; }  // completion events raised
   bool in_error() const { return error_; }
   uint64_t overflows() const { return overflows_; }
-  uint32_t size() const { return static_cast<uint32_t>(tail_ - head_); }
+  uint32_t size() const;
+  // A completion event also sends `cookie` (8 bytes) on `fd` (a completion
+  // channel's socket); the Cq owns fd from here on.
+  void set_notify(int fd, uint64_t cookie) {
+    notify_fd_ = fd;
+    notify_cookie_ = cookie;
+  }
+  uint64_t notify_failures() const { return notify_failures_; }
 
   // Engine side. False if the CQ is full (or already in error).
   bool push(const ibv_wc& wc, bool solicited);
@@ -83,12 +97,17 @@ class Cq {
 
  private:
   friend class Device;
-  std::vector<ibv_wc> ring_;
-  uint64_t head_ = 0;  // consumer (poll) index
-  uint64_t tail_ = 0;  // producer (engine) index
-  enum class Arm : uint8_t { kNone, kSolicited, kAll } arm_ = Arm::kNone;
+  shim::CqShared* sh_ = nullptr;
+  ibv_wc* ring_ = nullptr;
+  std::unique_ptr<uint8_t[]> own_;  // the block, when not shared
+  uint32_t cap_ = 0;   // completions it holds (what create_cq granted)
+  uint32_t mask_ = 0;  // ring slots - 1 (slots: a power of two >= cap_)
+  uint32_t tail_ = 0;  // producer index (published to sh_->prod)
   uint64_t events_ = 0;
   uint64_t overflows_ = 0;
+  uint64_t notify_failures_ = 0;
+  int notify_fd_ = -1;
+  uint64_t notify_cookie_ = 0;
   bool error_ = false;
   uint32_t users_ = 0;  // QPs completing into it
   Device* dev_ = nullptr;
@@ -103,6 +122,9 @@ class Srq {
   uint32_t max_sge() const { return max_sge_; }
   uint32_t size() const { return static_cast<uint32_t>(tail_ - head_); }
   uint32_t limit() const { return limit_; }
+  // The consumer index is also stored (release) here when set: the shim's
+  // shared SRQ ring frees a slot for each WQE taken.
+  void set_publish(std::atomic<uint32_t>* done) { pub_done_ = done; }
   // ibv_post_srq_recv: 0, ENOMEM (full) or EINVAL (too many SGEs).
   int post(const RecvWr& wr);
   // Engine side: takes the oldest WQE; raises the limit event when the
@@ -118,6 +140,7 @@ class Srq {
   uint64_t tail_ = 0;
   uint32_t max_sge_ = 0;
   uint32_t limit_ = 0;  // armed when non-zero (ibv_modify_srq IBV_SRQ_LIMIT)
+  std::atomic<uint32_t>* pub_done_ = nullptr;
   Pd* pd_ = nullptr;
   Device* dev_ = nullptr;
   uint32_t users_ = 0;
@@ -201,7 +224,9 @@ class Device {
   int reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
              uint32_t access, Mr** out);
   int dereg_mr(Mr* mr);
-  int create_cq(uint32_t cqe, Cq** out);  // capacity >= cqe
+  // capacity == cqe. With `shared` (shim::cq_shared_len(cqe) bytes,
+  // zeroed, owned by the caller and outliving the CQ) the ring lives there.
+  int create_cq(uint32_t cqe, Cq** out, void* shared = nullptr);
   int destroy_cq(Cq* cq);
   int create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, Srq** out);
   // IBV_SRQ_LIMIT arms the limit event; IBV_SRQ_MAX_WR is not resizable
@@ -224,7 +249,8 @@ class Device {
   AccessError check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
                            uint64_t len, uint32_t rights, Mr** out) const;
 
-  // Asynchronous events (fixed ring; overflow counted).
+  // Asynchronous events (fixed ring; overflow counted). raise() runs on the
+  // engine's lcore, next_event() on one consumer thread (SP/SC).
   void raise(const AsyncEvent& ev);
   bool next_event(AsyncEvent* out);
   uint64_t events_dropped() const { return events_dropped_; }
@@ -257,7 +283,8 @@ class Device {
   std::vector<std::unique_ptr<Ah>> ahs_;
   uint32_t npd_ = 0, nmr_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
   std::vector<AsyncEvent> events_;
-  uint64_t ev_head_ = 0, ev_tail_ = 0, events_dropped_ = 0;
+  std::atomic<uint64_t> ev_head_{0}, ev_tail_{0};  // consumer / producer
+  uint64_t events_dropped_ = 0;
 };
 
 }  // namespace urnic::transport

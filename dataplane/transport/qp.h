@@ -3,6 +3,7 @@
 // QP's lcore touches it; see BEHAVIOUR.md for the rules each role follows.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -201,6 +202,28 @@ class Qp {
   QpLink ack_link_;  // has an ACK/NAK/atomic ACK to send
 
   QpCounters ctr_;
+
+  // Indices shared with the verbs shim (null for in-process QPs): send WQEs
+  // retired, receive WQEs taken (each plus a bias the service adds for WQEs
+  // it refused before they reached the engine), and the state, so the
+  // application's rings free slots and its posts see ERR.
+  std::atomic<uint32_t>* pub_sq_done_ = nullptr;
+  std::atomic<uint32_t>* pub_rq_done_ = nullptr;
+  std::atomic<uint32_t>* pub_state_ = nullptr;
+  uint32_t sq_pub_bias_ = 0;
+  uint32_t rq_pub_bias_ = 0;
+  void publish_sq() {
+    if (pub_sq_done_)
+      pub_sq_done_->store(sq_head_ + sq_pub_bias_, std::memory_order_release);
+  }
+  void publish_rq() {
+    if (pub_rq_done_)
+      pub_rq_done_->store(rq_head_ + rq_pub_bias_, std::memory_order_release);
+  }
+  void set_state(ibv_qp_state s) {
+    state_ = s;
+    if (pub_state_) pub_state_->store(s, std::memory_order_release);
+  }
 };
 
 template <QpLink Qp::*Link>

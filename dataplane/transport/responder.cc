@@ -101,6 +101,7 @@ bool take_recv(Engine& e, Qp& qp, Res* res) {
     if (qp.rq_head_ == qp.rq_tail_) return false;
     r.recv = qp.rq_[qp.rq_head_ & qp.rq_mask_].wr;
     ++qp.rq_head_;
+    qp.publish_rq();
   }
   r.have_recv = true;
   r.recv_off = 0;

@@ -186,13 +186,14 @@ def ask(msg):
     s.close()
     magic, ver, op, status, ln = struct.unpack("<IHHiI", r[:16])
     return status, r[16:16 + ln].decode()
+VER = 2  # ctl::kVersion
 cases = [
     (b"hi", -errno.EPROTO, "short message"),
-    (struct.pack("<IHHiI", 0xdeadbeef, 1, 1, 0, 0), -errno.EPROTO, "not an urnic"),
+    (struct.pack("<IHHiI", 0xdeadbeef, VER, 1, 0, 0), -errno.EPROTO, "not an urnic"),
     (struct.pack("<IHHiI", MAGIC, 99, 1, 0, 0), -errno.EPROTONOSUPPORT, "version 99"),
-    (struct.pack("<IHHiI", MAGIC, 1, 1, 0, 5), -errno.EPROTO, "length mismatch"),
-    (struct.pack("<IHHiI", MAGIC, 1, 777, 0, 0), -errno.EOPNOTSUPP, "unknown operation"),
-    (struct.pack("<IHHiI", MAGIC, 1, 4, 0, 3) + b"x.y", -errno.EINVAL, "not an IPv4"),
+    (struct.pack("<IHHiI", MAGIC, VER, 1, 0, 5), -errno.EPROTO, "length mismatch"),
+    (struct.pack("<IHHiI", MAGIC, VER, 777, 0, 0), -errno.EOPNOTSUPP, "unknown operation"),
+    (struct.pack("<IHHiI", MAGIC, VER, 4, 0, 3) + b"x.y", -errno.EINVAL, "not an IPv4"),
 ]
 for msg, want, text in cases:
     st, body = ask(msg)

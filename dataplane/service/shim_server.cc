@@ -1,0 +1,876 @@
+// The service side of the verbs shim; see shim_server.h and verbs-shim/abi.h.
+#include "dataplane/service/shim_server.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+namespace urnic::service {
+
+using namespace urnic::shim;
+
+void LcoreGate::park() {
+  req_.store(true, std::memory_order_release);
+  while (!parked_.load(std::memory_order_acquire) &&
+         running_.load(std::memory_order_acquire))
+    sched_yield();
+}
+
+namespace {
+
+// Service-created shared memory (rings, doorbells): sealed so that the
+// application cannot shrink it under the service (a SIGBUS here).
+int make_shared(size_t len, const char* name, Mapping* out) {
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -errno;
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(len)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+    p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    close(fd);
+    return -e;
+  }
+  out->base = p;
+  out->len = len;
+  return fd;
+}
+
+void unmap(Mapping& m) {
+  if (m.base) munmap(m.base, m.len);
+  m = {};
+}
+
+template <typename T>
+bool body_as(const CtlRequest& req, T* out) {
+  if (req.body.size() != sizeof(T)) return false;
+  std::memcpy(out, req.body.data(), sizeof(T));
+  return true;
+}
+
+template <typename T>
+void reply_with(CtlReply& rep, const T& v) {
+  rep.payload.assign(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Takes ownership of received fd i (the server closes the others).
+int take_fd(CtlRequest& req, size_t i) {
+  if (i >= req.fds.size()) return -1;
+  const int fd = req.fds[i];
+  req.fds[i] = -1;
+  return fd;
+}
+
+}  // namespace
+
+ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {}
+
+ShimServer::~ShimServer() {
+  for (auto& [id, c] : clients_) release_all(*c);
+}
+
+// --- control thread ---------------------------------------------------------
+
+void ShimServer::handle(CtlRequest& req, CtlReply& rep) {
+  ctr_.requests.fetch_add(1, std::memory_order_relaxed);
+  auto& slot = clients_[req.client->id];
+  if (!slot) {
+    slot = std::make_unique<Client>();
+    slot->info = *req.client;
+  }
+  why_.clear();
+  const int rc = dispatch(*slot, req, rep);
+  if (rc) {
+    ctr_.request_errors.fetch_add(1, std::memory_order_relaxed);
+    rep.status = -rc;
+    rep.payload = why_.empty() ? std::string(strerror(rc)) : why_;
+    for (int fd : rep.fds) close(fd);
+    rep.fds.clear();
+  }
+}
+
+void ShimServer::on_close(const ClientInfo& ci) {
+  auto it = clients_.find(ci.id);
+  if (it == clients_.end()) return;
+  release_all(*it->second);
+  clients_.erase(it);
+  ctr_.clients_closed.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Everything of a client goes, QPs first (they hold PDs, CQs, SRQs). A
+// destroyed QP answers nothing more, so an RC peer sees its retries run
+// out and completes with an error, as with a crashed host.
+void ShimServer::release_all(Client& c) {
+  {
+    ParkGuard park(*env_.gate);
+    for (auto& [h, q] : c.qps) env_.engine->destroy_qp(q->qp);
+    for (auto& [h, a] : c.ahs) env_.dev->destroy_ah(a.ah);
+    for (auto& [h, s] : c.srqs) env_.dev->destroy_srq(s->srq);
+    for (auto& [h, q] : c.cqs) env_.dev->destroy_cq(q.cq);
+    for (auto& [h, m] : c.mrs) env_.dev->dereg_mr(m.mr);
+    for (auto& [h, pd] : c.pds) env_.dev->dealloc_pd(pd);
+    std::erase(live_, &c);
+  }
+  for (auto& [h, q] : c.qps) unmap(q->mem);
+  for (auto& [h, s] : c.srqs) unmap(s->mem);
+  for (auto& [h, q] : c.cqs) unmap(q.mem);
+  for (auto& [h, m] : c.mrs) unmap(m.view);
+  for (auto& [h, fd] : c.channels) close(fd);
+  c.qps.clear();
+  c.ahs.clear();
+  c.srqs.clear();
+  c.cqs.clear();
+  c.mrs.clear();
+  c.pds.clear();
+  c.channels.clear();
+  unmap(c.db_mem);
+  c.db = nullptr;
+  if (c.async_fd >= 0) close(c.async_fd);
+  c.async_fd = -1;
+  c.open = false;
+}
+
+uint32_t ShimServer::alloc_doorbell(Client& c) {
+  if (!c.free_doorbells.empty()) {
+    const uint32_t d = c.free_doorbells.back();
+    c.free_doorbells.pop_back();
+    return d;
+  }
+  if (c.targets.size() >= kMaxDoorbells) return UINT32_MAX;
+  c.targets.emplace_back();  // control thread, lcore parked by the caller
+  return static_cast<uint32_t>(c.targets.size() - 1);
+}
+
+int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
+  const auto op = static_cast<Op>(req.op);
+  if (op == Op::kOpen) return op_open(c, req, rep);
+  if (!c.open) {
+    why_ = "the first request of a verbs connection must be kOpen";
+    return EPROTO;
+  }
+  transport::Device& dev = *env_.dev;
+  HandleReq hr;
+  switch (op) {
+    case Op::kOpen:
+      break;
+    case Op::kQueryPort: {
+      ibv_port_attr pa = env_.info.port;
+      if (env_.port_state) env_.port_state(pa);
+      reply_with(rep, pa);
+      return 0;
+    }
+    case Op::kAllocPd: {
+      transport::Pd* pd = nullptr;
+      int rc;
+      {
+        ParkGuard park(*env_.gate);
+        rc = dev.alloc_pd(&pd);
+      }
+      if (rc) return rc;
+      const uint32_t h = c.next_handle++;
+      c.pds[h] = pd;
+      reply_with(rep, HandleRep{h});
+      return 0;
+    }
+    case Op::kDeallocPd: {
+      if (!body_as(req, &hr) || !c.pds.count(hr.handle)) return EINVAL;
+      int rc;
+      {
+        ParkGuard park(*env_.gate);
+        rc = dev.dealloc_pd(c.pds[hr.handle]);
+      }
+      if (rc) return rc;
+      c.pds.erase(hr.handle);
+      return 0;
+    }
+    case Op::kRegMr:
+      return op_reg_mr(c, req, rep);
+    case Op::kDeregMr: {
+      if (!body_as(req, &hr) || !c.mrs.count(hr.handle)) return EINVAL;
+      MrObj& m = c.mrs[hr.handle];
+      {
+        ParkGuard park(*env_.gate);
+        dev.dereg_mr(m.mr);
+      }
+      unmap(m.view);
+      c.mrs.erase(hr.handle);
+      return 0;
+    }
+    case Op::kCreateChannel: {
+      const int fd = take_fd(req, 0);
+      if (fd < 0) {
+        why_ = "kCreateChannel needs the channel's socket";
+        return EINVAL;
+      }
+      const uint32_t h = c.next_handle++;
+      c.channels[h] = fd;
+      reply_with(rep, HandleRep{h});
+      return 0;
+    }
+    case Op::kDestroyChannel: {
+      if (!body_as(req, &hr) || !c.channels.count(hr.handle)) return EINVAL;
+      for (auto& [h, q] : c.cqs)
+        if (q.channel == hr.handle) return EBUSY;
+      close(c.channels[hr.handle]);
+      c.channels.erase(hr.handle);
+      return 0;
+    }
+    case Op::kCreateCq:
+      return op_create_cq(c, req, rep);
+    case Op::kDestroyCq: {
+      if (!body_as(req, &hr) || !c.cqs.count(hr.handle)) return EINVAL;
+      CqObj& q = c.cqs[hr.handle];
+      int rc;
+      {
+        ParkGuard park(*env_.gate);
+        rc = dev.destroy_cq(q.cq);
+      }
+      if (rc) return rc;
+      unmap(q.mem);
+      c.cqs.erase(hr.handle);
+      return 0;
+    }
+    case Op::kCreateSrq:
+      return op_create_srq(c, req, rep);
+    case Op::kModifySrq: {
+      ModifySrqReq m;
+      if (!body_as(req, &m) || !c.srqs.count(m.handle)) return EINVAL;
+      ParkGuard park(*env_.gate);
+      return dev.modify_srq(c.srqs[m.handle]->srq, m.attr, m.mask);
+    }
+    case Op::kQuerySrq: {
+      if (!body_as(req, &hr) || !c.srqs.count(hr.handle)) return EINVAL;
+      ibv_srq_attr a{};
+      {
+        ParkGuard park(*env_.gate);
+        const transport::Srq* s = c.srqs[hr.handle]->srq;
+        a.max_wr = s->max_wr();
+        a.max_sge = s->max_sge();
+        a.srq_limit = s->limit();
+      }
+      reply_with(rep, a);
+      return 0;
+    }
+    case Op::kDestroySrq:
+      if (!body_as(req, &hr)) return EINVAL;
+      return destroy_srq(c, hr.handle);
+    case Op::kCreateQp:
+      return op_create_qp(c, req, rep);
+    case Op::kModifyQp:
+      return op_modify_qp(c, req, rep);
+    case Op::kQueryQp:
+      return op_query_qp(c, req, rep);
+    case Op::kDestroyQp:
+      if (!body_as(req, &hr)) return EINVAL;
+      return destroy_qp(c, hr.handle);
+    case Op::kCreateAh: {
+      CreateAhReq a;
+      if (!body_as(req, &a) || !c.pds.count(a.pd)) return EINVAL;
+      if (a.attr.is_global && env_.warm_neighbour) {
+        const int rc = env_.warm_neighbour(a.attr.grh.dgid.raw);
+        if (rc) {
+          why_ = "cannot resolve the destination GID's MAC address";
+          return rc;
+        }
+      }
+      transport::Ah* ah = nullptr;
+      int rc;
+      {
+        ParkGuard park(*env_.gate);
+        rc = dev.create_ah(c.pds[a.pd], a.attr, &ah);
+      }
+      if (rc) return rc;
+      const uint32_t h = c.next_handle++;
+      c.ahs[h] = {ah, a.pd};
+      reply_with(rep, HandleRep{h});
+      return 0;
+    }
+    case Op::kDestroyAh: {
+      if (!body_as(req, &hr) || !c.ahs.count(hr.handle)) return EINVAL;
+      {
+        ParkGuard park(*env_.gate);
+        dev.destroy_ah(c.ahs[hr.handle].ah);
+        c.ahs.erase(hr.handle);  // the lcore looks AHs up in this map
+      }
+      return 0;
+    }
+  }
+  why_ = "unknown verbs operation " + std::to_string(static_cast<int>(req.op));
+  return EOPNOTSUPP;
+}
+
+int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
+  OpenReq o;
+  if (c.open) {
+    why_ = "this connection is already open";
+    return EPROTO;
+  }
+  if (!body_as(req, &o)) {
+    why_ = "malformed open request";
+    return EPROTO;
+  }
+  if (o.abi != kShimAbi) {
+    why_ = "liburnic-verbs.so speaks shim ABI " + std::to_string(o.abi) +
+           ", this urnicd " + std::to_string(kShimAbi) +
+           ": use the shim built with this urnicd";
+    return EPROTONOSUPPORT;
+  }
+  const int async_fd = take_fd(req, 0);
+  if (async_fd < 0) {
+    why_ = "open needs the async-event socket";
+    return EINVAL;
+  }
+  Mapping m;
+  const int fd = make_shared(page_round(sizeof(DoorbellPage)), "urnic-db", &m);
+  if (fd < 0) {
+    close(async_fd);
+    return -fd;
+  }
+  c.db = new (m.base) DoorbellPage;
+  c.db_mem = m;
+  c.async_fd = async_fd;
+  c.open = true;
+  {
+    ParkGuard park(*env_.gate);
+    live_.push_back(&c);
+  }
+  ctr_.clients.fetch_add(1, std::memory_order_relaxed);
+  OpenRep r = env_.info;
+  if (env_.port_state) env_.port_state(r.port);
+  reply_with(rep, r);
+  rep.fds.push_back(fd);
+  return 0;
+}
+
+int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
+  RegMrReq r;
+  if (!body_as(req, &r) || !c.pds.count(r.pd)) return EINVAL;
+  if (r.npieces == 0 || r.npieces > kMaxMrPieces ||
+      r.npieces != req.fds.size()) {
+    why_ = "reg_mr: pieces and passed fds disagree";
+    return EINVAL;
+  }
+  const uint64_t page = 4096;
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < r.npieces; ++i) {
+    const MrPiece& p = r.pieces[i];
+    if (p.length == 0 || p.length % page || p.fd_offset % page) return EINVAL;
+    // Sealed against shrinking and long enough: otherwise a later
+    // ftruncate by the application would fault the service (SIGBUS).
+    struct stat st;
+    const int seals = fcntl(req.fds[i], F_GET_SEALS);
+    if (fstat(req.fds[i], &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+        p.fd_offset + p.length < p.fd_offset ||
+        static_cast<uint64_t>(st.st_size) < p.fd_offset + p.length) {
+      why_ =
+          "reg_mr: memory must be a memfd sealed against shrinking and "
+          "covering the range";
+      return EINVAL;
+    }
+    total += p.length;
+  }
+  if (r.map_start % page || total != r.map_len || r.addr < r.map_start ||
+      r.addr - r.map_start > r.map_len ||
+      r.length > r.map_len - (r.addr - r.map_start)) {
+    why_ = "reg_mr: the registered range is not inside its pages";
+    return EINVAL;
+  }
+  if (r.length > env_.dev->limits().max_mr_size) return EINVAL;
+  // One contiguous view of the pieces, wherever the kernel puts it.
+  void* base = mmap(nullptr, r.map_len, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return errno;
+  Mapping view{base, r.map_len};
+  uint64_t off = 0;
+  for (uint32_t i = 0; i < r.npieces; ++i) {
+    void* p = mmap(static_cast<uint8_t*>(base) + off, r.pieces[i].length,
+                   PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, req.fds[i],
+                   static_cast<off_t>(r.pieces[i].fd_offset));
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      unmap(view);
+      return e;
+    }
+    off += r.pieces[i].length;
+  }
+  transport::Mr* mr = nullptr;
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.dev->reg_mr(c.pds[r.pd],
+                          static_cast<uint8_t*>(base) + (r.addr - r.map_start),
+                          r.length, r.iova, r.access, &mr);
+  }
+  if (rc) {
+    unmap(view);
+    return rc;
+  }
+  const uint32_t h = c.next_handle++;
+  c.mrs[h] = {mr, view};
+  reply_with(rep, RegMrRep{h, mr->lkey(), mr->rkey()});
+  return 0;
+}
+
+int ShimServer::op_create_cq(Client& c, CtlRequest& req, CtlReply& rep) {
+  CreateCqReq r;
+  if (!body_as(req, &r)) return EINVAL;
+  if (r.cqe == 0 || r.cqe > env_.dev->limits().max_cqe) return EINVAL;
+  int notify = -1;
+  if (r.channel != kNoHandle) {
+    auto it = c.channels.find(r.channel);
+    if (it == c.channels.end()) return EINVAL;
+    notify = fcntl(it->second, F_DUPFD_CLOEXEC, 0);
+    if (notify < 0) return errno;
+  }
+  Mapping m;
+  const size_t len = cq_shared_len(r.cqe);
+  const int fd = make_shared(len, "urnic-cq", &m);
+  if (fd < 0) {
+    if (notify >= 0) close(notify);
+    return -fd;
+  }
+  transport::Cq* cq = nullptr;
+  const uint32_t h = c.next_handle;
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.dev->create_cq(r.cqe, &cq, m.base);
+    if (!rc) cq->set_notify(notify, h);
+  }
+  if (rc) {
+    if (notify >= 0) close(notify);
+    unmap(m);
+    close(fd);
+    return rc;
+  }
+  ++c.next_handle;
+  c.cqs[h] = {cq, m, r.channel};
+  reply_with(rep, CreateCqRep{h, cq->capacity(), len});
+  rep.fds.push_back(fd);
+  return 0;
+}
+
+int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
+  CreateSrqReq r;
+  if (!body_as(req, &r) || !c.pds.count(r.pd)) return EINVAL;
+  const transport::Limits& lim = env_.dev->limits();
+  if (r.max_wr == 0 || r.max_wr > lim.max_srq_wr || r.max_sge == 0 ||
+      r.max_sge > lim.max_sge || r.srq_limit > r.max_wr)
+    return EINVAL;
+  const uint32_t slots = ring_slots(r.max_wr);
+  Mapping m;
+  const size_t len = srq_shared_len(slots);
+  const int fd = make_shared(len, "urnic-srq", &m);
+  if (fd < 0) return -fd;
+  auto s = std::make_unique<SrqObj>();
+  s->mem = m;
+  s->sh = new (m.base) SrqShared;
+  s->sh->size = slots;
+  s->sh->offset = static_cast<uint32_t>(page_round(sizeof(SrqShared)));
+  s->ring = reinterpret_cast<ShmRecvWqe*>(static_cast<uint8_t*>(m.base) +
+                                          s->sh->offset);
+  s->pd = r.pd;
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.dev->create_srq(c.pds[r.pd], slots, r.max_sge, &s->srq);
+    if (!rc) {
+      s->srq->set_publish(&s->sh->done);
+      if (r.srq_limit) {
+        ibv_srq_attr a{};
+        a.srq_limit = r.srq_limit;
+        env_.dev->modify_srq(s->srq, a, IBV_SRQ_LIMIT);
+      }
+      s->doorbell = alloc_doorbell(c);
+      if (s->doorbell == UINT32_MAX) {
+        env_.dev->destroy_srq(s->srq);
+        rc = ENOMEM;
+      } else {
+        c.targets[s->doorbell] = {nullptr, s.get()};
+      }
+    }
+  }
+  if (rc) {
+    unmap(m);
+    close(fd);
+    return rc;
+  }
+  const uint32_t h = c.next_handle++;
+  reply_with(rep, CreateSrqRep{h, slots, r.max_sge, s->doorbell, len});
+  c.srqs[h] = std::move(s);
+  rep.fds.push_back(fd);
+  return 0;
+}
+
+int ShimServer::destroy_srq(Client& c, uint32_t h) {
+  auto it = c.srqs.find(h);
+  if (it == c.srqs.end()) return EINVAL;
+  SrqObj& s = *it->second;
+  {
+    ParkGuard park(*env_.gate);
+    const int rc = env_.dev->destroy_srq(s.srq);
+    if (rc) return rc;
+    c.targets[s.doorbell] = {};
+    c.free_doorbells.push_back(s.doorbell);
+  }
+  unmap(s.mem);
+  c.srqs.erase(it);
+  return 0;
+}
+
+int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
+  CreateQpReq r;
+  if (!body_as(req, &r)) return EINVAL;
+  if (!c.pds.count(r.pd) || !c.cqs.count(r.send_cq) ||
+      !c.cqs.count(r.recv_cq) || (r.srq != kNoHandle && !c.srqs.count(r.srq)))
+    return EINVAL;
+  if (r.qp_type != IBV_QPT_RC && r.qp_type != IBV_QPT_UC &&
+      r.qp_type != IBV_QPT_UD) {
+    why_ = "urnic supports RC, UC and UD QPs";
+    return EOPNOTSUPP;
+  }
+  transport::QpInitAttr a;
+  a.qp_type = static_cast<ibv_qp_type>(r.qp_type);
+  a.pd = c.pds[r.pd];
+  a.send_cq = c.cqs[r.send_cq].cq;
+  a.recv_cq = c.cqs[r.recv_cq].cq;
+  a.srq = r.srq != kNoHandle ? c.srqs[r.srq]->srq : nullptr;
+  a.cap = r.cap;
+  a.sq_sig_all = r.sq_sig_all != 0;
+  auto q = std::make_unique<QpObj>();
+  q->pd = r.pd;
+  q->send_cq = r.send_cq;
+  q->recv_cq = r.recv_cq;
+  q->srq = r.srq;
+  int fd = -1;
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.engine->create_qp(a, &q->qp);
+    if (!rc) {
+      const uint32_t sq = a.cap.max_send_wr, rq = a.cap.max_recv_wr;
+      const size_t len = qp_shared_len(sq, rq);
+      fd = make_shared(len, "urnic-qp", &q->mem);
+      q->doorbell = fd >= 0 ? alloc_doorbell(c) : UINT32_MAX;
+      if (fd < 0 || q->doorbell == UINT32_MAX) {
+        rc = fd < 0 ? -fd : ENOMEM;
+        env_.engine->destroy_qp(q->qp);
+      } else {
+        uint8_t* base = static_cast<uint8_t*>(q->mem.base);
+        q->sh = new (base) QpShared;
+        q->sh->sq_size = sq;
+        q->sh->rq_size = rq;
+        q->sh->sq_offset = static_cast<uint32_t>(page_round(sizeof(QpShared)));
+        q->sh->rq_offset = static_cast<uint32_t>(
+            q->sh->sq_offset + page_round(size_t{sq} * sizeof(ShmSendWqe)));
+        q->sq = reinterpret_cast<ShmSendWqe*>(base + q->sh->sq_offset);
+        q->rq = reinterpret_cast<ShmRecvWqe*>(base + q->sh->rq_offset);
+        q->qp->pub_sq_done_ = &q->sh->sq_done;
+        q->qp->pub_rq_done_ = &q->sh->rq_done;
+        q->qp->pub_state_ = &q->sh->state;
+        c.targets[q->doorbell] = {q.get(), nullptr};
+      }
+    }
+  }
+  if (rc) {
+    unmap(q->mem);
+    if (fd >= 0) close(fd);
+    return rc;
+  }
+  const uint32_t h = c.next_handle++;
+  CreateQpRep out;
+  out.handle = h;
+  out.qpn = q->qp->qpn();
+  out.cap = a.cap;
+  out.doorbell = q->doorbell;
+  out.map_len = q->mem.len;
+  reply_with(rep, out);
+  rep.fds.push_back(fd);
+  c.qps[h] = std::move(q);
+  return 0;
+}
+
+int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
+  ModifyQpReq r;
+  if (!body_as(req, &r) || !c.qps.count(r.handle)) return EINVAL;
+  QpObj& q = *c.qps[r.handle];
+  // Resolve the peer's MAC before parking the lcore that answers ARP.
+  if ((r.mask & IBV_QP_AV) && r.attr.ah_attr.is_global && env_.warm_neighbour) {
+    const int rc = env_.warm_neighbour(r.attr.ah_attr.grh.dgid.raw);
+    if (rc) {
+      why_ =
+          "cannot resolve the destination GID's MAC address (no ARP/ND "
+          "answer)";
+      return rc;
+    }
+  }
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.engine->modify_qp(q.qp, r.attr, r.mask);
+    if (!rc && q.qp->state() == IBV_QPS_RESET) {
+      // RESET empties the queues: WQEs not yet taken are dropped, and the
+      // application's indices carry on (the bias keeps "done" == posted).
+      q.sq_seen = q.sh->sq_prod.load(std::memory_order_acquire);
+      q.rq_seen = q.sh->rq_prod.load(std::memory_order_acquire);
+      q.qp->sq_pub_bias_ = q.sq_seen;
+      q.qp->rq_pub_bias_ = q.rq_seen;
+      q.qp->publish_sq();
+      q.qp->publish_rq();
+      q.broken = false;
+    }
+  }
+  if (rc) {
+    if (why_.empty())
+      why_ = "modify_qp refused by the QP state machine (state/attributes)";
+    return rc;
+  }
+  reply_with(rep, ModifyQpRep{static_cast<uint32_t>(q.qp->state())});
+  return 0;
+}
+
+int ShimServer::op_query_qp(Client& c, CtlRequest& req, CtlReply& rep) {
+  HandleReq hr;
+  if (!body_as(req, &hr) || !c.qps.count(hr.handle)) return EINVAL;
+  QueryQpRep out;
+  transport::QpInitAttr init;
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.engine->query_qp(c.qps[hr.handle]->qp, &out.attr, &init);
+  }
+  if (rc) return rc;
+  out.cap = init.cap;
+  out.sq_sig_all = init.sq_sig_all;
+  reply_with(rep, out);
+  return 0;
+}
+
+int ShimServer::destroy_qp(Client& c, uint32_t h) {
+  auto it = c.qps.find(h);
+  if (it == c.qps.end()) return EINVAL;
+  QpObj& q = *it->second;
+  {
+    ParkGuard park(*env_.gate);
+    const int rc = env_.engine->destroy_qp(q.qp);
+    if (rc) return rc;
+    c.targets[q.doorbell] = {};
+    c.free_doorbells.push_back(q.doorbell);
+  }
+  unmap(q.mem);
+  c.qps.erase(it);
+  return 0;
+}
+
+bool ShimServer::send_async(const transport::AsyncEvent& ev) {
+  for (auto& [id, cp] : clients_) {
+    Client& c = *cp;
+    AsyncMsg m;
+    m.type = ev.type;
+    bool found = false;
+    if (ev.cq) {
+      for (auto& [h, q] : c.cqs)
+        if (q.cq == ev.cq) m.handle = h, found = true;
+    } else if (ev.srq) {
+      for (auto& [h, s] : c.srqs)
+        if (s->srq == ev.srq) m.handle = h, found = true;
+    } else {
+      for (auto& [h, q] : c.qps)
+        if (q->qp->qpn() == ev.qpn) m.handle = h, found = true;
+    }
+    if (!found) continue;
+    return c.async_fd >= 0 && send(c.async_fd, &m, sizeof m,
+                                   MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m;
+  }
+  return false;
+}
+
+void ShimServer::pump_events() {
+  transport::AsyncEvent ev;
+  while (env_.dev->next_event(&ev)) {
+    if (send_async(ev))
+      ctr_.async_events.fetch_add(1, std::memory_order_relaxed);
+    else
+      ctr_.async_dropped.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+std::string ShimServer::objects_text() const {
+  const transport::Device& d = *env_.dev;
+  std::string s = "device: pds " + std::to_string(d.num_pds()) + " mrs " +
+                  std::to_string(d.num_mrs()) + " cqs " +
+                  std::to_string(d.num_cqs()) + " srqs " +
+                  std::to_string(d.num_srqs()) + " ahs " +
+                  std::to_string(d.num_ahs()) + " qps " +
+                  std::to_string(env_.engine->qp_count()) + "\n";
+  s += "clients: " + std::to_string(live_.size()) + "\n";
+  for (const auto& [id, cp] : clients_) {
+    const Client& c = *cp;
+    if (!c.open) continue;
+    s += "  client " + std::to_string(id) + " pid " +
+         std::to_string(c.info.pid) + " uid " + std::to_string(c.info.uid) +
+         ": pds " + std::to_string(c.pds.size()) + " mrs " +
+         std::to_string(c.mrs.size()) + " cqs " + std::to_string(c.cqs.size()) +
+         " srqs " + std::to_string(c.srqs.size()) + " qps " +
+         std::to_string(c.qps.size()) + " ahs " + std::to_string(c.ahs.size()) +
+         " channels " + std::to_string(c.channels.size()) + "\n";
+  }
+  return s;
+}
+
+// --- transport lcore --------------------------------------------------------
+
+namespace {
+
+constexpr uint32_t kSendFlagsKnown =
+    IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
+
+}  // namespace
+
+uint32_t ShimServer::doorbells_st() {
+  uint32_t taken = 0;
+  for (Client* c : live_) {
+    DoorbellPage& db = *c->db;
+    if (!db.pending.load(std::memory_order_relaxed)) continue;
+    if (!db.pending.exchange(0, std::memory_order_acquire)) continue;
+    ctr_.doorbells.store(ctr_.doorbells.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
+    for (uint32_t s = 0; s < std::size(db.summary); ++s) {
+      uint64_t sum = db.summary[s].exchange(0, std::memory_order_acquire);
+      while (sum) {
+        const uint32_t w = s * 64 + std::countr_zero(sum);
+        sum &= sum - 1;
+        uint64_t bits = db.bits[w].exchange(0, std::memory_order_acquire);
+        while (bits) {
+          const uint32_t idx = w * 64 + std::countr_zero(bits);
+          bits &= bits - 1;
+          if (idx >= c->targets.size()) continue;  // never handed out
+          const Target& t = c->targets[idx];
+          if (t.qp) drain_qp_st(*c, *t.qp, &taken);
+          if (t.srq) drain_srq_st(*t.srq, &taken);
+        }
+      }
+    }
+  }
+  return taken;
+}
+
+// Receive WQEs first: a SEND in the same burst finds its buffer.
+bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
+  if (q.broken) return false;
+  transport::Engine& eng = *env_.engine;
+  transport::Qp* qp = q.qp;
+  uint64_t bad = 0;
+
+  const uint32_t rprod = q.sh->rq_prod.load(std::memory_order_acquire);
+  if (rprod - q.rq_seen > q.sh->rq_size) {
+    q.broken = true;  // an index no correct producer can write
+    ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
+    eng.to_error(*qp);
+    return false;
+  }
+  for (; q.rq_seen != rprod; ++q.rq_seen) {
+    ShmRecvWqe w;  // copied out once, then validated: no re-reads
+    std::memcpy(&w, &q.rq[q.rq_seen & (q.sh->rq_size - 1)], sizeof w);
+    transport::RecvWr wr;
+    wr.wr_id = w.wr_id;
+    int rc = EINVAL;
+    if (w.num_sge <= kMaxSge) {
+      wr.num_sge = w.num_sge;
+      for (uint32_t i = 0; i < w.num_sge; ++i)
+        wr.sg_list[i] = {w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+      rc = eng.post_recv(qp, wr);
+    }
+    if (rc) {
+      ++bad;
+      eng.fail_unposted_recv(qp, w.wr_id, IBV_WC_LOC_QP_OP_ERR);
+    }
+    ++*taken;
+  }
+
+  const uint32_t sprod = q.sh->sq_prod.load(std::memory_order_acquire);
+  if (sprod - q.sq_seen > q.sh->sq_size) {
+    q.broken = true;
+    ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
+    eng.to_error(*qp);
+    return false;
+  }
+  for (; q.sq_seen != sprod; ++q.sq_seen) {
+    ShmSendWqe w;
+    std::memcpy(&w, &q.sq[q.sq_seen & (q.sh->sq_size - 1)], sizeof w);
+    transport::SendWr wr;
+    wr.wr_id = w.wr_id;
+    wr.opcode = static_cast<ibv_wr_opcode>(w.opcode);
+    wr.send_flags = w.send_flags & kSendFlagsKnown;
+    wr.imm_data = w.imm_data;
+    wr.remote_addr = w.remote_addr;
+    wr.rkey = w.rkey;
+    wr.compare_add = w.compare_add;
+    wr.swap = w.swap;
+    wr.remote_qpn = w.remote_qpn & 0xffffff;
+    wr.remote_qkey = w.remote_qkey;
+    bool ok = w.opcode <= IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (wr.send_flags & IBV_SEND_INLINE) {
+      // The engine copies inline data at post time, from this local copy.
+      ok = ok && w.inline_len <= kMaxInline;
+      wr.num_sge = 1;
+      wr.sg_list[0] = {reinterpret_cast<uint64_t>(w.inline_data), w.inline_len,
+                       0};
+    } else {
+      ok = ok && w.num_sge <= kMaxSge;
+      wr.num_sge = ok ? w.num_sge : 0;
+      for (uint32_t i = 0; i < wr.num_sge; ++i)
+        wr.sg_list[i] = {w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+    }
+    if (ok && qp->type() == IBV_QPT_UD) {
+      auto it = c.ahs.find(w.ah);
+      ok = it != c.ahs.end() && it->second.pd == q.pd;
+      if (ok) wr.ah = it->second.ah;
+    }
+    const int rc = ok ? eng.post_send(qp, wr) : EINVAL;
+    if (rc) {
+      ++bad;
+      eng.fail_unposted_send(qp, w.wr_id, ok ? wr.opcode : IBV_WR_SEND,
+                             IBV_WC_LOC_QP_OP_ERR);
+    }
+    ++*taken;
+  }
+  if (bad) ctr_.bad_wqes.fetch_add(bad, std::memory_order_relaxed);
+  return true;
+}
+
+bool ShimServer::drain_srq_st(SrqObj& s, uint32_t* taken) {
+  if (s.broken) return false;
+  const uint32_t prod = s.sh->prod.load(std::memory_order_acquire);
+  if (prod - s.seen > s.sh->size) {
+    s.broken = true;
+    ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  for (; s.seen != prod; ++s.seen) {
+    ShmRecvWqe w;
+    std::memcpy(&w, &s.ring[s.seen & (s.sh->size - 1)], sizeof w);
+    transport::RecvWr wr;
+    wr.wr_id = w.wr_id;
+    // A WQE the SRQ refuses still takes its slot (as an empty receive), so
+    // the application's ring keeps counting.
+    wr.num_sge = w.num_sge <= s.srq->max_sge() ? w.num_sge : 0;
+    if (wr.num_sge != w.num_sge)
+      ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
+    for (uint32_t i = 0; i < wr.num_sge; ++i)
+      wr.sg_list[i] = {w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+    s.srq->post(wr);
+    ++*taken;
+  }
+  return true;
+}
+
+}  // namespace urnic::service

@@ -1,0 +1,185 @@
+// The service side of the verbs shim (verbs-shim/abi.h): per-client verbs
+// objects on the control thread, and the doorbell/ring path on the
+// transport lcore.
+//
+// Threads: handle()/on_close()/pump_events() run on the control thread and
+// may allocate; they change the Device, the Engine and the lcore-visible
+// tables only while the transport lcore is parked at the top of its loop
+// (LcoreGate). doorbells_st() runs on that lcore and never allocates.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dataplane/service/control.h"
+#include "dataplane/transport/engine.h"
+#include "verbs-shim/abi.h"
+
+namespace urnic::service {
+
+// Parks a worker lcore at a safe point (top of its loop, no references
+// held) so the control thread can change what the lcore reads. Control
+// operations are rare (set-up and tear-down); a park costs the data path
+// a few microseconds.
+class LcoreGate {
+ public:
+  // Worker, once per loop iteration.
+  void check_st() {
+    if (!req_.load(std::memory_order_acquire)) return;
+    parked_.store(true, std::memory_order_release);
+    while (req_.load(std::memory_order_acquire)) __builtin_ia32_pause();
+    parked_.store(false, std::memory_order_release);
+  }
+  void set_running(bool r) { running_.store(r, std::memory_order_release); }
+  // Control thread. Returns once the lcore is parked (or not running).
+  void park();
+  void unpark() { req_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> req_{false};
+  std::atomic<bool> parked_{false};
+  std::atomic<bool> running_{false};
+};
+
+class ParkGuard {
+ public:
+  explicit ParkGuard(LcoreGate& g) : g_(g) { g_.park(); }
+  ~ParkGuard() { g_.unpark(); }
+  ParkGuard(const ParkGuard&) = delete;
+  ParkGuard& operator=(const ParkGuard&) = delete;
+
+ private:
+  LcoreGate& g_;
+};
+
+// A mapping of shared memory in the service.
+struct Mapping {
+  void* base = nullptr;
+  size_t len = 0;
+};
+
+// What the control thread needs of the rest of the service.
+struct ShimEnv {
+  transport::Device* dev = nullptr;
+  transport::Engine* engine = nullptr;  // the transport lcore's
+  LcoreGate* gate = nullptr;
+  // Makes sure the neighbour cache knows `dgid` (asks the lcore to resolve
+  // and waits, up to a few seconds). 0 or a positive errno. Never called
+  // while the lcore is parked.
+  std::function<int(const uint8_t dgid[16])> warm_neighbour;
+  shim::OpenRep info;  // device/port attributes and GIDs
+  std::function<void(ibv_port_attr&)> port_state;  // live link state
+};
+
+// Counters the control thread keeps (read by stats).
+struct ShimCounters {
+  std::atomic<uint64_t> clients{0}, clients_closed{0}, requests{0},
+      request_errors{0}, doorbells{0}, send_wqes{0}, recv_wqes{0}, bad_wqes{0},
+      async_events{0}, async_dropped{0};
+};
+
+class ShimServer {
+ public:
+  explicit ShimServer(ShimEnv env);
+  ~ShimServer();
+  ShimServer(const ShimServer&) = delete;
+  ShimServer& operator=(const ShimServer&) = delete;
+
+  // Control thread.
+  static bool is_shim_op(uint16_t op) { return op >= 100 && op < 200; }
+  void handle(CtlRequest& req, CtlReply& rep);
+  void on_close(const ClientInfo& ci);
+  void pump_events();  // the Device's async events -> clients' sockets
+  std::string objects_text() const;  // `urnicctl objects`
+  const ShimCounters& counters() const { return ctr_; }
+
+  // Transport lcore: serves rung doorbells; returns WQEs taken.
+  uint32_t doorbells_st();
+
+ private:
+  struct QpObj {
+    transport::Qp* qp = nullptr;
+    Mapping mem;
+    shim::QpShared* sh = nullptr;
+    shim::ShmSendWqe* sq = nullptr;
+    shim::ShmRecvWqe* rq = nullptr;
+    uint32_t doorbell = 0;
+    uint32_t sq_seen = 0, rq_seen = 0;  // lcore: WQEs taken from the rings
+    bool broken = false;                // the application corrupted a ring
+    uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
+  };
+  struct SrqObj {
+    transport::Srq* srq = nullptr;
+    Mapping mem;
+    shim::SrqShared* sh = nullptr;
+    shim::ShmRecvWqe* ring = nullptr;
+    uint32_t doorbell = 0;
+    uint32_t seen = 0;
+    bool broken = false;
+    uint32_t pd = 0;
+  };
+  struct CqObj {
+    transport::Cq* cq = nullptr;
+    Mapping mem;
+    uint32_t channel = 0;
+  };
+  struct MrObj {
+    transport::Mr* mr = nullptr;
+    Mapping view;
+  };
+  struct AhObj {
+    transport::Ah* ah = nullptr;
+    uint32_t pd = 0;
+  };
+  struct Target {  // what a doorbell index rings
+    QpObj* qp = nullptr;
+    SrqObj* srq = nullptr;
+  };
+  struct Client {
+    ClientInfo info;
+    bool open = false;
+    int async_fd = -1;
+    Mapping db_mem;
+    shim::DoorbellPage* db = nullptr;
+    uint32_t next_handle = 1;
+    std::map<uint32_t, transport::Pd*> pds;
+    std::map<uint32_t, MrObj> mrs;
+    std::map<uint32_t, int> channels;  // handle -> service end of socket
+    std::map<uint32_t, CqObj> cqs;
+    std::map<uint32_t, std::unique_ptr<SrqObj>> srqs;
+    std::map<uint32_t, std::unique_ptr<QpObj>> qps;
+    std::map<uint32_t, AhObj> ahs;
+    std::vector<Target> targets;  // index = doorbell
+    std::vector<uint32_t> free_doorbells;
+  };
+
+  int dispatch(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_open(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_create_cq(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_create_srq(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_create_qp(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_query_qp(Client& c, CtlRequest& req, CtlReply& rep);
+  int destroy_qp(Client& c, uint32_t h);
+  int destroy_srq(Client& c, uint32_t h);
+  void release_all(Client& c);
+  uint32_t alloc_doorbell(Client& c);
+  bool drain_qp_st(Client& c, QpObj& q, uint32_t* taken);
+  bool drain_srq_st(SrqObj& s, uint32_t* taken);
+  bool send_async(const transport::AsyncEvent& ev);
+
+  ShimEnv env_;
+  // Lcore-visible: the open clients (changed only while parked).
+  std::vector<Client*> live_;
+  std::map<uint64_t, std::unique_ptr<Client>> clients_;  // by ClientInfo::id
+  ShimCounters ctr_;
+  std::string why_;  // detail of the last refusal, sent with -errno
+};
+
+}  // namespace urnic::service

@@ -1,0 +1,462 @@
+// The service side of the verbs shim, driven in-process: the test plays
+// the shim (control requests, shared rings, doorbells) against a real
+// Device + Engine whose frames loop back through the wire codec.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "dataplane/service/shim_server.h"
+#include "dataplane/wire/codec.h"
+
+namespace urnic::service {
+namespace {
+
+using namespace urnic::shim;
+
+constexpr uint32_t kRemoteAll =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC;
+
+// Frames the engine sends are decoded and fed back to it (one device
+// talking to its own GID, as two applications on one urnicd do).
+class LoopIo : public transport::PacketIo {
+ public:
+  bool transmit(const transport::TxFrame& f) override {
+    std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
+    for (const wire::ConstBuf& p : f.payload)
+      b.insert(b.end(), p.data, p.data + p.len);
+    b.insert(b.end(), f.trailer, f.trailer + f.trailer_len);
+    frames.push_back(std::move(b));
+    return true;
+  }
+  std::deque<std::vector<uint8_t>> frames;
+};
+
+struct Reply {
+  int status = 0;
+  std::string payload;
+  std::vector<int> fds;
+  template <typename T>
+  T as() const {
+    T v{};
+    EXPECT_EQ(payload.size(), sizeof v) << payload;
+    std::memcpy(&v, payload.data(), std::min(sizeof v, payload.size()));
+    return v;
+  }
+};
+
+struct ShimServerTest : ::testing::Test {
+  ShimServerTest() : dev(device()), eng(dev, io), srv(env()) {
+    ci.id = 7;
+    ci.pid = getpid();
+  }
+  ~ShimServerTest() override {
+    srv.on_close(ci);
+    for (auto& [p, n] : maps) munmap(p, n);
+  }
+  static transport::DeviceConfig device() {
+    transport::DeviceConfig dc;
+    dc.mac = {{2, 0, 0, 0, 0, 1}};
+    wire::gid_from_ipv4(0x0a000001, dc.gids[0]);
+    dc.num_gids = 1;
+    dc.key_seed = 1;
+    return dc;
+  }
+  ShimEnv env() {
+    ShimEnv e;
+    e.dev = &dev;
+    e.engine = &eng;
+    e.gate = &gate;  // never running: park() returns at once
+    e.info.num_gids = 1;
+    return e;
+  }
+
+  template <typename T>
+  Reply call(Op op, const T& body, std::vector<int> fds = {}) {
+    return call_raw(
+        op, std::string(reinterpret_cast<const char*>(&body), sizeof body),
+        std::move(fds));
+  }
+  Reply call_raw(Op op, std::string body, std::vector<int> fds = {}) {
+    CtlRequest req{&ci, static_cast<ctl::Op>(op), body, fds};
+    CtlReply rep;
+    srv.handle(req, rep);
+    for (int fd : fds)
+      if (fd >= 0) close(fd);  // what ControlServer does
+    return {rep.status, rep.payload, rep.fds};
+  }
+  void* map(int fd, size_t len) {
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    close(fd);
+    maps.push_back({p, len});
+    return p;
+  }
+  // Runs the lcore side until nothing moves.
+  void run() {
+    for (int i = 0; i < 1000; ++i) {
+      uint32_t work = srv.doorbells_st();
+      work += eng.poll(now += 1000);
+      while (!io.frames.empty()) {
+        std::vector<uint8_t> b = std::move(io.frames.front());
+        io.frames.pop_front();
+        wire::FrameInfo fi;
+        wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
+        ASSERT_EQ(fi.kind, wire::FrameKind::kRoce);
+        const wire::ConstBuf seg{b.data(), static_cast<uint32_t>(b.size())};
+        eng.rx(fi, {&seg, 1}, now);
+        ++work;
+      }
+      if (!work) return;
+    }
+  }
+
+  void open() {
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    async_fd = sv[0];
+    Reply r = call(Op::kOpen, OpenReq{}, {sv[1]});
+    ASSERT_EQ(r.status, 0) << r.payload;
+    ASSERT_EQ(r.fds.size(), 1u);
+    db = static_cast<DoorbellPage*>(map(r.fds[0], page_round(sizeof *db)));
+  }
+  uint32_t handle(const Reply& r) {
+    EXPECT_EQ(r.status, 0) << r.payload;
+    return r.as<HandleRep>().handle;
+  }
+
+  struct Cq {
+    uint32_t h;
+    CqShared* sh;
+    ibv_wc* ring;
+  };
+  Cq create_cq(uint32_t cqe, uint32_t channel = kNoHandle) {
+    Reply r = call(Op::kCreateCq, CreateCqReq{cqe, channel});
+    EXPECT_EQ(r.status, 0) << r.payload;
+    const auto rep = r.as<CreateCqRep>();
+    auto* sh = static_cast<CqShared*>(map(r.fds.at(0), rep.map_len));
+    return {
+        rep.handle, sh,
+        reinterpret_cast<ibv_wc*>(reinterpret_cast<uint8_t*>(sh) + sh->offset)};
+  }
+  bool poll(Cq& cq, ibv_wc* wc) {
+    const uint32_t c = cq.sh->cons.load();
+    if (c == cq.sh->prod.load()) return false;
+    *wc = cq.ring[c & (cq.sh->size - 1)];
+    cq.sh->cons.store(c + 1);
+    return true;
+  }
+
+  struct Qp {
+    uint32_t h, qpn, doorbell;
+    QpShared* sh;
+    ShmSendWqe* sq;
+    ShmRecvWqe* rq;
+  };
+  Qp create_qp(uint32_t pd, uint32_t cq, ibv_qp_type t = IBV_QPT_RC) {
+    CreateQpReq q;
+    q.pd = pd;
+    q.send_cq = q.recv_cq = cq;
+    q.qp_type = t;
+    q.cap.max_send_wr = 16;
+    q.cap.max_recv_wr = 16;
+    q.cap.max_send_sge = q.cap.max_recv_sge = 2;
+    q.cap.max_inline_data = 64;
+    Reply r = call(Op::kCreateQp, q);
+    EXPECT_EQ(r.status, 0) << r.payload;
+    const auto rep = r.as<CreateQpRep>();
+    auto* base = static_cast<uint8_t*>(map(r.fds.at(0), rep.map_len));
+    auto* sh = reinterpret_cast<QpShared*>(base);
+    EXPECT_EQ(sh->sq_size, rep.cap.max_send_wr);
+    return {rep.handle,
+            rep.qpn,
+            rep.doorbell,
+            sh,
+            reinterpret_cast<ShmSendWqe*>(base + sh->sq_offset),
+            reinterpret_cast<ShmRecvWqe*>(base + sh->rq_offset)};
+  }
+  int modify(const Qp& q, ibv_qp_state s, uint32_t dqpn = 0) {
+    ModifyQpReq m;
+    m.handle = q.h;
+    m.attr.qp_state = s;
+    if (s == IBV_QPS_INIT) {
+      m.mask =
+          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+      m.attr.port_num = 1;
+      m.attr.qp_access_flags = kRemoteAll;
+    } else if (s == IBV_QPS_RTR) {
+      m.mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      m.attr.path_mtu = IBV_MTU_1024;
+      m.attr.dest_qp_num = dqpn;
+      m.attr.max_dest_rd_atomic = 1;
+      m.attr.min_rnr_timer = 12;
+      m.attr.ah_attr.is_global = 1;
+      m.attr.ah_attr.port_num = 1;
+      std::memcpy(m.attr.ah_attr.grh.dgid.raw, dev.config().gids[0], 16);
+    } else if (s == IBV_QPS_RTS) {
+      m.mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+               IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+      m.attr.timeout = 14;
+      m.attr.retry_cnt = 7;
+      m.attr.rnr_retry = 7;
+      m.attr.max_rd_atomic = 1;
+    } else {
+      m.mask = IBV_QP_STATE;
+    }
+    return call(Op::kModifyQp, m).status;
+  }
+  void connect(const Qp& a, const Qp& b) {
+    ASSERT_EQ(modify(a, IBV_QPS_INIT), 0);
+    ASSERT_EQ(modify(b, IBV_QPS_INIT), 0);
+    ASSERT_EQ(modify(a, IBV_QPS_RTR, b.qpn), 0);
+    ASSERT_EQ(modify(b, IBV_QPS_RTR, a.qpn), 0);
+    ASSERT_EQ(modify(a, IBV_QPS_RTS), 0);
+    ASSERT_EQ(modify(b, IBV_QPS_RTS), 0);
+  }
+  void post(Qp& q, const ShmSendWqe& w) {
+    const uint32_t p = q.sh->sq_prod.load();
+    q.sq[p & (q.sh->sq_size - 1)] = w;
+    q.sh->sq_prod.store(p + 1, std::memory_order_release);
+    ring_doorbell(*db, q.doorbell);
+  }
+
+  // An "application buffer": a sealed memfd both sides map.
+  struct Buf {
+    uint8_t* p;
+    uint32_t h, lkey, rkey;
+  };
+  Buf reg(uint32_t pd, size_t len, bool seal = true) {
+    const int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(len)), 0);
+    if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+    auto* p = static_cast<uint8_t*>(
+        mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    maps.push_back({p, len});
+    RegMrReq r;
+    r.pd = pd;
+    r.access = kRemoteAll;
+    r.addr = r.iova = r.map_start = reinterpret_cast<uint64_t>(p);
+    r.length = r.map_len = len;
+    r.npieces = 1;
+    r.pieces[0] = {0, len};
+    Reply rep = call(Op::kRegMr, r, {fd});
+    if (rep.status) return {p, 0, 0, 0};
+    const auto m = rep.as<RegMrRep>();
+    return {p, m.handle, m.lkey, m.rkey};
+  }
+
+  static ShmSendWqe write_wqe(const Buf& from, const Buf& to, uint32_t len) {
+    ShmSendWqe w{};
+    w.wr_id = 42;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.num_sge = 1;
+    w.sge[0] = {reinterpret_cast<uint64_t>(from.p), len, from.lkey};
+    w.remote_addr = reinterpret_cast<uint64_t>(to.p);
+    w.rkey = to.rkey;
+    return w;
+  }
+
+  transport::Device dev;
+  LoopIo io;
+  transport::Engine eng;
+  LcoreGate gate;
+  ShimServer srv;
+  ClientInfo ci;
+  int async_fd = -1;
+  DoorbellPage* db = nullptr;
+  uint64_t now = 0;
+  std::vector<std::pair<void*, size_t>> maps;
+};
+
+TEST_F(ShimServerTest, FirstRequestMustBeOpenAndAbiIsChecked) {
+  Reply r = call_raw(Op::kAllocPd, "");
+  EXPECT_EQ(r.status, -EPROTO);
+  OpenReq o;
+  o.abi = kShimAbi + 1;
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  r = call(Op::kOpen, o, {sv[1]});
+  close(sv[0]);
+  EXPECT_EQ(r.status, -EPROTONOSUPPORT);
+  EXPECT_NE(r.payload.find("shim ABI"), std::string::npos) << r.payload;
+  open();
+  r = call(Op::kOpen, OpenReq{});
+  EXPECT_EQ(r.status, -EPROTO);  // already open
+}
+
+TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  EXPECT_EQ(a.sh->state.load(), IBV_QPS_RESET);
+  connect(a, b);
+  EXPECT_EQ(a.sh->state.load(), IBV_QPS_RTS);
+  Buf src = reg(pd, 8192), dst = reg(pd, 8192);
+  ASSERT_NE(src.h, 0u);
+  for (int i = 0; i < 5000; ++i) src.p[i] = static_cast<uint8_t>(i * 7);
+  post(a, write_wqe(src, dst, 5000));
+  run();
+  ibv_wc wc;
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 42u);
+  EXPECT_EQ(wc.qp_num, a.qpn);
+  EXPECT_EQ(std::memcmp(src.p, dst.p, 5000), 0);  // the service wrote here
+  EXPECT_EQ(a.sh->sq_done.load(), 1u);
+  EXPECT_FALSE(poll(cq, &wc));
+
+  // Inline SEND into a posted receive.
+  ShmRecvWqe r{};
+  r.wr_id = 9;
+  r.num_sge = 1;
+  r.sge[0] = {reinterpret_cast<uint64_t>(dst.p), 100, dst.lkey};
+  b.rq[0] = r;
+  b.sh->rq_prod.store(1);
+  ring_doorbell(*db, b.doorbell);
+  ShmSendWqe s{};
+  s.wr_id = 10;
+  s.opcode = IBV_WR_SEND;
+  s.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  s.inline_len = 5;
+  std::memcpy(s.inline_data, "hello", 5);
+  post(a, s);
+  run();
+  std::vector<ibv_wc> got;
+  while (poll(cq, &wc)) got.push_back(wc);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(std::memcmp(dst.p, "hello", 5), 0);
+  EXPECT_EQ(b.sh->rq_done.load(), 1u);
+  EXPECT_EQ(srv.counters().bad_wqes.load(), 0u);
+}
+
+TEST_F(ShimServerTest, BadWqeCompletesInErrorAndCorruptIndexKillsOnlyThatQp) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  Qp c = create_qp(pd, cq.h), d = create_qp(pd, cq.h);
+  connect(a, b);
+  connect(c, d);
+  ShmSendWqe w{};
+  w.wr_id = 5;
+  w.opcode = 99;  // no such opcode
+  w.send_flags = IBV_SEND_SIGNALED;
+  post(a, w);
+  run();
+  ibv_wc wc;
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_LOC_QP_OP_ERR);
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(a.sh->state.load(), IBV_QPS_ERR);
+  EXPECT_EQ(a.sh->sq_done.load(), 1u);  // the slot is free again
+  EXPECT_EQ(srv.counters().bad_wqes.load(), 1u);
+
+  // A producer index no correct shim can write: the QP goes to error, the
+  // service reads nothing past the ring.
+  c.sh->sq_prod.store(c.sh->sq_size + 3);
+  ring_doorbell(*db, c.doorbell);
+  run();
+  EXPECT_EQ(c.sh->state.load(), IBV_QPS_ERR);
+  EXPECT_EQ(d.sh->state.load(), IBV_QPS_RTS);
+  EXPECT_EQ(b.sh->state.load(), IBV_QPS_RTS);
+}
+
+TEST_F(ShimServerTest, ModifyToResetKeepsTheApplicationsIndices) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  post(a, write_wqe(src, dst, 8));
+  run();
+  ibv_wc wc;
+  ASSERT_TRUE(poll(cq, &wc));
+  ASSERT_EQ(modify(a, IBV_QPS_RESET), 0);
+  ASSERT_EQ(modify(b, IBV_QPS_RESET), 0);
+  EXPECT_EQ(a.sh->sq_done.load(), a.sh->sq_prod.load());
+  connect(a, b);
+  src.p[0] = 0x5a;
+  post(a, write_wqe(src, dst, 8));
+  run();
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(dst.p[0], 0x5a);
+  EXPECT_EQ(a.sh->sq_done.load(), 2u);
+}
+
+TEST_F(ShimServerTest, CompletionChannelIsSignalledOnlyWhenArmed) {
+  open();
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0, sv), 0);
+  const uint32_t ch = handle(call(Op::kCreateChannel, 0, {sv[1]}));
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(16, ch);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  post(a, write_wqe(src, dst, 8));
+  run();
+  uint64_t h = 0;
+  EXPECT_LT(recv(sv[0], &h, sizeof h, 0), 0);  // not armed: no event
+  cq.sh->arm.store(kArmAll);
+  post(a, write_wqe(src, dst, 8));
+  run();
+  ASSERT_EQ(recv(sv[0], &h, sizeof h, 0), 8);
+  EXPECT_EQ(h, cq.h);
+  EXPECT_EQ(cq.sh->arm.load(), 0u);  // one event per arm
+  // The channel cannot go while a CQ uses it.
+  EXPECT_EQ(call(Op::kDestroyChannel, HandleReq{ch}).status, -EBUSY);
+  close(sv[0]);
+}
+
+TEST_F(ShimServerTest, RefusesForeignHandlesAndUnsealedMemory) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(16);
+  CreateQpReq q;
+  q.pd = pd;
+  q.send_cq = cq.h;
+  q.recv_cq = 12345;  // not ours
+  q.cap.max_send_wr = q.cap.max_recv_wr = 4;
+  EXPECT_EQ(call(Op::kCreateQp, q).status, -EINVAL);
+  Buf loose = reg(pd, 4096, /*seal=*/false);
+  EXPECT_EQ(loose.h, 0u);  // could be shrunk under the service: refused
+  EXPECT_EQ(call(Op::kDeallocPd, HandleReq{pd + 100}).status, -EINVAL);
+  // A PD in use cannot go.
+  Buf b = reg(pd, 4096);
+  ASSERT_NE(b.h, 0u);
+  EXPECT_EQ(call(Op::kDeallocPd, HandleReq{pd}).status, -EBUSY);
+}
+
+TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(16);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  ASSERT_NE(reg(pd, 4096).h, 0u);
+  CreateSrqReq s{pd, 8, 1, 0};
+  EXPECT_EQ(call(Op::kCreateSrq, s).status, 0);
+  EXPECT_EQ(eng.qp_count(), 2u);
+  EXPECT_EQ(dev.num_mrs(), 1u);
+  srv.on_close(ci);
+  EXPECT_EQ(eng.qp_count(), 0u);
+  EXPECT_EQ(dev.num_mrs(), 0u);
+  EXPECT_EQ(dev.num_cqs(), 0u);
+  EXPECT_EQ(dev.num_srqs(), 0u);
+  EXPECT_EQ(dev.num_pds(), 0u);
+  EXPECT_EQ(srv.counters().clients_closed.load(), 1u);
+}
+
+}  // namespace
+}  // namespace urnic::service

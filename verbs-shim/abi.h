@@ -1,0 +1,314 @@
+// The contract between liburnic-verbs.so (the shim, in the application) and
+// urnicd (the service): control messages on the Unix SEQPACKET socket, and
+// the layouts of the memory both map. Both sides are built from this header
+// in one tree; kShimAbi changes whenever anything here changes.
+//
+// Control: every request is one message `ctl::Hdr` + a request struct below
+// (+ SCM_RIGHTS fds where noted); every reply is `ctl::Hdr` (status 0 or
+// -errno) + a reply struct, or + a UTF-8 error message when status < 0
+// (+ fds where noted). One socket connection is one ibv_context: when it
+// closes (exit, crash, kill -9), the service releases every object of it.
+//
+// Memory the application can write (rings, doorbells, CQ consumer index,
+// CQ arm word) is untrusted: the service copies each WQE out before
+// validating it and clamps every index it reads.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "dataplane/service/ctl_proto.h"
+
+namespace urnic::shim {
+
+constexpr uint32_t kShimAbi = 1;  // OpenReq.abi must equal this
+constexpr uint32_t kMaxSge = 16;  // = transport::kMaxSge
+constexpr uint32_t kMaxInline = 256;
+constexpr uint32_t kMaxGids = 16;
+constexpr uint32_t kMaxMrPieces = 64;  // fds in one kRegMr
+// Doorbell indices per context (QPs and SRQs share the space).
+constexpr uint32_t kMaxDoorbells = 65536;
+constexpr uint32_t kNoHandle = 0;  // handles are never 0
+
+// --- control operations (ctl::Op values 100+; 1..99 are urnicctl's) --------
+enum class Op : uint16_t {
+  kOpen = 100,      // OpenReq + fd: async-event socket (shim end kept)
+                    //   -> OpenRep + fd: doorbell page (DoorbellPage)
+  kQueryPort,       // -> ibv_port_attr
+  kAllocPd,         // -> HandleRep
+  kDeallocPd,       // HandleReq
+  kRegMr,           // RegMrReq + npieces fds -> RegMrRep
+  kDeregMr,         // HandleReq
+  kCreateChannel,   // fd: completion-event socket -> HandleRep
+  kDestroyChannel,  // HandleReq (EBUSY while a CQ uses it)
+  kCreateCq,        // CreateCqReq -> CreateCqRep + fd: CQ memory (CqShared)
+  kDestroyCq,       // HandleReq
+  kCreateSrq,       // CreateSrqReq -> CreateSrqRep + fd: SRQ memory
+  kModifySrq,       // ModifySrqReq
+  kQuerySrq,        // HandleReq -> ibv_srq_attr
+  kDestroySrq,      // HandleReq
+  kCreateQp,        // CreateQpReq -> CreateQpRep + fd: QP memory (QpShared)
+  kModifyQp,        // ModifyQpReq -> ModifyQpRep
+  kQueryQp,         // HandleReq -> QueryQpRep
+  kDestroyQp,       // HandleReq
+  kCreateAh,        // CreateAhReq -> HandleRep
+  kDestroyAh,       // HandleReq
+};
+
+struct OpenReq {
+  uint32_t abi = kShimAbi;
+  uint32_t pid = 0;  // informational; the service uses SO_PEERCRED
+};
+
+struct OpenRep {
+  uint32_t abi = kShimAbi;
+  uint32_t num_gids = 0;
+  ibv_device_attr device{};  // the service's limits, as they are
+  ibv_port_attr port{};      // port 1 (the only one)
+  uint8_t gids[kMaxGids][16] = {};
+  uint8_t gid_is_ipv4[kMaxGids] = {};  // RoCEv2 over IPv4 (mapped) or IPv6
+  uint8_t mac[6] = {};
+  uint16_t pad = 0;
+  uint64_t node_guid = 0;  // network byte order, EUI-64 from the MAC
+  char service_version[32] = {};
+};
+
+struct HandleReq {
+  uint32_t handle = 0;
+};
+struct HandleRep {
+  uint32_t handle = 0;
+};
+
+// The MR's page-rounded range [map_start, map_start + map_len) is backed by
+// `npieces` memfd pieces, in address order, each (fd i, offset, length); the
+// service maps them into one contiguous view. [addr, addr + length) is the
+// registered range inside it; iova is what remote peers and SGEs use.
+struct MrPiece {
+  uint64_t fd_offset = 0;
+  uint64_t length = 0;
+};
+struct RegMrReq {
+  uint32_t pd = 0;
+  uint32_t access = 0;  // IBV_ACCESS_*
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t iova = 0;
+  uint64_t map_start = 0;
+  uint64_t map_len = 0;
+  uint32_t npieces = 0;
+  uint32_t pad = 0;
+  MrPiece pieces[kMaxMrPieces];
+};
+struct RegMrRep {
+  uint32_t handle = 0;
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+};
+
+struct CreateCqReq {
+  uint32_t cqe = 0;
+  uint32_t channel = kNoHandle;  // completion channel handle, or none
+};
+struct CreateCqRep {
+  uint32_t handle = 0;
+  uint32_t cqe = 0;      // usable entries (>= asked)
+  uint64_t map_len = 0;  // bytes of the passed fd to map
+};
+
+struct CreateSrqReq {
+  uint32_t pd = 0;
+  uint32_t max_wr = 0;
+  uint32_t max_sge = 0;
+  uint32_t srq_limit = 0;
+};
+struct CreateSrqRep {
+  uint32_t handle = 0;
+  uint32_t max_wr = 0;  // granted (ring slots; a power of two)
+  uint32_t max_sge = 0;
+  uint32_t doorbell = 0;  // index in the context's DoorbellPage
+  uint64_t map_len = 0;
+};
+struct ModifySrqReq {
+  uint32_t handle = 0;
+  int32_t mask = 0;  // ibv_srq_attr_mask
+  ibv_srq_attr attr{};
+};
+
+struct CreateQpReq {
+  uint32_t pd = 0;
+  uint32_t send_cq = 0;
+  uint32_t recv_cq = 0;
+  uint32_t srq = kNoHandle;
+  uint32_t qp_type = IBV_QPT_RC;
+  uint32_t sq_sig_all = 0;
+  ibv_qp_cap cap{};
+};
+struct CreateQpRep {
+  uint32_t handle = 0;
+  uint32_t qpn = 0;
+  ibv_qp_cap cap{};       // granted: what the queues really hold
+  uint32_t doorbell = 0;  // index in the context's DoorbellPage
+  uint32_t pad = 0;
+  uint64_t map_len = 0;
+};
+
+struct ModifyQpReq {
+  uint32_t handle = 0;
+  int32_t mask = 0;  // ibv_qp_attr_mask
+  ibv_qp_attr attr{};
+};
+struct ModifyQpRep {
+  uint32_t state = 0;  // the QP's state afterwards
+};
+struct QueryQpRep {
+  ibv_qp_attr attr{};
+  ibv_qp_cap cap{};
+  uint32_t sq_sig_all = 0;
+  uint32_t pad = 0;
+};
+
+struct CreateAhReq {
+  uint32_t pd = 0;
+  uint32_t pad = 0;
+  ibv_ah_attr attr{};
+};
+
+// --- events the service sends ----------------------------------------------
+// On a completion channel's socket: one message per event, 8 bytes: the CQ's
+// handle (uint64_t). On the context's async socket: one AsyncMsg.
+struct AsyncMsg {
+  uint32_t type = 0;    // ibv_event_type
+  uint32_t handle = 0;  // QP / CQ / SRQ handle (port events: port number)
+};
+
+// --- shared memory -----------------------------------------------------------
+// Every ring index runs freely (uint32_t, wraps); slots = index & (size-1).
+// The producer owns its index and publishes with release after writing the
+// slot; the consumer reads it with acquire.
+
+// A send WQE as the shim writes it (a copy of ibv_send_wr without pointers).
+struct ShmSge {  // trivial: it sits in a union
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+struct ShmSendWqe {
+  uint64_t wr_id;
+  uint64_t remote_addr;  // RDMA and atomics
+  uint64_t compare_add;  // atomics
+  uint64_t swap;
+  uint32_t opcode;      // ibv_wr_opcode
+  uint32_t send_flags;  // IBV_SEND_*
+  uint32_t num_sge;     // SGEs in sge[] (0 when inline)
+  uint32_t imm_data;    // network byte order (also invalidate rkey)
+  uint32_t rkey;
+  uint32_t ah;           // UD: AH handle
+  uint32_t remote_qpn;   // UD
+  uint32_t remote_qkey;  // UD
+  uint32_t inline_len;   // IBV_SEND_INLINE: bytes in inline_data
+  uint32_t pad[3];
+  union {
+    ShmSge sge[kMaxSge];
+    uint8_t inline_data[kMaxInline];
+  };
+};
+static_assert(sizeof(ShmSendWqe) == 336);
+
+struct ShmRecvWqe {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  uint32_t pad;
+  ShmSge sge[kMaxSge];
+};
+static_assert(sizeof(ShmRecvWqe) == 272);
+
+// QP memory: this header, then sq_size ShmSendWqe at sq_offset, then
+// rq_size ShmRecvWqe at rq_offset (rq_size 0 with an SRQ).
+struct alignas(64) QpShared {
+  // Written by the service at creation; read-only for the shim.
+  uint32_t sq_size = 0, rq_size = 0;      // slots, powers of two
+  uint32_t sq_offset = 0, rq_offset = 0;  // bytes from the start
+  // Service-owned: the QP's state (ibv_qp_state) as the transport sees it
+  // (it moves to ERR on its own); the shim checks it at post time.
+  alignas(64) std::atomic<uint32_t> state{IBV_QPS_RESET};
+  // Shim-owned producer indices (WQEs posted).
+  alignas(64) std::atomic<uint32_t> sq_prod{0};
+  alignas(64) std::atomic<uint32_t> rq_prod{0};
+  // Service-owned: WQEs retired (completed or flushed, signaled or not):
+  // their slots may be reused. Send slots are freed in order, like a HCA's.
+  alignas(64) std::atomic<uint32_t> sq_done{0};
+  alignas(64) std::atomic<uint32_t> rq_done{0};
+};
+
+// SRQ memory: this header, then size ShmRecvWqe at offset.
+struct alignas(64) SrqShared {
+  uint32_t size = 0, offset = 0;
+  alignas(64) std::atomic<uint32_t> prod{0};  // shim
+  alignas(64) std::atomic<uint32_t> done{0};  // service: WQEs taken
+};
+
+// CQ memory: this header, then size ibv_wc at offset. The service produces;
+// the application consumes (ibv_poll_cq) and arms (ibv_req_notify_cq).
+struct alignas(64) CqShared {
+  uint32_t size = 0, offset = 0;
+  alignas(64) std::atomic<uint32_t> prod{0};  // service
+  // Service-owned: set when a completion did not fit (the CQ is in error,
+  // IBV_EVENT_CQ_ERR was sent); ibv_poll_cq then fails.
+  std::atomic<uint32_t> error{0};
+  alignas(64) std::atomic<uint32_t> cons{0};  // application
+  // Application stores kArmAll or kArmSolicited; the service exchanges it
+  // back to 0 when it sends the event on the completion channel.
+  alignas(64) std::atomic<uint32_t> arm{0};
+};
+constexpr uint32_t kArmAll = 1;
+constexpr uint32_t kArmSolicited = 2;
+
+// Per-context doorbells: after publishing a producer index, the shim sets
+// bit `doorbell` in bits[], then (if the bit was clear) the matching
+// summary bit, then pending = 1, all with release. The service exchanges
+// pending, then summary words, then bit words to 0 (acquire) and drains the
+// queues whose bits were set: work per loop follows what was rung, not how
+// many QPs exist.
+struct alignas(64) DoorbellPage {
+  alignas(64) std::atomic<uint32_t> pending{0};
+  alignas(64) std::atomic<uint64_t> summary[kMaxDoorbells / 64 / 64]{};
+  alignas(64) std::atomic<uint64_t> bits[kMaxDoorbells / 64]{};
+};
+
+inline void ring_doorbell(DoorbellPage& db, uint32_t index) {
+  const uint64_t bit = uint64_t{1} << (index % 64);
+  const uint32_t w = index / 64;
+  if (db.bits[w].fetch_or(bit, std::memory_order_acq_rel) & bit) return;
+  db.summary[w / 64].fetch_or(uint64_t{1} << (w % 64),
+                              std::memory_order_release);
+  db.pending.store(1, std::memory_order_release);
+}
+
+constexpr size_t page_round(size_t n) {
+  return (n + 4095) & ~size_t{4095};
+}
+constexpr size_t qp_shared_len(uint32_t sq, uint32_t rq) {
+  return page_round(sizeof(QpShared)) +
+         page_round(size_t{sq} * sizeof(ShmSendWqe)) +
+         page_round(size_t{rq} * sizeof(ShmRecvWqe));
+}
+
+constexpr uint32_t ring_slots(uint32_t n) {  // a power of two >= n (>= 1)
+  uint32_t s = 1;
+  while (s < n) s <<= 1;
+  return s;
+}
+constexpr size_t cq_shared_len(uint32_t cqe) {
+  return page_round(sizeof(CqShared)) +
+         page_round(size_t{ring_slots(cqe)} * sizeof(ibv_wc));
+}
+constexpr size_t srq_shared_len(uint32_t max_wr) {
+  return page_round(sizeof(SrqShared)) +
+         page_round(size_t{ring_slots(max_wr)} * sizeof(ShmRecvWqe));
+}
+
+}  // namespace urnic::shim
