@@ -87,6 +87,9 @@ struct HandleRep {
 // `npieces` memfd pieces, in address order, each (fd i, offset, length); the
 // service maps them into one contiguous view. [addr, addr + length) is the
 // registered range inside it; iova is what remote peers and SGEs use.
+// Each fd must be a memfd sealed with F_SEAL_SHRINK (memfd_create with
+// MFD_ALLOW_SEALING, then fcntl F_ADD_SEALS): otherwise the application
+// could shrink it under the service, whose next access would fault.
 struct MrPiece {
   uint64_t fd_offset = 0;
   uint64_t length = 0;
