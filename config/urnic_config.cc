@@ -260,6 +260,7 @@ struct Schema<TransportConfig> {
        .member = &S::timer_tick_us,
        .min = 1,
        .max = 1000},
+      {.key = "zero_copy_tx", .member = &S::zero_copy_tx},
   };
 };
 

@@ -124,6 +124,9 @@ struct TransportConfig {
   uint32_t tx_budget = 64;      // packets one QP may send per poll
   uint32_t tx_quantum = 16384;  // bytes one QP may send per turn (DRR)
   uint32_t timer_tick_us = 1;   // timer wheel resolution
+  // Transmit payload from the applications' registered memory as external
+  // mbuf buffers instead of copying it (vdev ports; PCI ports always copy).
+  bool zero_copy_tx = true;
 };
 
 struct Config {

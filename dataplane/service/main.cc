@@ -152,6 +152,7 @@ int run(const config::Config& cfg, char* prog) {
     std::unique_ptr<NeighbourResolver> resolver;
     std::unique_ptr<transport::Device> device;
     std::vector<std::unique_ptr<Worker>> workers;
+    std::unique_ptr<ZeroCopyTx> zero_copy;
     std::unique_ptr<ShimServer> shim;
     try {
       port = port_setup(cfg);
@@ -207,6 +208,13 @@ int run(const config::Config& cfg, char* prog) {
         }
         return EHOSTUNREACH;
       };
+      // Vdevs transmit from the application's pages directly; PCI ports
+      // would need the pages DMA-mapped (rte_extmem_register): they copy.
+      if (cfg.port.pci.empty() && cfg.transport.zero_copy_tx) {
+        zero_copy = std::make_unique<ZeroCopyTx>();
+        env.tx_memory = zero_copy.get();
+        workers[0]->set_zero_copy(zero_copy.get());
+      }
       shim = std::make_unique<ShimServer>(std::move(env));
       workers[0]->make_transport(shim.get());
       for (size_t i = 1; i < workers.size(); ++i)

@@ -56,6 +56,32 @@ struct Command {
   std::atomic<int> result{1};  // 1: pending, then 0 or -errno
 };
 
+// Application memory (MR views) the transport lcore transmits from without
+// copying: a payload piece inside a view becomes an mbuf attached to it as
+// an external buffer. One rte_mbuf_ext_shared_info per view counts the
+// mbufs in flight (the table itself holds one reference); a removed view
+// is unmapped only when that count is back to 1. Vdev ports only: a PCI
+// port would also need rte_extmem_register + DMA mapping (not done: PCI
+// ports copy).
+class ZeroCopyTx final : public TxMemory {
+ public:
+  struct View {
+    const uint8_t* base;
+    size_t len;
+    rte_mbuf_ext_shared_info* shinfo;
+  };
+  ~ZeroCopyTx() override;
+  void add(void* base, size_t len) override;
+  void remove(void* base) override;
+  bool busy(void* base) override;
+  // Transport lcore: the view holding [p, p+len), or null.
+  const View* find(const uint8_t* p, uint32_t len) const;
+
+ private:
+  std::vector<View> views_;  // sorted by base; changed only while parked
+  std::vector<View> retired_;
+};
+
 // Per-lcore state; touched only by its lcore except the counters (read
 // relaxed by the control thread) and the command ring (SP/SC). It is the
 // transport engine's PacketIo: frames the engine builds become mbufs on
@@ -84,6 +110,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   // shim's doorbells); the others hand RoCE frames to it by ring.
   void make_transport(ShimServer* shim);
   void hand_roce_to(Worker* transport) { transport_ = transport; }
+  void set_zero_copy(const ZeroCopyTx* zc) { zc_ = zc; }
 
  private:
   void loop_st();
@@ -118,8 +145,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   transport::Engine engine_;
   LcoreGate gate_;
   ShimServer* shim_ = nullptr;
-  Worker* transport_ = nullptr;  // set on the other workers
-  rte_ring* handoff_ = nullptr;  // transport worker: RoCE frames (MP/SC)
+  const ZeroCopyTx* zc_ = nullptr;  // null: every payload is copied
+  Worker* transport_ = nullptr;     // set on the other workers
+  rte_ring* handoff_ = nullptr;     // transport worker: RoCE frames (MP/SC)
   // Frames to our own MAC (a QP talking to a QP of this service) loop back
   // here, whole and with their ICRC, and are received on the next loop.
   static constexpr uint32_t kLoopSize = 1024;

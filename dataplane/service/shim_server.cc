@@ -115,14 +115,17 @@ void ShimServer::release_all(Client& c) {
     for (auto& [h, a] : c.ahs) env_.dev->destroy_ah(a.ah);
     for (auto& [h, s] : c.srqs) env_.dev->destroy_srq(s->srq);
     for (auto& [h, q] : c.cqs) env_.dev->destroy_cq(q.cq);
-    for (auto& [h, m] : c.mrs) env_.dev->dereg_mr(m.mr);
+    for (auto& [h, m] : c.mrs) {
+      env_.dev->dereg_mr(m.mr);
+      if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
+    }
     for (auto& [h, pd] : c.pds) env_.dev->dealloc_pd(pd);
     std::erase(live_, &c);
   }
   for (auto& [h, q] : c.qps) unmap(q->mem);
   for (auto& [h, s] : c.srqs) unmap(s->mem);
   for (auto& [h, q] : c.cqs) unmap(q.mem);
-  for (auto& [h, m] : c.mrs) unmap(m.view);
+  for (auto& [h, m] : c.mrs) retire_view(m.view);
   for (auto& [h, fd] : c.channels) close(fd);
   c.qps.clear();
   c.ahs.clear();
@@ -199,8 +202,9 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       {
         ParkGuard park(*env_.gate);
         dev.dereg_mr(m.mr);
+        if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
       }
-      unmap(m.view);
+      retire_view(m.view);
       c.mrs.erase(hr.handle);
       return 0;
     }
@@ -408,6 +412,7 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     rc = env_.dev->reg_mr(c.pds[r.pd],
                           static_cast<uint8_t*>(base) + (r.addr - r.map_start),
                           r.length, r.iova, r.access, &mr);
+    if (!rc && env_.tx_memory) env_.tx_memory->add(base, r.map_len);
   }
   if (rc) {
     unmap(view);
@@ -693,7 +698,24 @@ bool ShimServer::send_async(const transport::AsyncEvent& ev) {
   return false;
 }
 
+void ShimServer::retire_view(Mapping& m) {
+  if (env_.tx_memory && env_.tx_memory->busy(m.base))
+    retired_views_.push_back(m);
+  else
+    unmap(m);
+  m = {};
+}
+
+void ShimServer::unmap_retired() {
+  std::erase_if(retired_views_, [&](Mapping& m) {
+    if (env_.tx_memory->busy(m.base)) return false;
+    unmap(m);
+    return true;
+  });
+}
+
 void ShimServer::pump_events() {
+  if (!retired_views_.empty()) unmap_retired();
   transport::AsyncEvent ev;
   while (env_.dev->next_event(&ev)) {
     if (send_async(ev))

@@ -63,6 +63,18 @@ struct Mapping {
   size_t len = 0;
 };
 
+// Application memory the transport lcore may transmit from without a copy
+// (zero-copy TX). add/remove run while the transport lcore is parked; a
+// removed range may still be referenced by mbufs in flight: busy() says so,
+// and the caller unmaps it only once busy() is false.
+class TxMemory {
+ public:
+  virtual ~TxMemory() = default;
+  virtual void add(void* base, size_t len) = 0;
+  virtual void remove(void* base) = 0;
+  virtual bool busy(void* base) = 0;
+};
+
 // What the control thread needs of the rest of the service.
 struct ShimEnv {
   transport::Device* dev = nullptr;
@@ -74,6 +86,7 @@ struct ShimEnv {
   std::function<int(const uint8_t dgid[16])> warm_neighbour;
   shim::OpenRep info;  // device/port attributes and GIDs
   std::function<void(ibv_port_attr&)> port_state;  // live link state
+  TxMemory* tx_memory = nullptr;  // null: the lcore copies every payload
 };
 
 // Counters the control thread keeps (read by stats).
@@ -173,11 +186,16 @@ class ShimServer {
   bool drain_qp_st(Client& c, QpObj& q, uint32_t* taken);
   bool drain_srq_st(SrqObj& s, uint32_t* taken);
   bool send_async(const transport::AsyncEvent& ev);
+  // MR views leave the lcore's table under the park; unmapped once no
+  // mbuf refers to them (checked again by pump_events()).
+  void retire_view(Mapping& m);
+  void unmap_retired();
 
   ShimEnv env_;
   // Lcore-visible: the open clients (changed only while parked).
   std::vector<Client*> live_;
   std::map<uint64_t, std::unique_ptr<Client>> clients_;  // by ClientInfo::id
+  std::vector<Mapping> retired_views_;  // still referenced by mbufs
   ShimCounters ctr_;
   std::string why_;  // detail of the last refusal, sent with -errno
 };

@@ -29,6 +29,7 @@ uint64_t now_ns() {
 
 namespace {
 constexpr uint32_t kMaxSegs = 32;
+constexpr uint32_t kZeroCopyMin = 512;  // bytes: below this a copy is cheaper
 
 transport::EngineConfig engine_config(const config::Config& cfg) {
   transport::EngineConfig ec;
@@ -116,10 +117,66 @@ void Worker::tx_st(rte_mbuf* m) {
   if (tx_n_ == burst_) tx_flush_st();
 }
 
+ZeroCopyTx::~ZeroCopyTx() {
+  for (View& v : views_) delete v.shinfo;
+  for (View& v : retired_) delete v.shinfo;
+}
+
+namespace {
+void no_free(void*, void*) {}  // the memory belongs to the application
+}  // namespace
+
+void ZeroCopyTx::add(void* base, size_t len) {
+  auto* si = new rte_mbuf_ext_shared_info{};
+  si->free_cb = no_free;
+  rte_mbuf_ext_refcnt_set(si, 1);  // the table's own reference
+  const View v{static_cast<const uint8_t*>(base), len, si};
+  views_.insert(std::upper_bound(views_.begin(), views_.end(), v,
+                                 [](const View& a, const View& b) {
+                                   return a.base < b.base;
+                                 }),
+                v);
+}
+
+void ZeroCopyTx::remove(void* base) {
+  for (size_t i = 0; i < views_.size(); ++i) {
+    if (views_[i].base != base) continue;
+    retired_.push_back(views_[i]);
+    views_.erase(views_.begin() + static_cast<ptrdiff_t>(i));
+    return;
+  }
+}
+
+bool ZeroCopyTx::busy(void* base) {
+  for (size_t i = 0; i < retired_.size(); ++i) {
+    if (retired_[i].base != base) continue;
+    if (rte_mbuf_ext_refcnt_read(retired_[i].shinfo) > 1) return true;
+    delete retired_[i].shinfo;
+    retired_.erase(retired_.begin() + static_cast<ptrdiff_t>(i));
+    return false;
+  }
+  return false;
+}
+
+const ZeroCopyTx::View* ZeroCopyTx::find(const uint8_t* p, uint32_t len) const {
+  // Views do not overlap (each is its own mapping): the candidate is the
+  // last one starting at or below p.
+  auto it = std::upper_bound(
+      views_.begin(), views_.end(), p,
+      [](const uint8_t* x, const View& v) { return x < v.base; });
+  if (it == views_.begin()) return nullptr;
+  --it;
+  const size_t off = static_cast<size_t>(p - it->base);
+  return off < it->len && len <= it->len - off ? &*it : nullptr;
+}
+
 bool Worker::transmit(const transport::TxFrame& f) {
   rte_mbuf* head = rte_pktmbuf_alloc(port_.pool);
   if (!head) return false;
   rte_mbuf* cur = head;
+  // Frames to ourselves wait in loop_ across a possible park (when MRs may
+  // go away): they are always copied.
+  const bool loop = std::memcmp(f.hdr, addrs_.mac.b, 6) == 0;
   auto put = [&](const uint8_t* p, uint32_t len) {
     while (len) {
       uint32_t room = rte_pktmbuf_tailroom(cur);
@@ -143,14 +200,36 @@ bool Worker::transmit(const transport::TxFrame& f) {
     }
     return true;
   };
+  // A payload piece of application memory is attached, not copied (small
+  // pieces are cheaper to copy than to chain).
+  auto attach = [&](const wire::ConstBuf& b) {
+    const ZeroCopyTx::View* v =
+        zc_ && !loop && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
+            ? zc_->find(b.data, b.len)
+            : nullptr;
+    if (!v) return put(b.data, b.len);
+    rte_mbuf* seg = rte_pktmbuf_alloc(port_.pool);
+    if (!seg) return false;
+    rte_mbuf_ext_refcnt_update(v->shinfo, 1);
+    void* addr = const_cast<uint8_t*>(b.data);
+    rte_pktmbuf_attach_extbuf(seg, addr, reinterpret_cast<rte_iova_t>(addr),
+                              static_cast<uint16_t>(b.len), v->shinfo);
+    seg->data_len = static_cast<uint16_t>(b.len);
+    cur->next = seg;
+    ++head->nb_segs;
+    head->pkt_len += b.len;
+    cur = seg;  // no tailroom: the next put() starts a new segment
+    ctr_.inc(Ctr::tx_zero_copy);
+    return true;
+  };
   bool ok = put(f.hdr, f.hdr_len);
-  for (const wire::ConstBuf& b : f.payload) ok = ok && put(b.data, b.len);
+  for (const wire::ConstBuf& b : f.payload) ok = ok && attach(b);
   ok = ok && put(f.trailer, f.trailer_len);
   if (!ok) {
     rte_pktmbuf_free(head);
     return false;
   }
-  if (std::memcmp(f.hdr, addrs_.mac.b, 6) == 0) {
+  if (loop) {
     // To one of our own GIDs: received on the next loop (whole frame, ICRC
     // checked on the way in), never put on the wire.
     if (loop_tail_ - loop_head_ >= kLoopSize) {

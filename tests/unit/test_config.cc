@@ -155,6 +155,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.tx_budget, 64u);
   EXPECT_EQ(t.tx_quantum, 16384u);
   EXPECT_EQ(t.timer_tick_us, 1u);
+  EXPECT_TRUE(t.zero_copy_tx);
 }
 
 TEST(ConfigDefaults, EmbeddedDefaultHasLimitsAndTransportDefaults) {
@@ -339,6 +340,8 @@ field_mutations() {
            [](Config& c) { c.transport.tx_quantum = 4096; }},
           {"transport.timer_tick_us",
            [](Config& c) { c.transport.timer_tick_us = 1000; }},
+          {"transport.zero_copy_tx",
+           [](Config& c) { c.transport.zero_copy_tx = false; }},
       };
   return kMutations;
 }
