@@ -251,6 +251,7 @@ int run(const config::Config& cfg, char* prog) {
           s.lcores.push_back(l);
         }
         s.neigh_entries = neigh->size();
+        if (shim) s.shim = shim->stats();
         return s;
       };
       stats::Snapshot last_query = snapshot();

@@ -725,6 +725,26 @@ void ShimServer::pump_events() {
   }
 }
 
+std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
+  auto r = [](const std::atomic<uint64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  const transport::Device& d = *env_.dev;
+  return {{"clients_open", live_.size()},
+          {"clients", r(ctr_.clients)},
+          {"clients_closed", r(ctr_.clients_closed)},
+          {"requests", r(ctr_.requests)},
+          {"request_errors", r(ctr_.request_errors)},
+          {"doorbells", r(ctr_.doorbells)},
+          {"bad_wqes", r(ctr_.bad_wqes)},
+          {"async_events", r(ctr_.async_events)},
+          {"async_dropped", r(ctr_.async_dropped)},
+          {"qps", env_.engine->qp_count()},
+          {"mrs", d.num_mrs()},
+          {"cqs", d.num_cqs()},
+          {"pds", d.num_pds()}};
+}
+
 std::string ShimServer::objects_text() const {
   const transport::Device& d = *env_.dev;
   std::string s = "device: pds " + std::to_string(d.num_pds()) + " mrs " +

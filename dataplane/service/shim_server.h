@@ -92,8 +92,8 @@ struct ShimEnv {
 // Counters the control thread keeps (read by stats).
 struct ShimCounters {
   std::atomic<uint64_t> clients{0}, clients_closed{0}, requests{0},
-      request_errors{0}, doorbells{0}, send_wqes{0}, recv_wqes{0}, bad_wqes{0},
-      async_events{0}, async_dropped{0};
+      request_errors{0}, doorbells{0}, bad_wqes{0}, async_events{0},
+      async_dropped{0};
 };
 
 class ShimServer {
@@ -110,6 +110,8 @@ class ShimServer {
   void pump_events();  // the Device's async events -> clients' sockets
   std::string objects_text() const;  // `urnicctl objects`
   const ShimCounters& counters() const { return ctr_; }
+  // Counters and live object counts, by name (stats).
+  std::vector<std::pair<const char*, uint64_t>> stats() const;
 
   // Transport lcore: serves rung doorbells; returns WQEs taken.
   uint32_t doorbells_st();

@@ -126,6 +126,9 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
     any = true;
   }
   if (any) s += "\n";
+  for (size_t i = 0; i < cur.shim.size(); ++i)
+    appendf(s, "%s%s %" PRIu64 "%s", i ? "  " : "  shim: ", cur.shim[i].first,
+            cur.shim[i].second, i + 1 == cur.shim.size() ? "\n" : "");
   for (const LcoreSnapshot& l : cur.lcores) {
     const uint64_t busy = l.get(Ctr::cycles_busy);
     const uint64_t all = busy + l.get(Ctr::cycles_idle);
@@ -179,6 +182,10 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
   for (size_t i = 0; i < transport::kNumECtr; ++i)
     appendf(s, "%s\"%s\":%" PRIu64, i ? "," : "", transport::kECtrNames[i],
             cur.total(static_cast<transport::ECtr>(i)));
+  s += "},\"shim\":{";
+  for (size_t i = 0; i < cur.shim.size(); ++i)
+    appendf(s, "%s\"%s\":%" PRIu64, i ? "," : "", cur.shim[i].first,
+            cur.shim[i].second);
   s += "},\"lcores\":[";
   for (size_t k = 0; k < cur.lcores.size(); ++k) {
     const LcoreSnapshot& l = cur.lcores[k];

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dataplane/stats/counters.h"
@@ -42,6 +43,9 @@ struct Snapshot {
   PortSnapshot port;
   std::vector<LcoreSnapshot> lcores;
   uint32_t neigh_entries = 0;
+  // The verbs shim's service side (clients, requests, doorbells, ...), by
+  // name; shown when non-empty.
+  std::vector<std::pair<const char*, uint64_t>> shim;
 
   uint64_t total(Ctr c) const;
   uint64_t total(wire::Malformed m) const;
@@ -52,7 +56,8 @@ struct Snapshot {
 // `prev` (rates are 0 when prev is null), then urnic's own counters.
 std::string format_text(const Snapshot& cur, const Snapshot* prev);
 // {"port": {...}, "throughput": {...}, "totals": {...}, "malformed":
-//  {...}, "transport": {...}, "lcores": [...]} with every counter by name.
+//  {...}, "transport": {...}, "shim": {...}, "lcores": [...]} with every
+//  counter by name.
 std::string format_json(const Snapshot& cur, const Snapshot* prev);
 
 }  // namespace urnic::stats
