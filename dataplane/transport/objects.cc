@@ -223,6 +223,10 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   ring_[tail_ & mask_] = wc;
   ++tail_;
   sh_->prod.store(tail_, std::memory_order_release);
+  // Store prod, then load arm; the application stores arm, then loads prod.
+  // Without a full fence on both sides each could miss the other's store:
+  // a completion neither polled nor notified (abi.h, CqShared::arm).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   const uint32_t arm = sh_->arm.load(std::memory_order_acquire);
   if (arm == shim::kArmAll || (arm == shim::kArmSolicited && solicited)) {
     if (sh_->arm.exchange(0, std::memory_order_acq_rel) != 0) {
