@@ -265,6 +265,10 @@ struct alignas(64) CqShared {
   alignas(64) std::atomic<uint32_t> cons{0};  // application
   // Application stores kArmAll or kArmSolicited; the service exchanges it
   // back to 0 when it sends the event on the completion channel.
+  // Each side stores, then loads the other's word (application: arm, then
+  // prod when it polls; service: prod, then arm), so each needs a full
+  // (seq_cst) fence between the two: otherwise both can read the old value
+  // and the completion is neither polled nor notified.
   alignas(64) std::atomic<uint32_t> arm{0};
 };
 constexpr uint32_t kArmAll = 1;

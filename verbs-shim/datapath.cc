@@ -1,0 +1,647 @@
+// The data path: posting WQEs into the rings the service maps, ringing the
+// context's doorbell page, and polling completions out of the CQ rings. No
+// system calls, no allocation: a spin lock per queue (uncontended in the
+// usual one-thread-per-queue use) and stores with release ordering.
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "verbs-shim/shim.h"
+
+namespace urnic::shim {
+namespace {
+
+constexpr uint32_t kMaxMsgSize = uint32_t{1} << 31;  // = max_msg_sz
+// A message may take at most 2^22 packets (the 2^23 PSN window, halved).
+constexpr uint64_t kMaxPackets = uint64_t{1} << 22;
+
+bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return t != IBV_QPT_UD;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return t == IBV_QPT_RC;
+    default:
+      return false;  // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ...
+  }
+}
+
+// States in which the send queue accepts work (ERR: the service flushes).
+bool send_ok(uint32_t state) {
+  return state == IBV_QPS_RTS || state == IBV_QPS_SQD || state == IBV_QPS_SQE ||
+         state == IBV_QPS_ERR;
+}
+
+bool ah_ok(const Qp& q, const ibv_ah* ah) {
+  return ah && ah->context == q.qpx.qp_base.context;
+}
+
+// The checks the engine would otherwise make later (with a LOC_QP_OP_ERR
+// completion and the QP in error): message length, atomics, UD size.
+int check_length(const Qp& q, ibv_wr_opcode op, uint64_t len, bool inl,
+                 uint32_t num_sge, uint32_t first_len) {
+  if (len > kMaxMsgSize) return EINVAL;
+  if (is_atomic(op) && (inl || num_sge != 1 || first_len != 8)) return EINVAL;
+  if (inl && (op == IBV_WR_RDMA_READ || len > q.cap.max_inline_data))
+    return EINVAL;
+  if (q.type == IBV_QPT_UD) {
+    if (len > q.ctx->active_mtu.load(std::memory_order_relaxed)) return EINVAL;
+  } else if (const uint32_t mtu = q.path_mtu.load(std::memory_order_relaxed);
+             mtu && len / mtu >= kMaxPackets) {
+    return EINVAL;
+  }
+  return 0;
+}
+
+// Copies one ibv_send_wr into its slot (the slot is not yet published).
+int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
+  if (!valid_opcode(q.type, wr->opcode)) return EINVAL;
+  if (wr->num_sge < 0) return EINVAL;
+  const bool inl = wr->send_flags & IBV_SEND_INLINE;
+  const auto nsge = static_cast<uint32_t>(wr->num_sge);
+  // Inline data is gathered now, so any number of SGEs may feed it.
+  if (!inl && nsge > q.cap.max_send_sge) return EINVAL;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < nsge; ++i) len += wr->sg_list[i].length;
+  if (const int rc = check_length(q, wr->opcode, len, inl, nsge,
+                                  nsge ? wr->sg_list[0].length : 0))
+    return rc;
+  if (q.type == IBV_QPT_UD && !ah_ok(q, wr->wr.ud.ah)) return EINVAL;
+
+  w.wr_id = wr->wr_id;
+  w.opcode = wr->opcode;
+  w.send_flags = wr->send_flags;
+  w.imm_data = wr->imm_data;
+  w.remote_addr = 0;
+  w.compare_add = 0;
+  w.swap = 0;
+  w.rkey = 0;
+  w.ah = 0;
+  w.remote_qpn = 0;
+  w.remote_qkey = 0;
+  switch (wr->opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      w.remote_addr = wr->wr.rdma.remote_addr;
+      w.rkey = wr->wr.rdma.rkey;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      w.remote_addr = wr->wr.atomic.remote_addr;
+      w.rkey = wr->wr.atomic.rkey;
+      w.compare_add = wr->wr.atomic.compare_add;
+      w.swap = wr->wr.atomic.swap;
+      break;
+    default:
+      break;
+  }
+  if (q.type == IBV_QPT_UD) {
+    w.ah = wr->wr.ud.ah->handle;
+    w.remote_qpn = wr->wr.ud.remote_qpn;
+    w.remote_qkey = wr->wr.ud.remote_qkey;
+  }
+  if (inl) {
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < nsge; ++i) {
+      const ibv_sge& s = wr->sg_list[i];
+      std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(s.addr),
+                  s.length);
+      off += s.length;
+    }
+    w.num_sge = 0;
+    w.inline_len = off;
+  } else {
+    // lkeys are the service's to check (a bad one completes with
+    // IBV_WC_LOC_PROT_ERR, as on hardware).
+    for (uint32_t i = 0; i < nsge; ++i)
+      w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length,
+                  wr->sg_list[i].lkey};
+    w.num_sge = nsge;
+    w.inline_len = 0;
+  }
+  return 0;
+}
+
+void publish_sq(Qp& q, uint32_t prod) {
+  q.sq_prod = prod;
+  q.sh->sq_prod.store(prod, std::memory_order_release);
+  ring_doorbell(*q.ctx->db, q.doorbell);
+}
+
+}  // namespace
+
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  Qp& q = qp_of(qp);
+  int rc = 0;
+  if (q.ctx->dead.load(std::memory_order_relaxed)) {
+    *bad = wr;
+    return EIO;
+  }
+  std::lock_guard g(q.sq_lock);
+  if (!send_ok(q.sh->state.load(std::memory_order_acquire))) {
+    *bad = wr;
+    return EINVAL;
+  }
+  uint32_t prod = q.sq_prod;
+  uint32_t done = q.sh->sq_done.load(std::memory_order_acquire);
+  for (; wr; wr = wr->next) {
+    if (prod - done >= q.sq_size) {
+      done = q.sh->sq_done.load(std::memory_order_acquire);
+      if (prod - done >= q.sq_size) {
+        rc = ENOMEM;
+        break;
+      }
+    }
+    rc = build_send(q, q.sq[prod & (q.sq_size - 1)], wr);
+    if (rc) break;
+    ++prod;
+  }
+  // The WRs before a bad one are posted, as on hardware.
+  if (prod != q.sq_prod) publish_sq(q, prod);
+  if (rc) *bad = wr;
+  return rc;
+}
+
+namespace {
+
+int fill_recv(ShmRecvWqe& w, const ibv_recv_wr* wr, uint32_t max_sge) {
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge)
+    return EINVAL;
+  w.wr_id = wr->wr_id;
+  w.num_sge = static_cast<uint32_t>(wr->num_sge);
+  for (uint32_t i = 0; i < w.num_sge; ++i)
+    w.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length,
+                wr->sg_list[i].lkey};
+  return 0;
+}
+
+}  // namespace
+
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  Qp& q = qp_of(qp);
+  if (q.ctx->dead.load(std::memory_order_relaxed)) {
+    *bad = wr;
+    return EIO;
+  }
+  if (q.has_srq) {
+    *bad = wr;
+    return EINVAL;
+  }
+  std::lock_guard g(q.rq_lock);
+  if (q.sh->state.load(std::memory_order_acquire) == IBV_QPS_RESET) {
+    *bad = wr;
+    return EINVAL;
+  }
+  int rc = 0;
+  uint32_t prod = q.rq_prod;
+  uint32_t done = q.sh->rq_done.load(std::memory_order_acquire);
+  for (; wr; wr = wr->next) {
+    if (prod - done >= q.rq_size) {
+      done = q.sh->rq_done.load(std::memory_order_acquire);
+      if (prod - done >= q.rq_size) {
+        rc = ENOMEM;
+        break;
+      }
+    }
+    rc = fill_recv(q.rq[prod & (q.rq_size - 1)], wr, q.cap.max_recv_sge);
+    if (rc) break;
+    ++prod;
+  }
+  if (prod != q.rq_prod) {
+    q.rq_prod = prod;
+    q.sh->rq_prod.store(prod, std::memory_order_release);
+    ring_doorbell(*q.ctx->db, q.doorbell);
+  }
+  if (rc) *bad = wr;
+  return rc;
+}
+
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  Srq& s = srq_of(srq);
+  if (s.ctx->dead.load(std::memory_order_relaxed)) {
+    *bad = wr;
+    return EIO;
+  }
+  std::lock_guard g(s.lock);
+  int rc = 0;
+  uint32_t prod = s.prod;
+  uint32_t done = s.sh->done.load(std::memory_order_acquire);
+  for (; wr; wr = wr->next) {
+    if (prod - done >= s.size) {
+      done = s.sh->done.load(std::memory_order_acquire);
+      if (prod - done >= s.size) {
+        rc = ENOMEM;
+        break;
+      }
+    }
+    rc = fill_recv(s.ring[prod & (s.size - 1)], wr, s.max_sge);
+    if (rc) break;
+    ++prod;
+  }
+  if (prod != s.prod) {
+    s.prod = prod;
+    s.sh->prod.store(prod, std::memory_order_release);
+    ring_doorbell(*s.ctx->db, s.doorbell);
+  }
+  if (rc) *bad = wr;
+  return rc;
+}
+
+// --- completion queues
+// -------------------------------------------------------------
+
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
+  Cq& q = cq_of(cq);
+  if (q.ctx->dead.load(std::memory_order_relaxed)) {
+    errno = EIO;
+    return -1;
+  }
+  std::lock_guard g(q.lock);
+  const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
+  if (prod - q.cons > q.mask + 1) {  // not something the service writes
+    errno = EIO;
+    return -1;
+  }
+  int k = 0;
+  while (k < n && q.cons != prod) {
+    wc[k++] = q.ring[q.cons & q.mask];
+    ++q.cons;
+  }
+  if (k) {
+    q.sh->cons.store(q.cons, std::memory_order_release);
+    return k;
+  }
+  // An overrun CQ is in error: like hardware, polling it fails.
+  if (n > 0 && q.sh->error.load(std::memory_order_acquire)) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+int req_notify_cq(ibv_cq* cq, int solicited_only) {
+  Cq& q = cq_of(cq);
+  if (q.ctx->dead.load(std::memory_order_relaxed)) return EIO;
+  // Sequentially consistent: the program's next poll must not read the
+  // producer index before this store is visible, or a completion pushed in
+  // between is neither polled nor notified (the service fences likewise
+  // between publishing prod and reading arm).
+  if (solicited_only) {
+    // Armed for every completion already: that stays.
+    uint32_t expect = 0;
+    q.sh->arm.compare_exchange_strong(expect, kArmSolicited,
+                                      std::memory_order_seq_cst);
+  } else {
+    q.sh->arm.exchange(kArmAll, std::memory_order_seq_cst);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return 0;
+}
+
+namespace {
+
+// ibv_cq_ex: start_poll takes the lock, end_poll releases it (as rdma-core
+// providers); the consumer index is published at end_poll.
+void load_current(Cq& q) {
+  q.cur = &q.ring[q.cons & q.mask];
+  q.cqx.wr_id = q.cur->wr_id;
+  q.cqx.status = q.cur->status;
+}
+
+int cq_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
+  Cq& q = cq_of(cq);
+  if (attr && attr->comp_mask) return EINVAL;
+  if (q.ctx->dead.load(std::memory_order_relaxed)) return EIO;
+  q.lock.lock();
+  const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
+  if (q.cons == prod || prod - q.cons > q.mask + 1) {
+    const bool err = prod - q.cons > q.mask + 1 ||
+                     q.sh->error.load(std::memory_order_acquire);
+    q.lock.unlock();
+    return err ? EIO : ENOENT;
+  }
+  load_current(q);
+  return 0;
+}
+
+int cq_next_poll(ibv_cq_ex* cq) {
+  Cq& q = cq_of(cq);
+  ++q.cons;
+  if (q.cons == q.sh->prod.load(std::memory_order_acquire)) {
+    q.cur = nullptr;
+    return ENOENT;
+  }
+  load_current(q);
+  return 0;
+}
+
+void cq_end_poll(ibv_cq_ex* cq) {
+  Cq& q = cq_of(cq);
+  // The entry start_poll/next_poll last returned is consumed too.
+  if (q.cur) ++q.cons;
+  q.cur = nullptr;
+  q.sh->cons.store(q.cons, std::memory_order_release);
+  q.lock.unlock();
+}
+
+ibv_wc_opcode cq_read_opcode(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->opcode;
+}
+uint32_t cq_read_vendor_err(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->vendor_err;
+}
+uint32_t cq_read_byte_len(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->byte_len;
+}
+__be32 cq_read_imm_data(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->imm_data;
+}
+uint32_t cq_read_qp_num(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->qp_num;
+}
+uint32_t cq_read_src_qp(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->src_qp;
+}
+unsigned int cq_read_wc_flags(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->wc_flags;
+}
+uint32_t cq_read_slid(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->slid;
+}
+uint8_t cq_read_sl(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->sl;
+}
+uint8_t cq_read_dlid_path_bits(ibv_cq_ex* cq) {
+  return cq_of(cq).cur->dlid_path_bits;
+}
+
+}  // namespace
+
+void set_cq_ex_ops(Cq& c) {
+  ibv_cq_ex& x = c.cqx;
+  x.start_poll = cq_start_poll;
+  x.next_poll = cq_next_poll;
+  x.end_poll = cq_end_poll;
+  x.read_opcode = cq_read_opcode;
+  x.read_vendor_err = cq_read_vendor_err;
+  x.read_byte_len = cq_read_byte_len;
+  x.read_imm_data = cq_read_imm_data;
+  x.read_qp_num = cq_read_qp_num;
+  x.read_src_qp = cq_read_src_qp;
+  x.read_wc_flags = cq_read_wc_flags;
+  x.read_slid = cq_read_slid;
+  x.read_sl = cq_read_sl;
+  x.read_dlid_path_bits = cq_read_dlid_path_bits;
+}
+
+// --- ibv_qp_ex: ibv_wr_*
+// -------------------------------------------------------------------
+//
+// WQEs are built in the ring past the published index; wr_complete checks
+// the last one and publishes the batch, or nothing if any WQE was bad
+// (its first error is returned). wr_start takes the send-queue lock,
+// wr_complete / wr_abort release it, as rdma-core providers do.
+
+namespace {
+
+void wr_error(Qp& q, int err) {
+  if (!q.wr_err) q.wr_err = err;
+  q.wr_cur = nullptr;
+}
+
+// Checks the WQE being built once all of it is known.
+void wr_finish(Qp& q) {
+  ShmSendWqe* w = q.wr_cur;
+  if (!w) return;
+  q.wr_cur = nullptr;
+  const auto op = static_cast<ibv_wr_opcode>(w->opcode);
+  const bool inl = w->send_flags & IBV_SEND_INLINE;
+  uint64_t len = inl ? w->inline_len : 0;
+  if (!inl)
+    for (uint32_t i = 0; i < w->num_sge; ++i) len += w->sge[i].length;
+  if (const int rc = check_length(q, op, len, inl, inl ? 1 : w->num_sge,
+                                  inl ? w->inline_len : w->sge[0].length)) {
+    wr_error(q, rc);
+    return;
+  }
+  if (q.type == IBV_QPT_UD && !q.wr_ud_set) wr_error(q, EINVAL);
+}
+
+ShmSendWqe* wr_begin(ibv_qp_ex* qx, ibv_wr_opcode op) {
+  Qp& q = qp_of(qx);
+  wr_finish(q);
+  if (q.wr_err) return nullptr;
+  const uint32_t prod = q.sq_prod + q.wr_n;
+  if (prod - q.sh->sq_done.load(std::memory_order_acquire) >= q.sq_size) {
+    wr_error(q, ENOMEM);
+    return nullptr;
+  }
+  ShmSendWqe& w = q.sq[prod & (q.sq_size - 1)];
+  ++q.wr_n;
+  w.wr_id = qx->wr_id;
+  w.opcode = op;
+  // Where the data comes from is decided by wr_set_sge* / wr_set_inline*.
+  w.send_flags = qx->wr_flags & ~static_cast<uint32_t>(IBV_SEND_INLINE);
+  w.num_sge = 0;
+  w.inline_len = 0;
+  w.imm_data = 0;
+  w.remote_addr = 0;
+  w.compare_add = 0;
+  w.swap = 0;
+  w.rkey = 0;
+  w.ah = 0;
+  w.remote_qpn = 0;
+  w.remote_qkey = 0;
+  w.sge[0] = {};
+  q.wr_cur = &w;
+  q.wr_ud_set = false;
+  return &w;
+}
+
+void wr_start(ibv_qp_ex* qx) {
+  Qp& q = qp_of(qx);
+  q.sq_lock.lock();
+  q.wr_n = 0;
+  q.wr_err = 0;
+  q.wr_cur = nullptr;
+  q.wr_ud_set = false;
+}
+
+int wr_complete(ibv_qp_ex* qx) {
+  Qp& q = qp_of(qx);
+  wr_finish(q);
+  int rc = q.wr_err;
+  if (!rc && q.ctx->dead.load(std::memory_order_relaxed)) rc = EIO;
+  if (!rc && q.wr_n && !send_ok(q.sh->state.load(std::memory_order_acquire)))
+    rc = EINVAL;
+  if (!rc && q.wr_n) publish_sq(q, q.sq_prod + q.wr_n);
+  q.wr_n = 0;
+  q.wr_err = 0;
+  q.sq_lock.unlock();
+  return rc;
+}
+
+void wr_abort(ibv_qp_ex* qx) {
+  Qp& q = qp_of(qx);
+  q.wr_n = 0;
+  q.wr_err = 0;
+  q.wr_cur = nullptr;
+  q.sq_lock.unlock();
+}
+
+void wr_send(ibv_qp_ex* qx) {
+  wr_begin(qx, IBV_WR_SEND);
+}
+
+void wr_send_imm(ibv_qp_ex* qx, __be32 imm) {
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_SEND_WITH_IMM)) w->imm_data = imm;
+}
+
+void wr_send_inv(ibv_qp_ex* qx, uint32_t) {
+  Qp& q = qp_of(qx);
+  wr_finish(q);
+  wr_error(q, EOPNOTSUPP);  // no remote invalidation in the transport
+}
+
+void wr_rdma(ibv_qp_ex* qx, ibv_wr_opcode op, uint32_t rkey, uint64_t raddr,
+             __be32 imm) {
+  if (ShmSendWqe* w = wr_begin(qx, op)) {
+    w->rkey = rkey;
+    w->remote_addr = raddr;
+    w->imm_data = imm;
+  }
+}
+
+void wr_rdma_write(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr) {
+  wr_rdma(qx, IBV_WR_RDMA_WRITE, rkey, raddr, 0);
+}
+void wr_rdma_write_imm(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr,
+                       __be32 imm) {
+  wr_rdma(qx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, imm);
+}
+void wr_rdma_read(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr) {
+  wr_rdma(qx, IBV_WR_RDMA_READ, rkey, raddr, 0);
+}
+
+void wr_atomic_cmp_swp(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr,
+                       uint64_t compare, uint64_t swap) {
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_ATOMIC_CMP_AND_SWP)) {
+    w->rkey = rkey;
+    w->remote_addr = raddr;
+    w->compare_add = compare;
+    w->swap = swap;
+  }
+}
+
+void wr_atomic_fetch_add(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr,
+                         uint64_t add) {
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_ATOMIC_FETCH_AND_ADD)) {
+    w->rkey = rkey;
+    w->remote_addr = raddr;
+    w->compare_add = add;
+  }
+}
+
+// The WQE the setters apply to; a setter without an operation is an error.
+ShmSendWqe* wr_target(Qp& q) {
+  if (!q.wr_cur && !q.wr_err) q.wr_err = EINVAL;
+  return q.wr_cur;
+}
+
+void wr_set_sge(ibv_qp_ex* qx, uint32_t lkey, uint64_t addr, uint32_t len) {
+  Qp& q = qp_of(qx);
+  ShmSendWqe* w = wr_target(q);
+  if (!w) return;
+  if (q.cap.max_send_sge < 1) return wr_error(q, EINVAL);
+  w->send_flags &= ~static_cast<uint32_t>(IBV_SEND_INLINE);
+  w->num_sge = 1;
+  w->inline_len = 0;
+  w->sge[0] = {addr, len, lkey};
+}
+
+void wr_set_sge_list(ibv_qp_ex* qx, size_t n, const ibv_sge* list) {
+  Qp& q = qp_of(qx);
+  ShmSendWqe* w = wr_target(q);
+  if (!w) return;
+  if (n > q.cap.max_send_sge) return wr_error(q, EINVAL);
+  w->send_flags &= ~static_cast<uint32_t>(IBV_SEND_INLINE);
+  w->num_sge = static_cast<uint32_t>(n);
+  w->inline_len = 0;
+  for (size_t i = 0; i < n; ++i)
+    w->sge[i] = {list[i].addr, list[i].length, list[i].lkey};
+  if (n == 0) w->sge[0] = {};
+}
+
+void wr_set_inline_data_list(ibv_qp_ex* qx, size_t n,
+                             const ibv_data_buf* bufs) {
+  Qp& q = qp_of(qx);
+  ShmSendWqe* w = wr_target(q);
+  if (!w) return;
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += bufs[i].length;
+  if (total > q.cap.max_inline_data || total > kMaxInline)
+    return wr_error(q, EINVAL);
+  size_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(w->inline_data + off, bufs[i].addr, bufs[i].length);
+    off += bufs[i].length;
+  }
+  w->send_flags |= IBV_SEND_INLINE;
+  w->num_sge = 0;
+  w->inline_len = static_cast<uint32_t>(total);
+}
+
+void wr_set_inline_data(ibv_qp_ex* qx, void* addr, size_t len) {
+  const ibv_data_buf b{addr, len};
+  wr_set_inline_data_list(qx, 1, &b);
+}
+
+void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn,
+                    uint32_t remote_qkey) {
+  Qp& q = qp_of(qx);
+  ShmSendWqe* w = wr_target(q);
+  if (!w) return;
+  if (q.type != IBV_QPT_UD || !ah_ok(q, ah)) return wr_error(q, EINVAL);
+  w->ah = ah->handle;
+  w->remote_qpn = remote_qpn;
+  w->remote_qkey = remote_qkey;
+  q.wr_ud_set = true;
+}
+
+}  // namespace
+
+void set_qp_ex_ops(Qp& q, uint64_t ops) {
+  ibv_qp_ex& x = q.qpx;
+  x.wr_start = wr_start;
+  x.wr_complete = wr_complete;
+  x.wr_abort = wr_abort;
+  x.wr_set_sge = wr_set_sge;
+  x.wr_set_sge_list = wr_set_sge_list;
+  x.wr_set_inline_data = wr_set_inline_data;
+  x.wr_set_inline_data_list = wr_set_inline_data_list;
+  x.wr_set_ud_addr = wr_set_ud_addr;
+  if (ops & IBV_QP_EX_WITH_SEND) x.wr_send = wr_send;
+  if (ops & IBV_QP_EX_WITH_SEND_WITH_IMM) x.wr_send_imm = wr_send_imm;
+  if (ops & IBV_QP_EX_WITH_SEND_WITH_INV) x.wr_send_inv = wr_send_inv;
+  if (ops & IBV_QP_EX_WITH_RDMA_WRITE) x.wr_rdma_write = wr_rdma_write;
+  if (ops & IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)
+    x.wr_rdma_write_imm = wr_rdma_write_imm;
+  if (ops & IBV_QP_EX_WITH_RDMA_READ) x.wr_rdma_read = wr_rdma_read;
+  if (ops & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP)
+    x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+  if (ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+    x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+}
+
+}  // namespace urnic::shim

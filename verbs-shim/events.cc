@@ -1,0 +1,290 @@
+// Events and process life: completion channels (one socket each; the
+// service writes a CQ handle per event), asynchronous events (the
+// context's socket), ibv_fork_init and what a forked child inherits.
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "verbs-shim/mr_share.h"
+#include "verbs-shim/shim.h"
+
+namespace urnic::shim {
+
+void fork_prepare_contexts();
+void fork_parent_contexts();
+void fork_child_contexts();
+
+namespace {
+
+std::atomic<bool> g_fork_safe{false};
+
+// The child keeps no way to speak for its parent: its urnic contexts are
+// dead (calls fail with EIO) and their control sockets closed. (Rings and
+// doorbells are MADV_DONTFORK: the child does not even map them.)
+void atfork_prepare() {
+  fork_prepare_contexts();
+  MrShare::instance().lock();
+}
+void atfork_parent() {
+  MrShare::instance().unlock();
+  fork_parent_contexts();
+}
+void atfork_child() {
+  MrShare::instance().unlock();
+  fork_child_contexts();
+}
+
+}  // namespace
+
+bool fork_safe() {
+  return g_fork_safe.load();
+}
+
+void install_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+  });
+}
+
+// rdma-core's environment switches for ibv_fork_init().
+__attribute__((constructor)) static void read_fork_env() {
+  if (getenv("RDMAV_FORK_SAFE") || getenv("IBV_FORK_SAFE")) {
+    g_fork_safe = true;
+    MrShare::instance().set_dontfork();
+  }
+}
+
+}  // namespace urnic::shim
+
+using namespace urnic::shim;
+
+URNIC_EXPORT int ibv_fork_init(void) {
+  // Registered pages are MAP_SHARED: without this a child writes into the
+  // very pages the parent (and the service) use.
+  g_fork_safe = true;
+  MrShare::instance().set_dontfork();
+  auto f = URNIC_REAL(ibv_fork_init, "IBVERBS_1.1");
+  const int rc = f ? f() : 0;
+  return rc == ENOSYS ? 0 : rc;
+}
+
+URNIC_EXPORT ibv_fork_status ibv_is_fork_initialized(void) {
+  if (fork_safe()) return IBV_FORK_ENABLED;
+  auto f = URNIC_REAL(ibv_is_fork_initialized, "IBVERBS_1.13");
+  return f ? f() : IBV_FORK_DISABLED;
+}
+
+// --- completion channels
+// ------------------------------------------------------------
+
+URNIC_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_create_comp_channel, "IBVERBS_1.0");
+    if (!f) {
+      errno = ENOSYS;
+      return nullptr;
+    }
+    return f(context);
+  }
+  Context& c = ctx_of(context);
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
+    return nullptr;
+  HandleRep rep;
+  const int rc = c.call(Op::kCreateChannel, "ibv_create_comp_channel", nullptr,
+                        0, &sp[1], 1, &rep, sizeof rep);
+  close(sp[1]);
+  auto* ch = rc ? nullptr : new (std::nothrow) Channel;
+  if (!ch) {
+    if (!rc) {
+      HandleReq h{rep.handle};
+      c.call(Op::kDestroyChannel, "ibv_destroy_comp_channel", &h, sizeof h,
+             nullptr, 0, nullptr, 0);
+    }
+    close(sp[0]);
+    errno = rc ? rc : ENOMEM;
+    return nullptr;
+  }
+  ch->handle = rep.handle;
+  ch->ch.context = context;
+  ch->ch.fd = sp[0];
+  ch->ch.refcnt = 0;
+  std::lock_guard g(c.obj_mu);
+  c.channel_fds.push_back(sp[0]);
+  return &ch->ch;
+}
+
+URNIC_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (!channel || !is_urnic(channel->context)) {
+    auto f = URNIC_REAL(ibv_destroy_comp_channel, "IBVERBS_1.0");
+    return f ? f(channel) : ENOSYS;
+  }
+  Context& c = ctx_of(channel->context);
+  pthread_mutex_lock(&channel->context->mutex);
+  const int users = channel->refcnt;
+  pthread_mutex_unlock(&channel->context->mutex);
+  if (users) return EBUSY;
+  auto* ch = reinterpret_cast<Channel*>(channel);
+  HandleReq h{ch->handle};
+  const int rc = c.call(Op::kDestroyChannel, "ibv_destroy_comp_channel", &h,
+                        sizeof h, nullptr, 0, nullptr, 0);
+  if (rc && !c.dead) return rc;
+  {
+    std::lock_guard g(c.obj_mu);
+    std::erase(c.channel_fds, channel->fd);
+  }
+  close(channel->fd);
+  delete ch;
+  return 0;
+}
+
+URNIC_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
+                                  void** cq_context) {
+  if (!channel || !is_urnic(channel->context)) {
+    auto f = URNIC_REAL(ibv_get_cq_event, "IBVERBS_1.1");
+    return f ? f(channel, cq, cq_context) : -1;
+  }
+  Context& c = ctx_of(channel->context);
+  for (;;) {
+    uint64_t handle;
+    // Blocking unless the application made the fd O_NONBLOCK (EAGAIN).
+    const ssize_t n = recv(channel->fd, &handle, sizeof handle, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (n == 0) {  // the service closed its end: it is gone
+      c.lost("completion channel closed");
+      errno = EIO;
+      return -1;
+    }
+    if (n != sizeof handle) continue;
+    Cq* q = nullptr;
+    {
+      std::lock_guard g(c.obj_mu);
+      auto it = c.cqs.find(static_cast<uint32_t>(handle));
+      if (it != c.cqs.end()) q = it->second;
+    }
+    if (!q) continue;  // an event for a CQ destroyed since
+    ibv_cq* x = ibv_cq_ex_to_cq(&q->cqx);
+    pthread_mutex_lock(&x->mutex);
+    ++q->events;
+    pthread_mutex_unlock(&x->mutex);
+    *cq = x;
+    *cq_context = x->cq_context;
+    return 0;
+  }
+}
+
+URNIC_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  if (!cq || !is_urnic(cq->context)) {
+    if (auto f = URNIC_REAL(ibv_ack_cq_events, "IBVERBS_1.1")) f(cq, nevents);
+    return;
+  }
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+// --- asynchronous events
+// ------------------------------------------------------------
+
+URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
+                                     ibv_async_event* event) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_get_async_event, "IBVERBS_1.1");
+    return f ? f(context, event) : -1;
+  }
+  Context& c = ctx_of(context);
+  for (;;) {
+    if (c.async_eof) {
+      errno = EIO;
+      return -1;
+    }
+    AsyncMsg m;
+    const ssize_t n = recv(context->async_fd, &m, sizeof m, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (n == 0) {
+      // The service is gone: reported once as a fatal device event.
+      c.async_eof = true;
+      c.lost("async event socket closed");
+      std::memset(event, 0, sizeof *event);
+      event->event_type = IBV_EVENT_DEVICE_FATAL;
+      return 0;
+    }
+    if (n != sizeof m) continue;
+    std::memset(event, 0, sizeof *event);
+    event->event_type = static_cast<ibv_event_type>(m.type);
+    std::lock_guard g(c.obj_mu);
+    switch (event->event_type) {
+      case IBV_EVENT_CQ_ERR: {
+        auto it = c.cqs.find(m.handle);
+        if (it == c.cqs.end()) continue;  // destroyed since
+        event->element.cq = ibv_cq_ex_to_cq(&it->second->cqx);
+        return 0;
+      }
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_COMM_EST:
+      case IBV_EVENT_SQ_DRAINED:
+      case IBV_EVENT_PATH_MIG:
+      case IBV_EVENT_PATH_MIG_ERR:
+      case IBV_EVENT_QP_LAST_WQE_REACHED: {
+        auto it = c.qps.find(m.handle);
+        if (it == c.qps.end()) continue;
+        event->element.qp = &it->second->qpx.qp_base;
+        return 0;
+      }
+      case IBV_EVENT_SRQ_ERR:
+      case IBV_EVENT_SRQ_LIMIT_REACHED: {
+        auto it = c.srqs.find(m.handle);
+        if (it == c.srqs.end()) continue;
+        event->element.srq = &it->second->srq;
+        return 0;
+      }
+      case IBV_EVENT_DEVICE_FATAL:
+        return 0;
+      default:  // port events carry the port number
+        event->element.port_num = static_cast<int>(m.handle);
+        return 0;
+    }
+  }
+}
+
+URNIC_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
+  // Our objects do not wait for acknowledgements; real ones are counted by
+  // libibverbs.
+  if (event->event_type == IBV_EVENT_DEVICE_FATAL) return;
+  ibv_context* ctx = nullptr;
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR:
+      ctx = event->element.cq ? event->element.cq->context : nullptr;
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      ctx = event->element.srq ? event->element.srq->context : nullptr;
+      break;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      ctx = event->element.qp ? event->element.qp->context : nullptr;
+      break;
+    default:
+      return;  // port events: nothing to count
+  }
+  if (ctx && is_urnic(ctx)) return;
+  if (auto f = URNIC_REAL(ibv_ack_async_event, "IBVERBS_1.1")) f(event);
+}

@@ -1,0 +1,529 @@
+// Zero-copy memory registration; see mr_share.h.
+#include "verbs-shim/mr_share.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+namespace urnic::shim {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr size_t kPagemapBatch = 65536;  // entries read at once (512 KiB)
+
+std::string hex(uint64_t v) {
+  char b[24];
+  snprintf(b, sizeof b, "0x%" PRIx64, v);
+  return b;
+}
+
+// Reads a whole /proc file (its size is unknown in advance).
+bool read_proc(const char* path, std::string* out) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  out->clear();
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out->append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return true;
+}
+
+// Whole pages are read, wherever the registered objects in them end: not
+// for AddressSanitizer to judge (nor is the pwrite below, a raw syscall).
+__attribute__((no_sanitize("address"))) bool all_zero(const uint8_t* p) {
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
+  for (size_t i = 0; i < kPage / 8; i += 8) {
+    if (w[i] | w[i + 1] | w[i + 2] | w[i + 3] | w[i + 4] | w[i + 5] | w[i + 6] |
+        w[i + 7])
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+struct MrShare::Vma {
+  uint64_t start = 0, end = 0;
+  int prot = PROT_NONE;
+  bool shared = false;
+  uint64_t offset = 0;
+  unsigned dev_major = 0, dev_minor = 0;
+  uint64_t ino = 0;
+  std::string path;
+};
+
+// A maximal stretch of not-yet-shared pages, made into one memfd (or
+// appended to the memfd of the segment right before it).
+struct MrShare::Run {
+  uint64_t start = 0, end = 0;
+  std::vector<const Vma*> vmas;  // the private mappings it spans
+  std::shared_ptr<File> extend;  // append to this file instead of a new one
+  uint64_t extend_key = 0;       // the segment being extended
+};
+
+MrShare::File::~File() {
+  if (fd >= 0) close(fd);
+}
+
+MrShare::Result::~Result() {
+  for (const Piece& p : pieces)
+    if (p.fd >= 0) close(p.fd);
+}
+
+MrShare& MrShare::instance() {
+  static MrShare* s = new MrShare;  // never destroyed: used until exit
+  return *s;
+}
+
+size_t MrShare::segments() {
+  std::lock_guard g(mu_);
+  return segs_.size();
+}
+
+void MrShare::set_dontfork() {
+  std::lock_guard g(mu_);
+  dontfork_ = true;
+  for (const auto& [start, s] : segs_)
+    madvise(reinterpret_cast<void*>(start), s.len, MADV_DONTFORK);
+}
+
+void MrShare::forget(uint64_t a, uint64_t b) {
+  auto it = segs_.upper_bound(a);
+  if (it != segs_.begin()) --it;
+  while (it != segs_.end() && it->first < b) {
+    const uint64_t s = it->first;
+    const uint64_t e = s + it->second.len;
+    if (e <= a) {
+      ++it;
+      continue;
+    }
+    Segment seg = it->second;
+    it = segs_.erase(it);
+    if (s < a) segs_[s] = {a - s, seg.file, seg.fd_off};
+    if (e > b) segs_[b] = {e - b, seg.file, seg.fd_off + (b - s)};
+  }
+}
+
+namespace {
+
+// What the critical section needs, prepared beforehand: between copying a
+// page and mapping the memfd over it nothing here allocates or writes to
+// memory outside this job, the scratch buffer and the stack.
+struct CopyPart {
+  uint64_t a, b;
+  int prot;
+  bool anon;
+};
+struct CopyJob {
+  const CopyPart* parts;
+  size_t nparts;
+  uint64_t run_start;
+  int fd;
+  uint64_t base_off;  // file offset of run_start
+  int pagemap_fd;     // -1: look at every page
+  uint64_t* scratch;  // kPagemapBatch entries
+  int err;
+  uint64_t err_addr;
+  const char* err_what;
+};
+
+bool flush(CopyJob& j, uint64_t a, uint64_t b) {
+  while (a < b) {
+    const ssize_t n =
+        syscall(SYS_pwrite64, j.fd, reinterpret_cast<const void*>(a), b - a,
+                static_cast<off_t>(j.base_off + (a - j.run_start)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      j.err = n < 0 ? errno : EIO;
+      j.err_addr = a;
+      j.err_what = "copying into the memfd";
+      return false;
+    }
+    a += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+// Copies the pages worth copying: present or swapped (anonymous memory:
+// never-touched pages read as zero and must stay unallocated), and not all
+// zero. File-backed private pages are all looked at (not present means
+// "still in the file", not zero).
+bool copy_part(CopyJob& j, const CopyPart& p) {
+  uint64_t span_a = 0, span_b = 0;  // pending write
+  for (uint64_t base = p.a; base < p.b;) {
+    const uint64_t npages =
+        std::min<uint64_t>((p.b - base) / kPage, kPagemapBatch);
+    bool use_map = p.anon && j.pagemap_fd >= 0;
+    if (use_map) {
+      const size_t want = npages * 8;
+      size_t got = 0;
+      while (got < want) {
+        const ssize_t n =
+            pread(j.pagemap_fd, reinterpret_cast<char*>(j.scratch) + got,
+                  want - got, static_cast<off_t>((base / kPage) * 8 + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      use_map = got == want;
+    }
+    for (uint64_t i = 0; i < npages; ++i) {
+      const uint64_t pg = base + i * kPage;
+      bool copy = true;
+      if (use_map) copy = (j.scratch[i] >> 62) & 3;  // present | swapped
+      if (copy) copy = !all_zero(reinterpret_cast<const uint8_t*>(pg));
+      if (copy) {
+        if (span_b != pg) {
+          if (span_b > span_a && !flush(j, span_a, span_b)) return false;
+          span_a = pg;
+        }
+        span_b = pg + kPage;
+      }
+    }
+    base += npages * kPage;
+  }
+  return span_b <= span_a || flush(j, span_a, span_b);
+}
+
+void copy_and_map(CopyJob& j) {
+  for (size_t i = 0; i < j.nparts; ++i) {
+    const CopyPart& p = j.parts[i];
+    if (!copy_part(j, p)) return;
+    void* at = reinterpret_cast<void*>(p.a);
+    void* m = mmap(at, p.b - p.a, p.prot, MAP_SHARED | MAP_FIXED, j.fd,
+                   static_cast<off_t>(j.base_off + (p.a - j.run_start)));
+    if (m != at) {
+      j.err = errno;
+      j.err_addr = p.a;
+      j.err_what = "mapping the memfd in place";
+      return;
+    }
+  }
+}
+
+void* copy_thread(void* arg) {
+  copy_and_map(*static_cast<CopyJob*>(arg));
+  return nullptr;
+}
+
+}  // namespace
+
+int MrShare::make_run(Run& run, uint64_t stack_lo, uint64_t stack_hi,
+                      std::string* why) {
+  const uint64_t len = run.end - run.start;
+  std::shared_ptr<File> file = run.extend;
+  uint64_t base_off = 0;
+  if (file) {
+    base_off = file->size;
+    if (ftruncate(file->fd, static_cast<off_t>(base_off + len)) != 0) {
+      const int e = errno;
+      *why = std::string("growing the memfd: ") + strerror(e);
+      return e;
+    }
+  } else {
+    file = std::make_shared<File>();
+    file->fd = memfd_create("urnic-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    struct stat st;
+    // Sealed against shrinking: the service maps it and must never fault.
+    if (file->fd < 0 || ftruncate(file->fd, static_cast<off_t>(len)) != 0 ||
+        fcntl(file->fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 ||
+        fstat(file->fd, &st) != 0) {
+      const int e = errno;
+      *why = std::string("memfd: ") + strerror(e);
+      return e;
+    }
+    file->dev = st.st_dev;
+    file->ino = st.st_ino;
+  }
+
+  std::vector<CopyPart> parts;
+  parts.reserve(run.vmas.size());
+  for (const Vma* v : run.vmas) {
+    const uint64_t a = std::max(v->start, run.start);
+    const uint64_t b = std::min(v->end, run.end);
+    parts.push_back({a, b, v->prot, v->ino == 0});
+  }
+  // Scratch outside the heap: it may be written while heap pages of the
+  // run are between copy and remap.
+  void* scratch = mmap(nullptr, kPagemapBatch * 8, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (scratch == MAP_FAILED) {
+    const int e = errno;
+    *why = std::string("scratch: ") + strerror(e);
+    return e;
+  }
+  CopyJob job{};
+  job.parts = parts.data();
+  job.nparts = parts.size();
+  job.run_start = run.start;
+  job.fd = file->fd;
+  job.base_off = base_off;
+  job.pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  job.scratch = static_cast<uint64_t*>(scratch);
+  if (run.start < stack_hi && stack_lo < run.end) {
+    // The run covers this thread's stack: the copy must not race our own
+    // frames. Another thread does it while this one sleeps in the kernel
+    // (everything we wrote is then in the pages it copies).
+    pthread_t t;
+    const int rc = pthread_create(&t, nullptr, copy_thread, &job);
+    if (rc != 0) {
+      job.err = rc;
+      job.err_what = "starting the copy thread";
+    } else {
+      pthread_join(t, nullptr);
+    }
+  } else {
+    copy_and_map(job);
+  }
+  if (job.pagemap_fd >= 0) close(job.pagemap_fd);
+  munmap(scratch, kPagemapBatch * 8);
+  if (job.err) {
+    *why = std::string(job.err_what) + " at " + hex(job.err_addr) + ": " +
+           strerror(job.err);
+    return job.err;
+  }
+
+  if (run.extend) {
+    file->size = base_off + len;
+    segs_[run.extend_key].len += len;
+  } else {
+    file->size = len;
+    segs_[run.start] = {len, file, 0};
+  }
+  if (dontfork_)
+    madvise(reinterpret_cast<void*>(run.start), len, MADV_DONTFORK);
+  return 0;
+}
+
+int MrShare::share(const void* addr, size_t len, bool writable,
+                   size_t max_pieces, Result* out, std::string* why) {
+  std::lock_guard g(mu_);
+  const uint64_t a0 = reinterpret_cast<uint64_t>(addr);
+  if (len == 0) {
+    *why = "zero length";
+    return EINVAL;
+  }
+  if (a0 + len < a0 || a0 + len > UINT64_MAX - kPage) {
+    *why = "the range wraps around";
+    return EINVAL;
+  }
+  const uint64_t lo = a0 & ~(kPage - 1);
+  const uint64_t hi = (a0 + len + kPage - 1) & ~(kPage - 1);
+
+  // The mappings involved: the range, the page before it (a segment there
+  // may be extended) and this thread's stack.
+  std::string maps;
+  if (!read_proc("/proc/self/maps", &maps)) {
+    const int e = errno ? errno : EIO;
+    *why = std::string("/proc/self/maps: ") + strerror(e);
+    return e;
+  }
+  const uint64_t here = reinterpret_cast<uint64_t>(&maps);
+  uint64_t stack_lo = 0, stack_hi = 0;
+  std::vector<Vma> vmas;
+  const uint64_t want_lo = lo >= kPage ? lo - kPage : lo;
+  for (size_t pos = 0; pos < maps.size();) {
+    size_t eol = maps.find('\n', pos);
+    if (eol == std::string::npos) eol = maps.size();
+    const std::string line = maps.substr(pos, eol - pos);
+    pos = eol + 1;
+    Vma v;
+    char perms[8] = {};
+    int path_at = 0;
+    unsigned long long s, e, off, ino;
+    if (sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu %n", &s, &e, perms,
+               &off, &v.dev_major, &v.dev_minor, &ino, &path_at) < 7)
+      continue;
+    v.start = s;
+    v.end = e;
+    v.offset = off;
+    v.ino = ino;
+    if (here >= v.start && here < v.end) stack_lo = v.start, stack_hi = v.end;
+    if (v.end <= want_lo || v.start >= hi) continue;
+    if (path_at > 0 && static_cast<size_t>(path_at) <= line.size())
+      v.path = line.substr(path_at);
+    v.prot = (perms[0] == 'r' ? PROT_READ : 0) |
+             (perms[1] == 'w' ? PROT_WRITE : 0) |
+             (perms[2] == 'x' ? PROT_EXEC : 0);
+    v.shared = perms[3] == 's';
+    vmas.push_back(std::move(v));
+  }
+
+  // Every page mapped, readable (and writable if asked).
+  uint64_t at = lo;
+  for (const Vma& v : vmas) {
+    if (v.end <= lo) continue;
+    if (v.start > at) break;
+    if (!(v.prot & PROT_READ)) {
+      *why = "memory at " + hex(std::max(v.start, lo)) + " is not readable";
+      return EFAULT;
+    }
+    if (writable && !(v.prot & PROT_WRITE)) {
+      *why = "memory at " + hex(std::max(v.start, lo)) +
+             " is read-only but the access flags allow writes";
+      return EFAULT;
+    }
+    at = v.end;
+    if (at >= hi) break;
+  }
+  if (at < hi) {
+    *why = "page " + hex(at) + " is not mapped";
+    return EFAULT;
+  }
+
+  // Classify: pages already shared (ours, and the registry agrees with the
+  // mapping) become pieces of their segment; private pages become runs.
+  struct Planned {
+    std::shared_ptr<File> file;  // null: a fresh run
+    uint64_t fd_off = 0;
+    uint64_t len = 0;
+    int run = -1;  // index into runs
+  };
+  std::vector<Planned> plan;
+  std::vector<Run> runs;
+  auto seg_at = [&](uint64_t x) -> std::map<uint64_t, Segment>::iterator {
+    auto it = segs_.upper_bound(x);
+    if (it == segs_.begin()) return segs_.end();
+    --it;
+    return x < it->first + it->second.len ? it : segs_.end();
+  };
+  auto matches = [](const Vma& v, uint64_t seg_start, const Segment& s) {
+    return v.shared && v.ino == s.file->ino &&
+           v.dev_major == major(s.file->dev) &&
+           v.dev_minor == minor(s.file->dev) &&
+           v.offset - v.start == s.fd_off - seg_start;
+  };
+  for (const Vma& v : vmas) {
+    const uint64_t a = std::max(v.start, lo), b = std::min(v.end, hi);
+    if (a >= b) continue;
+    if (v.shared) {
+      for (uint64_t x = a; x < b;) {
+        auto it = seg_at(x);
+        if (it == segs_.end() || !matches(v, it->first, it->second)) {
+          *why = "memory at " + hex(x) + " is a MAP_SHARED mapping (" +
+                 (v.path.empty() ? std::string("anonymous shared memory")
+                                 : v.path) +
+                 ") not made by this library";
+          return EINVAL;
+        }
+        const uint64_t e = std::min(b, it->first + it->second.len);
+        plan.push_back(
+            {it->second.file, it->second.fd_off + (x - it->first), e - x, -1});
+        x = e;
+      }
+      continue;
+    }
+    if (v.path == "[vdso]" || v.path == "[vvar]" || v.path == "[vsyscall]" ||
+        v.path.find("anon_hugepage") != std::string::npos ||
+        v.path.rfind("/dev/hugepages", 0) == 0) {
+      *why = "memory at " + hex(a) + " is a special mapping (" + v.path + ")";
+      return EINVAL;
+    }
+    // Private now: whatever the registry said about it is stale (the
+    // application unmapped our segment and mapped something else).
+    forget(a, b);
+    if (!plan.empty() && plan.back().run >= 0 &&
+        runs[plan.back().run].end == a) {
+      Run& r = runs[plan.back().run];
+      r.end = b;
+      r.vmas.push_back(&v);
+      plan.back().len += b - a;
+    } else {
+      Run r;
+      r.start = a;
+      r.end = b;
+      r.vmas.push_back(&v);
+      runs.push_back(std::move(r));
+      plan.push_back({nullptr, 0, b - a, static_cast<int>(runs.size() - 1)});
+    }
+  }
+
+  // A run right after the segment that ends its memfd grows that memfd:
+  // adjacent registrations then stay one piece (and one file).
+  for (Run& r : runs) {
+    if (r.start < kPage) continue;
+    auto it = seg_at(r.start - kPage);
+    if (it == segs_.end() || it->first + it->second.len != r.start) continue;
+    const Segment& s = it->second;
+    if (s.fd_off + s.len != s.file->size) continue;
+    bool ok = false;
+    for (const Vma& v : vmas)
+      if (v.start < r.start && v.end >= r.start) ok = matches(v, it->first, s);
+    if (!ok) continue;
+    // Only one run may grow a given file.
+    bool taken = false;
+    for (const Run& o : runs) taken = taken || o.extend == s.file;
+    if (taken) continue;
+    r.extend = s.file;
+    r.extend_key = it->first;
+  }
+  for (Planned& p : plan) {
+    if (p.run < 0 || !runs[p.run].extend) continue;
+    p.file = runs[p.run].extend;
+    p.fd_off = p.file->size;
+  }
+  size_t npieces = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const bool joins = i > 0 && plan[i].file &&
+                       plan[i - 1].file == plan[i].file &&
+                       plan[i - 1].fd_off + plan[i - 1].len == plan[i].fd_off;
+    if (!joins) ++npieces;
+  }
+  if (npieces > max_pieces) {
+    *why = "the range spans " + std::to_string(npieces) +
+           " separately shared pieces (at most " + std::to_string(max_pieces) +
+           "); register it before its parts, or in smaller MRs";
+    return EINVAL;
+  }
+
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const int rc = make_run(runs[i], stack_lo, stack_hi, why);
+    if (rc) return rc;
+    for (Planned& p : plan)
+      if (p.run == static_cast<int>(i) && !p.file) {
+        p.file = segs_[runs[i].start].file;
+        p.fd_off = 0;
+      }
+  }
+
+  out->map_start = lo;
+  out->map_len = hi - lo;
+  out->pieces.clear();
+  const File* last = nullptr;
+  for (const Planned& p : plan) {
+    if (last == p.file.get() && !out->pieces.empty()) {
+      Piece& q = out->pieces.back();
+      if (q.fd_offset + q.length == p.fd_off) {
+        q.length += p.len;
+        continue;
+      }
+    }
+    const int fd = fcntl(p.file->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+      const int e = errno;
+      *why = std::string("dup: ") + strerror(e);
+      return e;
+    }
+    out->pieces.push_back({fd, p.fd_off, p.len});
+    last = p.file.get();
+  }
+  return 0;
+}
+
+}  // namespace urnic::shim

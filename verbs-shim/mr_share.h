@@ -1,0 +1,84 @@
+// Zero-copy memory registration: the pages of a registered range become
+// MAP_SHARED memfd pages at the same virtual addresses (contents kept), so
+// that the service can map the very same memory. No socket involved: the
+// result is the list of (fd, offset, length) pieces kRegMr passes.
+//
+// Pages are shared once and stay shared (deregistration does not undo it);
+// a range already shared is reused, never remapped (that would detach the
+// service's view). The registry checks itself against /proc/self/maps, so
+// memory the application unmapped and mapped again is shared afresh.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace urnic::shim {
+
+class MrShare {
+ public:
+  struct Piece {
+    int fd = -1;  // a duplicate, closed by ~Result
+    uint64_t fd_offset = 0;
+    uint64_t length = 0;
+  };
+  struct Result {
+    uint64_t map_start = 0;  // page-rounded range, in address order
+    uint64_t map_len = 0;
+    std::vector<Piece> pieces;
+    Result() = default;
+    Result(const Result&) = delete;
+    Result& operator=(const Result&) = delete;
+    ~Result();
+  };
+
+  // Makes the pages of [addr, addr + len) shared. `writable`: the access
+  // flags allow writes, so the pages must be writable. Returns 0, or EFAULT
+  // (a hole, unreadable or read-only memory), EINVAL (a mapping that cannot
+  // be shared: a foreign MAP_SHARED mapping, hugetlbfs, [vdso]...; too many
+  // pieces) or another errno, with the reason in *why.
+  int share(const void* addr, size_t len, bool writable, size_t max_pieces,
+            Result* out, std::string* why);
+
+  // MADV_DONTFORK on every segment, now and from now on (ibv_fork_init).
+  void set_dontfork();
+  size_t segments();  // registry entries (tests)
+
+  // Fork handlers hold the lock across fork().
+  void lock() { mu_.lock(); }
+  void unlock() { mu_.unlock(); }
+
+  static MrShare& instance();
+
+ private:
+  struct File {  // one memfd; segments may share it
+    int fd = -1;
+    uint64_t size = 0;  // bytes
+    dev_t dev = 0;
+    ino_t ino = 0;
+    ~File();
+  };
+  struct Segment {  // [start, start + len) maps file at fd_off
+    uint64_t len = 0;
+    std::shared_ptr<File> file;
+    uint64_t fd_off = 0;
+  };
+  struct Vma;
+  struct Run;
+
+  void forget(uint64_t a, uint64_t b);  // drops registry coverage of [a, b)
+  int make_run(Run& run, uint64_t stack_lo, uint64_t stack_hi,
+               std::string* why);
+
+  std::mutex mu_;
+  std::map<uint64_t, Segment> segs_;  // by start, non-overlapping
+  bool dontfork_ = false;
+};
+
+}  // namespace urnic::shim

@@ -1,0 +1,960 @@
+// Verbs objects of urnic contexts: PD, MR, CQ, SRQ, QP and AH, each a
+// control request to the service (abi.h); the rings it returns are mapped
+// here for the data path. Calls on other providers' objects are forwarded.
+#include <arpa/inet.h>
+#include <endian.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <new>
+
+#include "verbs-shim/mr_share.h"
+#include "verbs-shim/shim.h"
+
+// verbs.h turns these into inline helpers; the exported symbols are ours.
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+using namespace urnic::shim;
+
+namespace {
+
+// Fails a call on a context whose service is gone. Destroy calls succeed
+// instead (the service released everything): the application can clean up.
+bool destroy_locally(const Context& c) {
+  return c.dead.load();
+}
+
+template <typename T>
+T* fail(int err) {
+  errno = err;
+  return nullptr;
+}
+
+}  // namespace
+
+// --- PD
+// ----------------------------------------------------------------------------
+
+URNIC_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_alloc_pd, "IBVERBS_1.1");
+    return f ? f(context) : fail<ibv_pd>(ENOSYS);
+  }
+  Context& c = ctx_of(context);
+  HandleRep rep;
+  if (c.call(Op::kAllocPd, "ibv_alloc_pd", nullptr, 0, nullptr, 0, &rep,
+             sizeof rep))
+    return nullptr;
+  auto* pd = new (std::nothrow) ibv_pd{};
+  if (!pd) {
+    HandleReq h{rep.handle};
+    c.call(Op::kDeallocPd, "ibv_dealloc_pd", &h, sizeof h, nullptr, 0, nullptr,
+           0);
+    return fail<ibv_pd>(ENOMEM);
+  }
+  pd->context = context;
+  pd->handle = rep.handle;
+  return pd;
+}
+
+URNIC_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_dealloc_pd, "IBVERBS_1.1");
+    return f ? f(pd) : ENOSYS;
+  }
+  Context& c = ctx_of(pd->context);
+  HandleReq h{pd->handle};
+  const int rc = c.call(Op::kDeallocPd, "ibv_dealloc_pd", &h, sizeof h, nullptr,
+                        0, nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  delete pd;
+  return 0;
+}
+
+// --- MR
+// -----------------------------------------------------------------------------
+
+namespace {
+
+constexpr unsigned kWriteAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+
+ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+               unsigned access) {
+  Context& c = ctx_of(pd->context);
+  if (c.dead) return fail<ibv_mr>(EIO);
+  // Optional flags (relaxed ordering, ...) may be ignored by definition.
+  access &= ~static_cast<unsigned>(IBV_ACCESS_OPTIONAL_RANGE);
+  MrShare::Result shared;
+  std::string why;
+  int rc = MrShare::instance().share(addr, length, access & kWriteAccess,
+                                     kMaxMrPieces, &shared, &why);
+  if (rc) {
+    say("ibv_reg_mr(%p, %zu): %s; the range cannot be shared with the "
+        "service",
+        addr, length, why.c_str());
+    return fail<ibv_mr>(rc);
+  }
+  auto* req = new (std::nothrow) RegMrReq{};  // ~1 KiB: not on the stack
+  auto* mr = new (std::nothrow) ibv_mr{};
+  if (!req || !mr) {
+    delete req;
+    delete mr;
+    return fail<ibv_mr>(ENOMEM);
+  }
+  req->pd = pd->handle;
+  req->access = access;
+  req->addr = reinterpret_cast<uint64_t>(addr);
+  req->length = length;
+  req->iova = iova;
+  req->map_start = shared.map_start;
+  req->map_len = shared.map_len;
+  req->npieces = static_cast<uint32_t>(shared.pieces.size());
+  int fds[kMaxMrPieces];
+  for (size_t i = 0; i < shared.pieces.size(); ++i) {
+    req->pieces[i] = {shared.pieces[i].fd_offset, shared.pieces[i].length};
+    fds[i] = shared.pieces[i].fd;
+  }
+  RegMrRep rep;
+  rc = c.call(Op::kRegMr, "ibv_reg_mr", req, sizeof *req, fds,
+              static_cast<int>(req->npieces), &rep, sizeof rep);
+  delete req;
+  if (rc) {
+    delete mr;
+    return fail<ibv_mr>(rc);
+  }
+  mr->context = pd->context;
+  mr->pd = pd;
+  mr->addr = addr;
+  mr->length = length;
+  mr->handle = rep.handle;
+  mr->lkey = rep.lkey;
+  mr->rkey = rep.rkey;
+  return mr;
+}
+
+}  // namespace
+
+URNIC_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length,
+                                int access) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_reg_mr, "IBVERBS_1.1");
+    return f ? f(pd, addr, length, access) : fail<ibv_mr>(ENOSYS);
+  }
+  return reg_mr(pd, addr, length, reinterpret_cast<uint64_t>(addr),
+                static_cast<unsigned>(access));
+}
+
+URNIC_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length,
+                                     uint64_t iova, int access) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_reg_mr_iova, "IBVERBS_1.7");
+    return f ? f(pd, addr, length, iova, access) : fail<ibv_mr>(ENOSYS);
+  }
+  return reg_mr(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+URNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length,
+                                      uint64_t iova, unsigned int access) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_reg_mr_iova2, "IBVERBS_1.8");
+    return f ? f(pd, addr, length, iova, access) : fail<ibv_mr>(ENOSYS);
+  }
+  return reg_mr(pd, addr, length, iova, access);
+}
+
+URNIC_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset,
+                                       size_t length, uint64_t iova, int fd,
+                                       int access) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_reg_dmabuf_mr, "IBVERBS_1.12");
+    return f ? f(pd, offset, length, iova, fd, access) : fail<ibv_mr>(ENOSYS);
+  }
+  return fail<ibv_mr>(EOPNOTSUPP);
+}
+
+URNIC_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
+                              size_t length, int access) {
+  if (!mr || !is_urnic(mr->context)) {
+    auto f = URNIC_REAL(ibv_rereg_mr, "IBVERBS_1.1");
+    return f ? f(mr, flags, pd, addr, length, access) : IBV_REREG_MR_ERR_INPUT;
+  }
+  errno = EOPNOTSUPP;  // the MR stays as it was
+  return IBV_REREG_MR_ERR_INPUT;
+}
+
+URNIC_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
+  if (!mr || !is_urnic(mr->context)) {
+    auto f = URNIC_REAL(ibv_dereg_mr, "IBVERBS_1.1");
+    return f ? f(mr) : ENOSYS;
+  }
+  // The pages stay shared (mr_share.h): only the service's view goes.
+  Context& c = ctx_of(mr->context);
+  HandleReq h{mr->handle};
+  const int rc = c.call(Op::kDeregMr, "ibv_dereg_mr", &h, sizeof h, nullptr, 0,
+                        nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  delete mr;
+  return 0;
+}
+
+// --- CQ
+// -----------------------------------------------------------------------------
+
+namespace {
+
+Cq* make_cq(Context& c, int cqe, void* cq_context, ibv_comp_channel* channel,
+            int comp_vector, const char* what) {
+  if (cqe <= 0 || comp_vector < 0 || comp_vector >= c.ibv()->num_comp_vectors)
+    return fail<Cq>(EINVAL);
+  if (channel && channel->context != c.ibv()) return fail<Cq>(EINVAL);
+  auto* ch = reinterpret_cast<Channel*>(channel);
+  CreateCqReq req;
+  req.cqe = static_cast<uint32_t>(cqe);
+  req.channel = ch ? ch->handle : kNoHandle;
+  CreateCqRep rep;
+  int fd;
+  if (c.call(Op::kCreateCq, what, &req, sizeof req, nullptr, 0, &rep,
+             sizeof rep, &fd, 1))
+    return nullptr;
+  auto undo = [&c, &rep](int err) {
+    HandleReq h{rep.handle};
+    c.call(Op::kDestroyCq, "ibv_destroy_cq", &h, sizeof h, nullptr, 0, nullptr,
+           0);
+    return fail<Cq>(err);
+  };
+  void* map = map_service_fd(fd, rep.map_len);
+  if (!map) return undo(errno);
+  auto* sh = static_cast<CqShared*>(map);
+  if (!std::has_single_bit(sh->size) || sh->size < rep.cqe ||
+      sh->offset + uint64_t{sh->size} * sizeof(ibv_wc) > rep.map_len) {
+    munmap(map, rep.map_len);
+    say("%s: the CQ memory urnicd returned is malformed", what);
+    return undo(EPROTO);
+  }
+  auto* q = new (std::nothrow) Cq;
+  if (!q) {
+    munmap(map, rep.map_len);
+    return undo(ENOMEM);
+  }
+  q->ctx = &c;
+  q->channel = ch;
+  q->sh = sh;
+  q->ring = reinterpret_cast<ibv_wc*>(static_cast<char*>(map) + sh->offset);
+  q->mask = sh->size - 1;
+  q->cons = sh->cons.load(std::memory_order_acquire);
+  q->map = map;
+  q->map_len = rep.map_len;
+  ibv_cq_ex& x = q->cqx;
+  x.context = c.ibv();
+  x.channel = channel;
+  x.cq_context = cq_context;
+  x.handle = rep.handle;
+  x.cqe = static_cast<int>(rep.cqe);
+  pthread_mutex_init(&x.mutex, nullptr);
+  pthread_cond_init(&x.cond, nullptr);
+  set_cq_ex_ops(*q);
+  {
+    std::lock_guard g(c.obj_mu);
+    c.cqs[rep.handle] = q;
+  }
+  if (channel) {
+    pthread_mutex_lock(&c.ibv()->mutex);
+    ++channel->refcnt;
+    pthread_mutex_unlock(&c.ibv()->mutex);
+  }
+  return q;
+}
+
+}  // namespace
+
+ibv_cq_ex* urnic::shim::create_cq_ex(ibv_context* context,
+                                     ibv_cq_init_attr_ex* attr) {
+  if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS |
+                                               IBV_CQ_INIT_ATTR_MASK_PD))
+    return fail<ibv_cq_ex>(EOPNOTSUPP);
+  if (attr->wc_flags & ~static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS))
+    return fail<ibv_cq_ex>(EOPNOTSUPP);
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+      (attr->flags &
+       ~static_cast<uint32_t>(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)))
+    return fail<ibv_cq_ex>(EOPNOTSUPP);
+  if (attr->cqe > INT32_MAX) return fail<ibv_cq_ex>(EINVAL);
+  Cq* q = make_cq(ctx_of(context), static_cast<int>(attr->cqe),
+                  attr->cq_context, attr->channel,
+                  static_cast<int>(attr->comp_vector), "ibv_create_cq_ex");
+  return q ? &q->cqx : nullptr;
+}
+
+URNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
+                                   void* cq_context, ibv_comp_channel* channel,
+                                   int comp_vector) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_create_cq, "IBVERBS_1.1");
+    return f ? f(context, cqe, cq_context, channel, comp_vector)
+             : fail<ibv_cq>(ENOSYS);
+  }
+  Cq* q = make_cq(ctx_of(context), cqe, cq_context, channel, comp_vector,
+                  "ibv_create_cq");
+  return q ? ibv_cq_ex_to_cq(&q->cqx) : nullptr;
+}
+
+URNIC_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  if (!cq || !is_urnic(cq->context)) {
+    auto f = URNIC_REAL(ibv_resize_cq, "IBVERBS_1.1");
+    return f ? f(cq, cqe) : ENOSYS;
+  }
+  return EOPNOTSUPP;
+}
+
+URNIC_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
+  if (!cq || !is_urnic(cq->context)) {
+    auto f = URNIC_REAL(ibv_destroy_cq, "IBVERBS_1.1");
+    return f ? f(cq) : ENOSYS;
+  }
+  Cq& q = cq_of(cq);
+  Context& c = *q.ctx;
+  HandleReq h{cq->handle};
+  const int rc = c.call(Op::kDestroyCq, "ibv_destroy_cq", &h, sizeof h, nullptr,
+                        0, nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  {
+    std::lock_guard g(c.obj_mu);
+    c.cqs.erase(cq->handle);
+  }
+  // As rdma-core: every completion event handed out must be acknowledged.
+  pthread_mutex_lock(&cq->mutex);
+  while (cq->comp_events_completed != q.events)
+    pthread_cond_wait(&cq->cond, &cq->mutex);
+  pthread_mutex_unlock(&cq->mutex);
+  if (cq->channel) {
+    pthread_mutex_lock(&c.ibv()->mutex);
+    --cq->channel->refcnt;
+    pthread_mutex_unlock(&c.ibv()->mutex);
+  }
+  munmap(q.map, q.map_len);
+  pthread_mutex_destroy(&cq->mutex);
+  pthread_cond_destroy(&cq->cond);
+  delete &q;
+  return 0;
+}
+
+// --- SRQ
+// ------------------------------------------------------------------------------
+
+namespace {
+
+ibv_srq* make_srq(ibv_pd* pd, ibv_srq_init_attr* init, const char* what) {
+  Context& c = ctx_of(pd->context);
+  CreateSrqReq req;
+  req.pd = pd->handle;
+  req.max_wr = init->attr.max_wr;
+  req.max_sge = init->attr.max_sge;
+  req.srq_limit = init->attr.srq_limit;
+  CreateSrqRep rep;
+  int fd;
+  if (c.call(Op::kCreateSrq, what, &req, sizeof req, nullptr, 0, &rep,
+             sizeof rep, &fd, 1))
+    return nullptr;
+  auto undo = [&c, &rep](int err) {
+    HandleReq h{rep.handle};
+    c.call(Op::kDestroySrq, "ibv_destroy_srq", &h, sizeof h, nullptr, 0,
+           nullptr, 0);
+    return fail<ibv_srq>(err);
+  };
+  void* map = map_service_fd(fd, rep.map_len);
+  if (!map) return undo(errno);
+  auto* sh = static_cast<SrqShared*>(map);
+  if (!std::has_single_bit(sh->size) ||
+      sh->offset + uint64_t{sh->size} * sizeof(ShmRecvWqe) > rep.map_len ||
+      rep.doorbell >= kMaxDoorbells) {
+    munmap(map, rep.map_len);
+    say("%s: the SRQ memory urnicd returned is malformed", what);
+    return undo(EPROTO);
+  }
+  auto* s = new (std::nothrow) Srq;
+  if (!s) {
+    munmap(map, rep.map_len);
+    return undo(ENOMEM);
+  }
+  s->ctx = &c;
+  s->sh = sh;
+  s->ring = reinterpret_cast<ShmRecvWqe*>(static_cast<char*>(map) + sh->offset);
+  s->size = sh->size;
+  s->prod = sh->prod.load(std::memory_order_relaxed);
+  s->max_sge = rep.max_sge;
+  s->doorbell = rep.doorbell;
+  s->map = map;
+  s->map_len = rep.map_len;
+  ibv_srq& x = s->srq;
+  x.context = pd->context;
+  x.srq_context = init->srq_context;
+  x.pd = pd;
+  x.handle = rep.handle;
+  pthread_mutex_init(&x.mutex, nullptr);
+  pthread_cond_init(&x.cond, nullptr);
+  // What the queue really holds, as providers report it.
+  init->attr.max_wr = rep.max_wr;
+  init->attr.max_sge = rep.max_sge;
+  std::lock_guard g(c.obj_mu);
+  c.srqs[rep.handle] = s;
+  return &s->srq;
+}
+
+}  // namespace
+
+URNIC_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd,
+                                     ibv_srq_init_attr* srq_init_attr) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_create_srq, "IBVERBS_1.1");
+    return f ? f(pd, srq_init_attr) : fail<ibv_srq>(ENOSYS);
+  }
+  return make_srq(pd, srq_init_attr, "ibv_create_srq");
+}
+
+ibv_srq* urnic::shim::create_srq_ex(ibv_context* context,
+                                    ibv_srq_init_attr_ex* attr) {
+  // Basic SRQs only (no XRC, no tag matching).
+  const uint32_t known =
+      IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ;
+  if ((attr->comp_mask & ~known) || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) ||
+      ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) &&
+       attr->srq_type != IBV_SRQT_BASIC))
+    return fail<ibv_srq>(EOPNOTSUPP);
+  if (!attr->pd || attr->pd->context != context) return fail<ibv_srq>(EINVAL);
+  ibv_srq_init_attr init{};
+  init.srq_context = attr->srq_context;
+  init.attr = attr->attr;
+  ibv_srq* s = make_srq(attr->pd, &init, "ibv_create_srq_ex");
+  if (s) attr->attr = init.attr;
+  return s;
+}
+
+URNIC_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* srq_attr,
+                                int srq_attr_mask) {
+  if (!srq || !is_urnic(srq->context)) {
+    auto f = URNIC_REAL(ibv_modify_srq, "IBVERBS_1.1");
+    return f ? f(srq, srq_attr, srq_attr_mask) : ENOSYS;
+  }
+  ModifySrqReq req;
+  req.handle = srq->handle;
+  req.mask = srq_attr_mask;
+  req.attr = *srq_attr;
+  return ctx_of(srq->context)
+      .call(Op::kModifySrq, "ibv_modify_srq", &req, sizeof req, nullptr, 0,
+            nullptr, 0);
+}
+
+URNIC_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* srq_attr) {
+  if (!srq || !is_urnic(srq->context)) {
+    auto f = URNIC_REAL(ibv_query_srq, "IBVERBS_1.1");
+    return f ? f(srq, srq_attr) : ENOSYS;
+  }
+  HandleReq h{srq->handle};
+  return ctx_of(srq->context)
+      .call(Op::kQuerySrq, "ibv_query_srq", &h, sizeof h, nullptr, 0, srq_attr,
+            sizeof *srq_attr);
+}
+
+URNIC_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
+  if (!srq || !is_urnic(srq->context)) {
+    auto f = URNIC_REAL(ibv_destroy_srq, "IBVERBS_1.1");
+    return f ? f(srq) : ENOSYS;
+  }
+  Srq& s = srq_of(srq);
+  Context& c = *s.ctx;
+  HandleReq h{srq->handle};
+  const int rc = c.call(Op::kDestroySrq, "ibv_destroy_srq", &h, sizeof h,
+                        nullptr, 0, nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  {
+    std::lock_guard g(c.obj_mu);
+    c.srqs.erase(srq->handle);
+  }
+  munmap(s.map, s.map_len);
+  pthread_mutex_destroy(&srq->mutex);
+  pthread_cond_destroy(&srq->cond);
+  delete &s;
+  return 0;
+}
+
+// --- QP
+// --------------------------------------------------------------------------------
+
+namespace {
+
+// The ibv_wr_* operations each QP type can carry. SEND_WITH_INV is accepted
+// here and refused by ibv_wr_complete (the transport has no invalidation).
+uint64_t supported_send_ops(ibv_qp_type t) {
+  const uint64_t send = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  const uint64_t write =
+      IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+  switch (t) {
+    case IBV_QPT_RC:
+      return send | write | IBV_QP_EX_WITH_RDMA_READ |
+             IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+    case IBV_QPT_UC:
+      return send | write | IBV_QP_EX_WITH_SEND_WITH_INV;
+    case IBV_QPT_UD:
+      return send;
+    default:
+      return 0;
+  }
+}
+
+bool same_ctx(const ibv_cq* cq, const ibv_context* ctx) {
+  return cq && cq->context == ctx;
+}
+
+// `attr` is an ibv_qp_init_attr_ex (ibv_qp_init_attr is its prefix).
+ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
+                uint64_t send_ops, const char* what) {
+  Context& c = ctx_of(pd->context);
+  const ibv_context* ctx = pd->context;
+  if (!same_ctx(attr->send_cq, ctx) || !same_ctx(attr->recv_cq, ctx) ||
+      (attr->srq && attr->srq->context != ctx))
+    return fail<ibv_qp>(EINVAL);
+  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC &&
+      attr->qp_type != IBV_QPT_UD)
+    return fail<ibv_qp>(EOPNOTSUPP);
+  CreateQpReq req;
+  req.pd = pd->handle;
+  req.send_cq = attr->send_cq->handle;
+  req.recv_cq = attr->recv_cq->handle;
+  req.srq = attr->srq ? attr->srq->handle : kNoHandle;
+  req.qp_type = attr->qp_type;
+  req.sq_sig_all = attr->sq_sig_all ? 1 : 0;
+  req.cap = attr->cap;
+  CreateQpRep rep;
+  int fd;
+  if (c.call(Op::kCreateQp, what, &req, sizeof req, nullptr, 0, &rep,
+             sizeof rep, &fd, 1))
+    return nullptr;
+  auto undo = [&c, &rep](int err) {
+    HandleReq h{rep.handle};
+    c.call(Op::kDestroyQp, "ibv_destroy_qp", &h, sizeof h, nullptr, 0, nullptr,
+           0);
+    return fail<ibv_qp>(err);
+  };
+  void* map = map_service_fd(fd, rep.map_len);
+  if (!map) return undo(errno);
+  auto* sh = static_cast<QpShared*>(map);
+  const bool rq_ok = attr->srq ? true
+                               : std::has_single_bit(sh->rq_size) &&
+                                     sh->rq_offset + uint64_t{sh->rq_size} *
+                                                         sizeof(ShmRecvWqe) <=
+                                         rep.map_len;
+  if (!std::has_single_bit(sh->sq_size) || !rq_ok ||
+      sh->sq_offset + uint64_t{sh->sq_size} * sizeof(ShmSendWqe) >
+          rep.map_len ||
+      rep.doorbell >= kMaxDoorbells) {
+    munmap(map, rep.map_len);
+    say("%s: the QP memory urnicd returned is malformed", what);
+    return undo(EPROTO);
+  }
+  auto* q = new (std::nothrow) Qp;
+  if (!q) {
+    munmap(map, rep.map_len);
+    return undo(ENOMEM);
+  }
+  q->ctx = &c;
+  q->sh = sh;
+  q->sq =
+      reinterpret_cast<ShmSendWqe*>(static_cast<char*>(map) + sh->sq_offset);
+  q->rq =
+      reinterpret_cast<ShmRecvWqe*>(static_cast<char*>(map) + sh->rq_offset);
+  q->sq_size = sh->sq_size;
+  q->rq_size = attr->srq ? 0 : sh->rq_size;
+  q->sq_prod = sh->sq_prod.load(std::memory_order_relaxed);
+  q->rq_prod = sh->rq_prod.load(std::memory_order_relaxed);
+  q->doorbell = rep.doorbell;
+  q->cap = rep.cap;
+  q->type = attr->qp_type;
+  q->has_srq = attr->srq != nullptr;
+  q->ex = ex;
+  q->map = map;
+  q->map_len = rep.map_len;
+  ibv_qp& b = q->qpx.qp_base;
+  b.context = pd->context;
+  b.qp_context = attr->qp_context;
+  b.pd = pd;
+  b.send_cq = attr->send_cq;
+  b.recv_cq = attr->recv_cq;
+  b.srq = attr->srq;
+  b.handle = rep.handle;
+  b.qp_num = rep.qpn;
+  b.state = IBV_QPS_RESET;
+  b.qp_type = attr->qp_type;
+  pthread_mutex_init(&b.mutex, nullptr);
+  pthread_cond_init(&b.cond, nullptr);
+  if (ex) set_qp_ex_ops(*q, send_ops);
+  attr->cap = rep.cap;  // what the queues really hold
+  std::lock_guard g(c.obj_mu);
+  c.qps[rep.handle] = q;
+  return &b;
+}
+
+}  // namespace
+
+ibv_qp* urnic::shim::create_qp_ex(ibv_context* context,
+                                  ibv_qp_init_attr_ex* attr) {
+  const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                         IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                         IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
+  if (attr->comp_mask & ~known) return fail<ibv_qp>(EOPNOTSUPP);
+  if (((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+       attr->create_flags) ||
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) &&
+       attr->max_tso_header))
+    return fail<ibv_qp>(EOPNOTSUPP);
+  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd ||
+      attr->pd->context != context)
+    return fail<ibv_qp>(EINVAL);
+  const bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  const uint64_t ops = ex ? attr->send_ops_flags : 0;
+  if (ops & ~supported_send_ops(attr->qp_type)) return fail<ibv_qp>(EOPNOTSUPP);
+  return make_qp(attr->pd, attr, ex, ops, "ibv_create_qp_ex");
+}
+
+URNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_create_qp, "IBVERBS_1.1");
+    return f ? f(pd, qp_init_attr) : fail<ibv_qp>(ENOSYS);
+  }
+  ibv_qp_init_attr_ex a{};
+  std::memcpy(&a, qp_init_attr, sizeof *qp_init_attr);
+  ibv_qp* qp = make_qp(pd, &a, false, 0, "ibv_create_qp");
+  if (qp) qp_init_attr->cap = a.cap;
+  return qp;
+}
+
+URNIC_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_qp_to_qp_ex, "IBVERBS_1.6");
+    return f ? f(qp) : nullptr;
+  }
+  Qp& q = qp_of(qp);
+  return q.ex ? &q.qpx : nullptr;
+}
+
+URNIC_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_modify_qp, "IBVERBS_1.1");
+    return f ? f(qp, attr, attr_mask) : ENOSYS;
+  }
+  Qp& q = qp_of(qp);
+  ModifyQpReq req;
+  req.handle = qp->handle;
+  req.mask = attr_mask;
+  req.attr = *attr;
+  ModifyQpRep rep;
+  const int rc = q.ctx->call(Op::kModifyQp, "ibv_modify_qp", &req, sizeof req,
+                             nullptr, 0, &rep, sizeof rep);
+  if (rc) return rc;
+  qp->state = static_cast<ibv_qp_state>(rep.state);
+  if ((attr_mask & IBV_QP_PATH_MTU) && attr->path_mtu >= IBV_MTU_256 &&
+      attr->path_mtu <= IBV_MTU_4096)
+    q.path_mtu.store(128u << attr->path_mtu, std::memory_order_relaxed);
+  return 0;
+}
+
+URNIC_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
+                              ibv_qp_init_attr* init_attr) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_query_qp, "IBVERBS_1.1");
+    return f ? f(qp, attr, attr_mask, init_attr) : ENOSYS;
+  }
+  HandleReq h{qp->handle};
+  QueryQpRep rep;
+  const int rc = qp_of(qp).ctx->call(Op::kQueryQp, "ibv_query_qp", &h, sizeof h,
+                                     nullptr, 0, &rep, sizeof rep);
+  if (rc) return rc;
+  *attr = rep.attr;
+  attr->cap = rep.cap;
+  if (init_attr) {
+    *init_attr = {};
+    init_attr->qp_context = qp->qp_context;
+    init_attr->send_cq = qp->send_cq;
+    init_attr->recv_cq = qp->recv_cq;
+    init_attr->srq = qp->srq;
+    init_attr->cap = rep.cap;
+    init_attr->qp_type = qp->qp_type;
+    init_attr->sq_sig_all = static_cast<int>(rep.sq_sig_all);
+  }
+  qp->state = attr->qp_state;
+  return 0;
+}
+
+URNIC_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_destroy_qp, "IBVERBS_1.1");
+    return f ? f(qp) : ENOSYS;
+  }
+  Qp& q = qp_of(qp);
+  Context& c = *q.ctx;
+  HandleReq h{qp->handle};
+  const int rc = c.call(Op::kDestroyQp, "ibv_destroy_qp", &h, sizeof h, nullptr,
+                        0, nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  {
+    std::lock_guard g(c.obj_mu);
+    c.qps.erase(qp->handle);
+  }
+  munmap(q.map, q.map_len);
+  pthread_mutex_destroy(&qp->mutex);
+  pthread_cond_destroy(&qp->cond);
+  delete &q;
+  return 0;
+}
+
+URNIC_EXPORT int ibv_attach_mcast(ibv_qp* qp, const union ibv_gid* gid,
+                                  uint16_t lid) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_attach_mcast, "IBVERBS_1.1");
+    return f ? f(qp, gid, lid) : ENOSYS;
+  }
+  return EOPNOTSUPP;
+}
+
+URNIC_EXPORT int ibv_detach_mcast(ibv_qp* qp, const union ibv_gid* gid,
+                                  uint16_t lid) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_detach_mcast, "IBVERBS_1.1");
+    return f ? f(qp, gid, lid) : ENOSYS;
+  }
+  return EOPNOTSUPP;
+}
+
+URNIC_EXPORT int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode op,
+                                            uint32_t flags) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_query_qp_data_in_order, "IBVERBS_1.14");
+    return f ? f(qp, op, flags) : 0;
+  }
+  return 0;  // no promise about placement order
+}
+
+URNIC_EXPORT int ibv_query_ece(ibv_qp* qp, ibv_ece* ece) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_query_ece, "IBVERBS_1.10");
+    return f ? f(qp, ece) : EOPNOTSUPP;
+  }
+  return EOPNOTSUPP;
+}
+
+URNIC_EXPORT int ibv_set_ece(ibv_qp* qp, ibv_ece* ece) {
+  if (!qp || !is_urnic(qp->context)) {
+    auto f = URNIC_REAL(ibv_set_ece, "IBVERBS_1.10");
+    return f ? f(qp, ece) : EOPNOTSUPP;
+  }
+  return EOPNOTSUPP;
+}
+
+// --- AH
+// ------------------------------------------------------------------------------------
+
+URNIC_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_create_ah, "IBVERBS_1.1");
+    return f ? f(pd, attr) : fail<ibv_ah>(ENOSYS);
+  }
+  Context& c = ctx_of(pd->context);
+  CreateAhReq req;
+  req.pd = pd->handle;
+  req.attr = *attr;
+  HandleRep rep;
+  if (c.call(Op::kCreateAh, "ibv_create_ah", &req, sizeof req, nullptr, 0, &rep,
+             sizeof rep))
+    return nullptr;
+  auto* ah = new (std::nothrow) ibv_ah{};
+  if (!ah) {
+    HandleReq h{rep.handle};
+    c.call(Op::kDestroyAh, "ibv_destroy_ah", &h, sizeof h, nullptr, 0, nullptr,
+           0);
+    return fail<ibv_ah>(ENOMEM);
+  }
+  ah->context = pd->context;
+  ah->pd = pd;
+  ah->handle = rep.handle;
+  return ah;
+}
+
+URNIC_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
+  if (!ah || !is_urnic(ah->context)) {
+    auto f = URNIC_REAL(ibv_destroy_ah, "IBVERBS_1.1");
+    return f ? f(ah) : ENOSYS;
+  }
+  Context& c = ctx_of(ah->context);
+  HandleReq h{ah->handle};
+  const int rc = c.call(Op::kDestroyAh, "ibv_destroy_ah", &h, sizeof h, nullptr,
+                        0, nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  delete ah;
+  return 0;
+}
+
+namespace {
+
+// The GID table index of `gid`, or -1.
+int gid_index(const Context& c, const uint8_t gid[16]) {
+  const uint32_t n = std::min(c.info.num_gids, kMaxGids);
+  for (uint32_t i = 0; i < n; ++i)
+    if (std::memcmp(c.info.gids[i], gid, 16) == 0) return static_cast<int>(i);
+  return -1;
+}
+
+uint16_t ip_checksum(const uint8_t* h, size_t len) {
+  uint32_t sum = 0;
+  for (size_t i = 0; i + 1 < len; i += 2) sum += (h[i] << 8) | h[i + 1];
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(~sum);
+}
+
+// The received GRH: RoCEv2 over IPv4 puts the 20-byte IPv4 header in its
+// last 20 bytes; otherwise it holds the IPv6 header. Decided like
+// rdma-core: not IPv6 -> IPv4 if it says so; IPv6 unless a valid IPv4
+// header (length 5, good checksum) sits at byte 20.
+int grh_version(const ibv_grh* grh) {
+  const auto* b = reinterpret_cast<const uint8_t*>(grh);
+  const uint8_t* ip4 = b + 20;
+  if ((b[0] >> 4) != 6) return (ip4[0] >> 4) == 4 ? 4 : -1;
+  if ((ip4[0] & 0xf) != 5) return 6;
+  uint8_t h[20];
+  std::memcpy(h, ip4, sizeof h);
+  h[10] = h[11] = 0;
+  const uint16_t sum = ip_checksum(h, sizeof h);
+  return ((ip4[10] << 8) | ip4[11]) == sum ? 4 : 6;
+}
+
+int init_ah_from_wc(Context& c, uint8_t port_num, const ibv_wc* wc,
+                    const ibv_grh* grh, ibv_ah_attr* ah) {
+  std::memset(ah, 0, sizeof *ah);
+  ah->grh.flow_label = be32toh(grh->version_tclass_flow) & 0xfffff;
+  ah->dlid = wc->slid;
+  ah->sl = wc->sl;
+  ah->src_path_bits = wc->dlid_path_bits;
+  ah->port_num = port_num;
+  if (!(wc->wc_flags & IBV_WC_GRH)) return 0;
+  ah->is_global = 1;
+  const int v = grh_version(grh);
+  uint8_t ours[16];
+  if (v == 4) {
+    const auto* ip4 = reinterpret_cast<const uint8_t*>(grh) + 20;
+    const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if ((ip4[16] & 0xf0) == 0xe0) {  // multicast destination
+      errno = EINVAL;
+      return -1;
+    }
+    std::memcpy(ours, mapped, 12);
+    std::memcpy(ours + 12, ip4 + 16, 4);  // destination: us
+    std::memcpy(ah->grh.dgid.raw, mapped, 12);
+    std::memcpy(ah->grh.dgid.raw + 12, ip4 + 12, 4);  // source: the peer
+    ah->grh.hop_limit = ip4[8];
+    ah->grh.traffic_class = ip4[1];
+  } else if (v == 6) {
+    if (grh->dgid.raw[0] == 0xff || grh->next_hdr != IPPROTO_UDP) {
+      errno = grh->dgid.raw[0] == 0xff ? EINVAL : EPROTONOSUPPORT;
+      return -1;
+    }
+    std::memcpy(ours, grh->dgid.raw, 16);
+    ah->grh.dgid = grh->sgid;
+    ah->grh.hop_limit = grh->hop_limit;
+    ah->grh.traffic_class =
+        static_cast<uint8_t>((be32toh(grh->version_tclass_flow) >> 20) & 0xff);
+  } else {
+    errno = EPROTONOSUPPORT;
+    return -1;
+  }
+  const int idx = gid_index(c, ours);
+  if (idx < 0) {
+    errno = ENOENT;  // addressed to a GID this device does not have
+    return -1;
+  }
+  ah->grh.sgid_index = static_cast<uint8_t>(idx);
+  return 0;
+}
+
+}  // namespace
+
+URNIC_EXPORT int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num,
+                                     ibv_wc* wc, ibv_grh* grh,
+                                     ibv_ah_attr* ah_attr) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_init_ah_from_wc, "IBVERBS_1.1");
+    return f ? f(context, port_num, wc, grh, ah_attr) : -1;
+  }
+  return init_ah_from_wc(ctx_of(context), port_num, wc, grh, ah_attr);
+}
+
+URNIC_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh,
+                                           uint8_t port_num) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_create_ah_from_wc, "IBVERBS_1.1");
+    return f ? f(pd, wc, grh, port_num) : fail<ibv_ah>(ENOSYS);
+  }
+  ibv_ah_attr attr;
+  if (init_ah_from_wc(ctx_of(pd->context), port_num, wc, grh, &attr))
+    return nullptr;
+  return ibv_create_ah(pd, &attr);
+}
+
+URNIC_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context* context,
+                                             ibv_ah_attr* attr,
+                                             uint8_t eth_mac[6],
+                                             uint16_t* vid) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_resolve_eth_l2_from_gid, "IBVERBS_1.1");
+    return f ? f(context, attr, eth_mac, vid) : ENOSYS;
+  }
+  return EOPNOTSUPP;  // the service resolves neighbours itself
+}
+
+// --- import (kernel object sharing: not for urnic)
+// ----------------------------
+
+URNIC_EXPORT ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_import_pd, "IBVERBS_1.10");
+    return f ? f(context, pd_handle) : fail<ibv_pd>(ENOSYS);
+  }
+  return fail<ibv_pd>(EOPNOTSUPP);
+}
+
+URNIC_EXPORT void ibv_unimport_pd(ibv_pd* pd) {
+  if (pd && is_urnic(pd->context)) return;
+  if (auto f = URNIC_REAL(ibv_unimport_pd, "IBVERBS_1.10")) f(pd);
+}
+
+URNIC_EXPORT ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  if (!pd || !is_urnic(pd->context)) {
+    auto f = URNIC_REAL(ibv_import_mr, "IBVERBS_1.10");
+    return f ? f(pd, mr_handle) : fail<ibv_mr>(ENOSYS);
+  }
+  return fail<ibv_mr>(EOPNOTSUPP);
+}
+
+URNIC_EXPORT void ibv_unimport_mr(ibv_mr* mr) {
+  if (mr && is_urnic(mr->context)) return;
+  if (auto f = URNIC_REAL(ibv_unimport_mr, "IBVERBS_1.10")) f(mr);
+}
+
+URNIC_EXPORT ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
+  if (!is_urnic(context)) {
+    auto f = URNIC_REAL(ibv_import_dm, "IBVERBS_1.13");
+    return f ? f(context, dm_handle) : fail<ibv_dm>(ENOSYS);
+  }
+  return fail<ibv_dm>(EOPNOTSUPP);
+}
+
+URNIC_EXPORT void ibv_unimport_dm(ibv_dm* dm) {
+  if (dm && is_urnic(dm->context)) return;
+  if (auto f = URNIC_REAL(ibv_unimport_dm, "IBVERBS_1.13")) f(dm);
+}

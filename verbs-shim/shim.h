@@ -1,0 +1,246 @@
+// Internal declarations of liburnic-verbs.so (the LD_PRELOAD verbs shim):
+// the objects behind the ibv_* handles it gives out, the control-socket
+// client, and how calls reach the real libibverbs for other devices.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "verbs-shim/abi.h"
+
+// Every exported verb. Unversioned definitions in a preloaded library win
+// over libibverbs' versioned ones, whatever version the caller asked for.
+#define URNIC_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace urnic::shim {
+
+// --- reaching the real libibverbs ------------------------------------------
+
+// The next definition after this library (libibverbs), or nullptr.
+void* find_real(const char* name, const char* version);
+
+// REAL(ibv_alloc_pd, "IBVERBS_1.1") is a pointer of the function's type,
+// looked up once.
+#define URNIC_REAL(fn, ver)                                                  \
+  ([]() {                                                                    \
+    static auto* const p =                                                   \
+        reinterpret_cast<decltype(&fn)>(::urnic::shim::find_real(#fn, ver)); \
+    return p;                                                                \
+  }())
+
+// --- diagnostics
+// --------------------------------------------------------------
+
+// One line to stderr, prefixed "urnic: ".
+void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// Service refusals are printed unless URNIC_QUIET is set.
+bool quiet();
+
+// A minimal lock for the data path: no system call when uncontended, and
+// the holder never sleeps.
+class SpinLock {
+ public:
+  void lock() {
+    while (locked_.exchange(true, std::memory_order_acquire))
+      while (locked_.load(std::memory_order_relaxed)) __builtin_ia32_pause();
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+// --- devices
+// -------------------------------------------------------------------
+
+constexpr int kMaxDevices = 16;
+
+struct Device {
+  ibv_device dev{};  // first: the application holds &dev
+  int index = 0;
+  std::string path;  // the service's control socket
+  std::mutex mu;     // guards the fields below
+  bool have_info = false;
+  OpenRep info;  // from the last open (or a probe)
+  std::atomic<bool> down_reported{false};
+  std::atomic<bool> lost_reported{false};
+};
+
+// Our device for `d`, or nullptr when `d` is another provider's.
+Device* urnic_device(const ibv_device* d);
+// The device attributes, asking the service if no context has been opened
+// yet. False if the service cannot be reached.
+bool device_info(Device& d, OpenRep* out);
+
+// --- contexts
+// -------------------------------------------------------------------
+
+struct Context;
+
+// What the application sees: a verbs_context (ibv_context last, as
+// verbs_get_ctx() requires), then the way back to our Context.
+struct CtxBox {
+  verbs_context vctx;
+  Context* self;
+};
+static_assert(std::is_standard_layout_v<CtxBox>);
+
+struct Qp;
+struct Cq;
+struct Srq;
+
+struct Context {
+  CtxBox box{};
+  Device* dev = nullptr;
+  int ctl_fd = -1;
+  // Set when the service connection failed (or in a forked child): every
+  // later call fails with EIO without touching the socket.
+  std::atomic<bool> dead{false};
+  std::mutex ctl_mu;           // one request, one reply
+  std::unique_ptr<char[]> rx;  // reply buffer, ctl::kMaxMsg bytes
+  DoorbellPage* db = nullptr;
+  size_t db_len = 0;
+  OpenRep info;
+  std::atomic<uint32_t> active_mtu{1024};  // bytes; UD sends are checked
+  std::atomic<bool> async_eof{false};
+  std::mutex obj_mu;  // the handle maps (events look objects up)
+  std::unordered_map<uint32_t, Qp*> qps;
+  std::unordered_map<uint32_t, Cq*> cqs;
+  std::unordered_map<uint32_t, Srq*> srqs;
+  std::vector<int> channel_fds;  // our ends of the completion channels
+
+  ibv_context* ibv() { return &box.vctx.context; }
+
+  // One control request: `req` (+ fds, which stay the caller's) and a reply
+  // of exactly `rep_len` bytes (+ exactly `nrep_fds` fds). Returns 0 or an
+  // errno value (also stored in errno); a refusal's message is printed as
+  // "urnic: <what>: ...". A dead service connection gives EIO.
+  int call(Op op, const char* what, const void* req, size_t req_len,
+           const int* fds, int nfds, void* rep, size_t rep_len,
+           int* rep_fds = nullptr, int nrep_fds = 0);
+  // Marks the context unusable and says so once.
+  void lost(const char* why);
+};
+
+Context& ctx_of(ibv_context* c);
+inline bool is_urnic(const ibv_context* c) {
+  return c && urnic_device(c->device) != nullptr;
+}
+
+// Every open urnic context (for fork handling).
+void register_context(Context* c);
+void unregister_context(Context* c);
+
+// --- objects
+// ---------------------------------------------------------------------
+
+struct Channel {
+  ibv_comp_channel ch{};  // first
+  uint32_t handle = 0;
+};
+
+struct Cq {
+  ibv_cq_ex cqx{};  // first; ibv_cq is its prefix
+  Context* ctx = nullptr;
+  Channel* channel = nullptr;
+  CqShared* sh = nullptr;
+  ibv_wc* ring = nullptr;
+  uint32_t mask = 0;
+  uint32_t cons = 0;            // our consumer index (published to sh->cons)
+  const ibv_wc* cur = nullptr;  // ibv_cq_ex polling: the current entry
+  void* map = nullptr;
+  size_t map_len = 0;
+  uint32_t events = 0;  // completion events delivered (ibv_get_cq_event)
+  SpinLock lock;
+};
+static_assert(std::is_standard_layout_v<Cq>);
+
+struct Srq {
+  ibv_srq srq{};  // first
+  Context* ctx = nullptr;
+  SrqShared* sh = nullptr;
+  ShmRecvWqe* ring = nullptr;
+  uint32_t size = 0;
+  uint32_t prod = 0;
+  uint32_t max_sge = 0;
+  uint32_t doorbell = 0;
+  void* map = nullptr;
+  size_t map_len = 0;
+  SpinLock lock;
+};
+static_assert(std::is_standard_layout_v<Srq>);
+
+struct Qp {
+  ibv_qp_ex qpx{};  // first; ibv_qp is its prefix
+  Context* ctx = nullptr;
+  QpShared* sh = nullptr;
+  ShmSendWqe* sq = nullptr;
+  ShmRecvWqe* rq = nullptr;
+  uint32_t sq_size = 0, rq_size = 0;
+  uint32_t sq_prod = 0, rq_prod = 0;  // ours; published with release
+  uint32_t doorbell = 0;
+  ibv_qp_cap cap{};  // granted
+  ibv_qp_type type = IBV_QPT_RC;
+  bool has_srq = false;
+  bool ex = false;  // created with send_ops_flags (ibv_qp_to_qp_ex)
+  std::atomic<uint32_t> path_mtu{0};  // bytes, once set by ibv_modify_qp
+  void* map = nullptr;
+  size_t map_len = 0;
+  SpinLock sq_lock, rq_lock;
+  // ibv_wr_* batch (between wr_start and wr_complete / wr_abort).
+  uint32_t wr_n = 0;  // WQEs built
+  int wr_err = 0;     // first error
+  ShmSendWqe* wr_cur = nullptr;
+  bool wr_ud_set = false;
+};
+static_assert(std::is_standard_layout_v<Qp>);
+
+inline Qp& qp_of(ibv_qp* q) {
+  return *reinterpret_cast<Qp*>(q);
+}
+inline Qp& qp_of(ibv_qp_ex* q) {
+  return *reinterpret_cast<Qp*>(q);
+}
+inline Cq& cq_of(ibv_cq* c) {
+  return *reinterpret_cast<Cq*>(c);
+}
+inline Cq& cq_of(ibv_cq_ex* c) {
+  return *reinterpret_cast<Cq*>(c);
+}
+inline Srq& srq_of(ibv_srq* s) {
+  return *reinterpret_cast<Srq*>(s);
+}
+
+// Maps `len` bytes of a service-made fd (MAP_SHARED, not inherited by
+// children) and closes it. nullptr on failure (errno set).
+void* map_service_fd(int fd, size_t len);
+
+// Data path (datapath.cc).
+int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
+int req_notify_cq(ibv_cq* cq, int solicited_only);
+// Fills the ibv_qp_ex function table for the ops in send_ops_flags.
+void set_qp_ex_ops(Qp& q, uint64_t send_ops_flags);
+void set_cq_ex_ops(Cq& c);
+
+// Verbs context ops (objects.cc) installed by ibv_open_device.
+ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+
+// Fork safety (events.cc).
+bool fork_safe();
+void install_fork_handlers();
+
+}  // namespace urnic::shim
