@@ -36,6 +36,7 @@ void atfork_parent() {
   fork_parent_contexts();
 }
 void atfork_child() {
+  MrShare::instance().privatize_in_child();
   MrShare::instance().unlock();
   fork_child_contexts();
 }
@@ -66,8 +67,9 @@ __attribute__((constructor)) static void read_fork_env() {
 using namespace urnic::shim;
 
 URNIC_EXPORT int ibv_fork_init(void) {
-  // Registered pages are MAP_SHARED: without this a child writes into the
-  // very pages the parent (and the service) use.
+  // Registered pages are MAP_SHARED: with this the child does not get them
+  // at all (as with rdma-core); without it the child gets private copies
+  // (MrShare::privatize_in_child).
   g_fork_safe = true;
   MrShare::instance().set_dontfork();
   auto f = URNIC_REAL(ibv_fork_init, "IBVERBS_1.1");

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace urnic::shim {
@@ -101,6 +102,83 @@ void MrShare::set_dontfork() {
   dontfork_ = true;
   for (const auto& [start, s] : segs_)
     madvise(reinterpret_cast<void*>(start), s.len, MADV_DONTFORK);
+}
+
+namespace {
+
+// Parses one /proc/self/maps line: a MAP_SHARED mapping of one of our MR
+// memfds ("/memfd:urnic-mr (deleted)")? No allocation: the child may not
+// touch its heap before the heap's pages are private again.
+bool is_mr_mapping(const char* line, size_t n, uint64_t* s, uint64_t* e) {
+  char* end = nullptr;
+  *s = strtoull(line, &end, 16);
+  if (!end || *end != '-') return false;
+  *e = strtoull(end + 1, &end, 16);
+  if (!end || *end != ' ' || end + 5 > line + n || end[4] != 's') return false;
+  static constexpr char kTag[] = "/memfd:urnic-mr";
+  for (size_t i = 0; i + sizeof kTag - 1 <= n; ++i)
+    if (std::memcmp(line + i, kTag, sizeof kTag - 1) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+void MrShare::privatize_in_child() {
+  if (dontfork_) return;  // the child has no such pages at all
+  // The registry may describe memory the application has since unmapped;
+  // the kernel's view is the truth: privatize what is mapped from our
+  // memfds right now.
+  static char buf[1 << 16];
+  static uint64_t ranges[4096][2];
+  size_t nr = 0, have = 0;
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  for (;;) {
+    const ssize_t k = read(fd, buf + have, sizeof buf - have);
+    if (k <= 0) break;
+    have += static_cast<size_t>(k);
+    size_t pos = 0;
+    for (;;) {
+      const char* nl =
+          static_cast<const char*>(std::memchr(buf + pos, '\n', have - pos));
+      if (!nl) break;
+      const size_t n = static_cast<size_t>(nl - (buf + pos));
+      uint64_t s0, e0;
+      if (nr < std::size(ranges) && is_mr_mapping(buf + pos, n, &s0, &e0)) {
+        ranges[nr][0] = s0;
+        ranges[nr][1] = e0;
+        ++nr;
+      }
+      pos += n + 1;
+    }
+    std::memmove(buf, buf + pos, have - pos);  // keep a partial line
+    have -= pos;
+  }
+  close(fd);
+  const size_t page = 4096;
+  static unsigned char resident[1 << 16];
+  for (size_t r = 0; r < nr; ++r) {
+    const size_t len = ranges[r][1] - ranges[r][0];
+    void* at = reinterpret_cast<void*>(ranges[r][0]);
+    void* tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (tmp == MAP_FAILED) continue;  // the child keeps the shared view
+    // Only pages present in the memfd hold data; the rest read as zero,
+    // which the fresh anonymous mapping already is.
+    for (size_t off = 0; off < len; off += page * sizeof resident) {
+      const size_t chunk = std::min(len - off, page * sizeof resident);
+      if (mincore(static_cast<uint8_t*>(at) + off, chunk, resident) != 0)
+        std::memset(resident, 1, sizeof resident);
+      for (size_t i = 0; i * page < chunk; ++i)
+        if (resident[i] & 1)
+          std::memcpy(static_cast<uint8_t*>(tmp) + off + i * page,
+                      static_cast<const uint8_t*>(at) + off + i * page, page);
+    }
+    if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
+      munmap(tmp, len);
+  }
+  // The registry stays: share() checks it against /proc/self/maps, where
+  // these ranges are private now, so the child shares them afresh.
 }
 
 void MrShare::forget(uint64_t a, uint64_t b) {

@@ -48,6 +48,12 @@ class MrShare {
 
   // MADV_DONTFORK on every segment, now and from now on (ibv_fork_init).
   void set_dontfork();
+  // In a forked child (fork handler, lock held): every shared segment the
+  // child inherited becomes a private copy at the same address, so the
+  // child's writes (heap metadata next to a buffer, say) cannot reach the
+  // parent or the service -- the copy-on-write semantics fork() promises.
+  // Allocates nothing. No-op after set_dontfork().
+  void privatize_in_child();
   size_t segments();  // registry entries (tests)
 
   // Fork handlers hold the lock across fork().

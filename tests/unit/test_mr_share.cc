@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -215,6 +216,37 @@ TEST_F(MrShareTest, LargeMostlyUntouchedBufferStaysCheap) {
   EXPECT_TRUE(is_shared(p + len / 2));
   EXPECT_LT((resident_pages() - rss0) * long{kPage}, long{64} << 20);
   free(p);
+}
+
+// fork() promises the child a copy-on-write view: its writes (to the buffer
+// or to heap metadata sharing the buffer's pages) must not reach the parent
+// or the service. The shim's fork handler calls privatize_in_child().
+TEST_F(MrShareTest, ForkedChildGetsPrivateCopies) {
+  const size_t len = 8 * kPage;
+  auto* p = static_cast<uint8_t*>(map_anon(len));
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 'a', 3 * kPage);  // pages 3..7 stay untouched (zero)
+  MrShare::Result r;
+  ASSERT_EQ(s.share(p, len, true, kMaxPieces, &r, &why), 0) << why;
+  ASSERT_TRUE(is_shared(p));
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    s.privatize_in_child();
+    const bool ok = !is_shared(p) && p[0] == 'a' && p[3 * kPage - 1] == 'a' &&
+                    p[3 * kPage] == 0 && p[len - 1] == 0;
+    std::memset(p, 'c', len);
+    _exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      << "the child did not see its private copy";
+  EXPECT_EQ(p[0], 'a');  // the child's writes stayed in the child
+  EXPECT_EQ(p[len - 1], 0);
+  EXPECT_TRUE(is_shared(p));
+  EXPECT_TRUE(service_view_equals(r, p, len));
+  munmap(p, len);
 }
 
 TEST_F(MrShareTest, SharedFileMappingRefused) {
