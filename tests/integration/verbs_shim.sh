@@ -1,0 +1,404 @@
+#!/usr/bin/env bash
+# Integration: unmodified libibverbs programs (ibverbs-utils, perftest and
+# tests/shim/verbs_misuse) run under LD_PRELOAD=liburnic-verbs.so against
+# urnicd.
+#  Topology A, one service: urnicd on net_af_packet on a veth end in its
+#   namespace (10.79.0.1; the peer namespace holds 10.79.0.2). Both programs
+#   of a pair run in the service's namespace, exchange QP numbers over TCP on
+#   127.0.0.1, and their RDMA traffic goes to the service's own GID 0
+#   (::ffff:10.79.0.1) and loops back inside it.
+#  Topology B, two services: two namespaces joined by a veth pair, in each a
+#   urnicd on net_af_packet on its veth end (10.80.0.1, 10.80.0.2) and a
+#   kernel address on the same veth (10.80.0.11, 10.80.0.12) that the
+#   programs use for their TCP exchange; RDMA crosses the veth.
+# Also: kill -9 of a client, then of a server, in mid-transfer (the
+# survivor fails instead of hanging, both services release every object)
+# and the misuse program.
+# Every started process is killed by PID and every namespace deleted on
+# exit, pass or fail.
+# usage: verbs_shim.sh URNICD URNICCTL SHIM_SO MISUSE_BIN
+set -euo pipefail
+URNICD=$1
+URNICCTL=$2
+SHIM=$(realpath "$3")
+MISUSE=$(realpath "$4")
+PY=/usr/bin/python3
+
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
+for p in ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_bw ib_atomic_lat; do
+  command -v "$p" >/dev/null || { echo "SKIP: $p not installed (ibverbs-utils, perftest)"; exit 77; }
+done
+[ -f "$SHIM" ] || { echo "FAIL - shim $SHIM missing"; exit 1; }
+
+id=$$
+NS_A=urnic-vs-a-$id      # topology A: the service and both programs
+NS_AP=urnic-vs-ap-$id    # topology A: the kernel peer (ARP)
+NS_B1=urnic-vs-b1-$id    # topology B: service 1, the servers
+NS_B2=urnic-vs-b2-$id    # topology B: service 2, the clients
+TMP=$(mktemp -d /tmp/urnic-vs.XXXXXX)
+PIDS=()
+pass=0
+fail=0
+t_start=$SECONDS
+
+stop_pid() {  # stop_pid PID: TERM (timeout(1) passes it on), KILL after 5 s
+  local p=$1 rc=0
+  kill -TERM "$p" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || rc=$?
+  return $rc
+}
+forget() {  # forget PID...: reaped, so never signalled again (PIDs get reused)
+  local p q keep=()
+  for p in "${PIDS[@]}"; do
+    for q in "$@"; do [ "$p" = "$q" ] && continue 2; done
+    keep+=("$p")
+  done
+  PIDS=("${keep[@]}")
+}
+cleanup() {
+  for p in "${PIDS[@]}"; do
+    kill -0 "$p" 2>/dev/null && { stop_pid "$p" || true; }
+  done
+  for ns in "$NS_A" "$NS_AP" "$NS_B1" "$NS_B2"; do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+# A signal (meson's timeout, ^C) ends the script through cleanup too; the
+# programs run in the background and are waited for, so this is prompt.
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+
+check() {  # check NAME COMMAND...
+  local name=$1
+  shift
+  if "$@" >"$TMP/out" 2>&1; then
+    echo "ok   - $name"
+    pass=$((pass + 1))
+  else
+    echo "FAIL - $name"
+    sed 's/^/       /' "$TMP/out" | tail -40
+    fail=$((fail + 1))
+  fi
+}
+
+# --- namespaces ---------------------------------------------------------------
+ip netns add "$NS_A"
+ip netns add "$NS_AP"
+ip link add "vsa${id}s" netns "$NS_A" type veth peer name "vsa${id}p" netns "$NS_AP"
+ip -n "$NS_A" link set lo up
+ip -n "$NS_A" link set "vsa${id}s" up
+ip -n "$NS_AP" link set lo up
+ip -n "$NS_AP" addr add 10.79.0.2/24 dev "vsa${id}p"
+ip -n "$NS_AP" link set "vsa${id}p" up
+
+ip netns add "$NS_B1"
+ip netns add "$NS_B2"
+ip link add "vsb${id}1" netns "$NS_B1" type veth peer name "vsb${id}2" netns "$NS_B2"
+for n in 1 2; do
+  ns=NS_B$n
+  ip -n "${!ns}" link set lo up
+  ip -n "${!ns}" addr add "10.80.0.1$n/24" dev "vsb${id}$n"
+  ip -n "${!ns}" link set "vsb${id}$n" up
+done
+
+# --- services -----------------------------------------------------------------
+SOCK_A=$TMP/a.sock
+SOCK_B1=$TMP/b1.sock
+SOCK_B2=$TMP/b2.sock
+start_urnicd() {  # start_urnicd NAME NETNS IFACE CIDR SOCK
+  local name=$1 ns=$2 ifc=$3 cidr=$4 sock=$5 p
+  ip netns exec "$ns" "$URNICD" \
+    -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=1" -o "port.ipv4=$cidr" \
+    -o "control.socket=$sock" -o "eal.file_prefix=urnic-vs-$name-$id" \
+    -o stats.period_ms=0 >"$TMP/urnicd-$name.log" 2>&1 &
+  p=$!
+  PIDS+=("$p")
+  eval "PID_$name=$p"
+  for _ in $(seq 100); do
+    "$URNICCTL" -s "$sock" version >/dev/null 2>&1 && return 0
+    kill -0 "$p" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "FAIL - urnicd $name did not come up"
+  sed 's/^/       /' "$TMP/urnicd-$name.log"
+  exit 1
+}
+start_urnicd A "$NS_A" "vsa${id}s" 10.79.0.1/24 "$SOCK_A"
+start_urnicd B1 "$NS_B1" "vsb${id}1" 10.80.0.1/24 "$SOCK_B1"
+start_urnicd B2 "$NS_B2" "vsb${id}2" 10.80.0.2/24 "$SOCK_B2"
+echo "ok   - three urnicd up: $("$URNICCTL" -s "$SOCK_A" version)"
+
+devline() { "$URNICCTL" -s "$1" objects | grep '^device:'; }
+# wait_devline SOCK LINE: the service's device line becomes LINE within 10 s.
+wait_devline() {
+  local now
+  for _ in $(seq 100); do
+    now=$(devline "$1") && [ "$now" = "$2" ] && return 0
+    sleep 0.1
+  done
+  echo "device line now:    $now"
+  echo "device line before: $2"
+  "$URNICCTL" -s "$1" objects
+  return 1
+}
+BASE_A=$(devline "$SOCK_A")
+BASE_B1=$(devline "$SOCK_B1")
+BASE_B2=$(devline "$SOCK_B2")
+roce_rx() {  # roce_rx SOCK: RoCE packets the service's port received
+  "$URNICCTL" -s "$1" stats --json |
+    $PY -c "import json,sys; print(json.load(sys.stdin)['totals']['roce_rx'])"
+}
+RX0_B1=$(roce_rx "$SOCK_B1")
+RX0_B2=$(roce_rx "$SOCK_B2")
+
+# run NETNS SOCK PROGRAM ARGS...: one verbs program under the shim, 60 s
+# at most; only the program is preloaded.
+run() {
+  local ns=$1 sock=$2
+  shift 2
+  ip netns exec "$ns" timeout 60 \
+    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$sock" "$@"
+}
+
+# wait_listen NETNS PORT PID: the server listens on TCP PORT (10 s at most).
+wait_listen() {
+  for _ in $(seq 100); do
+    ip netns exec "$1" ss -Hltn "sport = :$2" | grep -q . && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+PORT=18600
+# pair TOPO KIND PROGRAM ARGS...: server in the background, client in the
+# foreground, each on its own port; both must exit 0. TOPO a: both in the
+# service's namespace over 127.0.0.1; b: server on service B1, client on
+# service B2 connecting to 10.80.0.11. KIND perf: the client must print a
+# results table (a numeric row under the "#bytes" header).
+pair() {
+  local topo=$1 kind=$2 srv_ns srv_sock cli_ns cli_sock host spid cpid src=0 crc=0
+  shift 2
+  PORT=$((PORT + 1))
+  if [ "$topo" = a ]; then
+    srv_ns=$NS_A srv_sock=$SOCK_A cli_ns=$NS_A cli_sock=$SOCK_A host=127.0.0.1
+  else
+    srv_ns=$NS_B1 srv_sock=$SOCK_B1 cli_ns=$NS_B2 cli_sock=$SOCK_B2
+    host=10.80.0.11
+  fi
+  # Not through run() (a function: & would fork a subshell): $! must be
+  # the process itself (ip execs timeout, which passes TERM on).
+  ip netns exec "$srv_ns" timeout 60 \
+    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$srv_sock" "$@" -p "$PORT" \
+    >"$TMP/srv.out" 2>&1 &
+  spid=$!
+  PIDS+=("$spid")
+  sleep 0.5
+  wait_listen "$srv_ns" "$PORT" "$spid" || true
+  ip netns exec "$cli_ns" timeout 60 \
+    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$cli_sock" "$@" -p "$PORT" "$host" \
+    >"$TMP/cli.out" 2>&1 &
+  cpid=$!
+  PIDS+=("$cpid")
+  wait "$cpid" || crc=$?
+  wait "$spid" || src=$?
+  forget "$cpid" "$spid"
+  echo "--- server: $* -p $PORT (exit $src)"
+  tail -15 "$TMP/srv.out"
+  echo "--- client: $* -p $PORT $host (exit $crc)"
+  tail -25 "$TMP/cli.out"
+  [ "$src" = 0 ] && [ "$crc" = 0 ] || return 1
+  if [ "$kind" = pp ]; then
+    if ! grep -q 'iters in' "$TMP/srv.out" || ! grep -q 'iters in' "$TMP/cli.out"; then
+      echo "no 'N iters in' line from both sides"
+      return 1
+    fi
+  fi
+  if [ "$kind" = perf ]; then
+    awk '/#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { n++ } END { exit !n }' \
+      "$TMP/cli.out" || { echo "no results table in the client's output"; return 1; }
+  fi
+  return 0
+}
+
+# --- device discovery ----------------------------------------------------------
+check "A: ibv_devices lists urnic0" bash -c "
+  out=\$(ip netns exec '$NS_A' env LD_PRELOAD='$SHIM' URNIC_SOCKET='$SOCK_A' \
+    timeout 60 ibv_devices); echo \"\$out\"; echo \"\$out\" | grep -qw urnic0"
+devinfo_check() {  # devinfo_check NETNS SOCK IPV4
+  local out
+  out=$(run "$1" "$2" ibv_devinfo -v -d urnic0) || { echo "$out"; return 1; }
+  echo "$out"
+  echo "$out" | grep -q 'hca_id:[[:space:]]*urnic0' &&
+    echo "$out" | grep -q 'state:[[:space:]]*PORT_ACTIVE' &&
+    echo "$out" | grep -q 'link_layer:[[:space:]]*Ethernet' &&
+    echo "$out" | grep -q "GID\[ *0\]:.*::ffff:$3\b"
+}
+check "A: ibv_devinfo -v: urnic0, PORT_ACTIVE, Ethernet, GID 0 ::ffff:10.79.0.1" \
+  devinfo_check "$NS_A" "$SOCK_A" 10.79.0.1
+check "B1: ibv_devinfo -v: urnic0, PORT_ACTIVE, Ethernet, GID 0 ::ffff:10.80.0.1" \
+  devinfo_check "$NS_B1" "$SOCK_B1" 10.80.0.1
+check "B2: ibv_devinfo -v: urnic0, PORT_ACTIVE, Ethernet, GID 0 ::ffff:10.80.0.2" \
+  devinfo_check "$NS_B2" "$SOCK_B2" 10.80.0.2
+
+# --- ibverbs-utils pingpongs ------------------------------------------------------
+for t in a b; do
+  T=${t^^}
+  check "$T: ibv_rc_pingpong -g 0 -c -n 50 (polling, 4096 bytes)" \
+    pair $t pp ibv_rc_pingpong -d urnic0 -g 0 -c -n 50
+  check "$T: ibv_rc_pingpong -g 0 -c -e -n 50 -s 16384 (events)" \
+    pair $t pp ibv_rc_pingpong -d urnic0 -g 0 -c -e -n 50 -s 16384
+  check "$T: ibv_uc_pingpong -g 0 -c -n 50 -s 4096" \
+    pair $t pp ibv_uc_pingpong -d urnic0 -g 0 -c -n 50 -s 4096
+  check "$T: ibv_ud_pingpong -g 0 -c -n 50 (default size)" \
+    pair $t pp ibv_ud_pingpong -d urnic0 -g 0 -c -n 50
+  check "$T: ibv_srq_pingpong -g 0 -c -n 50 -s 4096" \
+    pair $t pp ibv_srq_pingpong -d urnic0 -g 0 -c -n 50 -s 4096
+done
+
+# --- perftest -------------------------------------------------------------------------
+PT=(-d urnic0 -x 0)
+check "A: ib_write_bw -n 200" pair a perf ib_write_bw "${PT[@]}" -n 200
+check "A: ib_read_lat -n 100" pair a perf ib_read_lat "${PT[@]}" -n 100
+check "A: ib_send_bw -n 200" pair a perf ib_send_bw "${PT[@]}" -n 200
+check "A: ib_write_bw -a -n 5 (all sizes)" pair a perf ib_write_bw "${PT[@]}" -a -n 5
+for prog in ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw \
+  ib_send_lat ib_atomic_bw ib_atomic_lat; do
+  check "B: $prog -n 100" pair b perf $prog "${PT[@]}" -n 100
+done
+check "B: ib_write_bw -a -n 5 (all sizes)" pair b perf ib_write_bw "${PT[@]}" -a -n 5
+check "B: ib_write_bw -q 4 -n 100" pair b perf ib_write_bw "${PT[@]}" -q 4 -n 100
+check "B: ib_write_bw --use_old_post_send -n 100" \
+  pair b perf ib_write_bw "${PT[@]}" --use_old_post_send -n 100
+check "B: ib_send_bw -s 1048576 -n 10" \
+  pair b perf ib_send_bw "${PT[@]}" -s 1048576 -n 10
+
+crossed() {  # the B runs went over the veth, both ways
+  local r1 r2
+  r1=$(roce_rx "$SOCK_B1")
+  r2=$(roce_rx "$SOCK_B2")
+  echo "roce_rx: B1 $RX0_B1 -> $r1, B2 $RX0_B2 -> $r2"
+  [ $((r1 - RX0_B1)) -ge 10000 ] && [ $((r2 - RX0_B2)) -ge 10000 ]
+}
+check "B: the RDMA traffic crossed the veth (roce_rx of both services)" crossed
+
+# --- kill -9 in mid-transfer (topology B) ------------------------------------------
+# kill_case VICTIM: an ib_write_bw -D 30 pair between the services; once
+# RDMA flows, kill -9 the VICTIM (client or server). The survivor runs under
+# timeout 40 and must exit non-zero by itself (not 124: it hung); then both
+# services are back to their baseline objects.
+kill_case() {
+  local victim=$1 vpid spid pre_srv pre_cli
+  PORT=$((PORT + 1))
+  if [ "$victim" = client ]; then
+    pre_srv=(timeout 40) pre_cli=()
+  else
+    pre_srv=() pre_cli=(timeout 40)
+  fi
+  # Bare (no timeout) for the victim, so that $! is the program itself.
+  ip netns exec "$NS_B1" "${pre_srv[@]}" env LD_PRELOAD="$SHIM" \
+    URNIC_SOCKET="$SOCK_B1" ib_write_bw "${PT[@]}" -D 30 -p $PORT \
+    >"$TMP/ksrv.out" 2>&1 &
+  KSRV=$!
+  PIDS+=("$KSRV")
+  sleep 0.5
+  wait_listen "$NS_B1" $PORT $KSRV || true
+  ip netns exec "$NS_B2" "${pre_cli[@]}" env LD_PRELOAD="$SHIM" \
+    URNIC_SOCKET="$SOCK_B2" ib_write_bw "${PT[@]}" -D 30 -p $PORT 10.80.0.11 \
+    >"$TMP/kcli.out" 2>&1 &
+  KCLI=$!
+  PIDS+=("$KCLI")
+  sleep 2
+  flows=0
+  check "B: kill -9 $victim: ib_write_bw -D 30 traffic flows (objects on both services, B1 receives RoCE)" \
+    traffic_flows
+  if [ "$victim" = client ]; then
+    vpid=$KCLI spid=$KSRV KOUT=$TMP/ksrv.out
+  else
+    vpid=$KSRV spid=$KCLI KOUT=$TMP/kcli.out
+  fi
+  kill -KILL $vpid 2>/dev/null || true
+  wait $vpid 2>/dev/null || true
+  t_kill=$SECONDS
+  krc=0
+  wait $spid || krc=$?
+  forget $vpid $spid
+  local survivor=server
+  [ "$victim" = client ] || survivor=client
+  check "B: kill -9 $victim: the $survivor exits non-zero, not hung (rc $krc, $((SECONDS - t_kill)) s)" \
+    bash -c "tail -15 '$KOUT'; [ $flows = 1 ] || echo 'no traffic was flowing';
+             [ $flows = 1 ] && [ $krc != 0 ] && [ $krc != 124 ]"
+  if [ "$victim" = server ]; then
+    # The client is the requester: its WRITEs go unanswered.
+    check "B: kill -9 server: the client reports a completion error" \
+      grep -Eq 'Completion with error|Failed status' "$KOUT"
+  fi
+  check "B: kill -9 $victim: B1 device line back to its baseline" \
+    wait_devline "$SOCK_B1" "$BASE_B1"
+  check "B: kill -9 $victim: B2 device line back to its baseline" \
+    wait_devline "$SOCK_B2" "$BASE_B2"
+}
+traffic_flows() {
+  local r0 r1 d1 d2
+  kill -0 $KCLI 2>/dev/null || { echo "client already gone"; tail -20 "$TMP/kcli.out"; return 1; }
+  kill -0 $KSRV 2>/dev/null || { echo "server already gone"; tail -20 "$TMP/ksrv.out"; return 1; }
+  d1=$(devline "$SOCK_B1")
+  d2=$(devline "$SOCK_B2")
+  echo "B1 $d1"
+  echo "B2 $d2"
+  [ "$d1" != "$BASE_B1" ] && [ "$d2" != "$BASE_B2" ] || return 1
+  r0=$(roce_rx "$SOCK_B1")
+  sleep 0.5
+  r1=$(roce_rx "$SOCK_B1")
+  echo "service B1 roce_rx $r0 -> $r1"
+  [ "$r1" -gt "$r0" ] || { tail -20 "$TMP/kcli.out"; return 1; }
+  flows=1
+}
+check "B: services idle before the kill tests: device lines at their baselines" \
+  bash -c "[ \"\$('$URNICCTL' -s '$SOCK_B1' objects | grep '^device:')\" = '$BASE_B1' ] &&
+           [ \"\$('$URNICCTL' -s '$SOCK_B2' objects | grep '^device:')\" = '$BASE_B2' ] ||
+           { '$URNICCTL' -s '$SOCK_B1' objects; '$URNICCTL' -s '$SOCK_B2' objects; exit 1; }"
+kill_case client
+kill_case server
+check "B: a fresh ib_write_bw pair afterwards" pair b perf ib_write_bw "${PT[@]}" -n 100
+
+# --- misuse ------------------------------------------------------------------------------
+misuse() {
+  local mpid rc=0
+  ip netns exec "$NS_A" timeout 120 \
+    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$SOCK_A" "$MISUSE" urnic0 &
+  mpid=$!
+  PIDS+=("$mpid")
+  wait "$mpid" || rc=$?
+  forget "$mpid"
+  return $rc
+}
+check "A: verbs_misuse" misuse
+echo "       $(grep -c '^ok' "$TMP/out" || true) sub-checks ok, $(grep -c '^FAIL' "$TMP/out" || true) failed"
+check "A: device line back to its baseline after all programs" \
+  wait_devline "$SOCK_A" "$BASE_A"
+
+# --- the services are still healthy and stop cleanly ------------------------------------
+for s in A B1 B2; do
+  pid_var=PID_$s
+  pid=${!pid_var}
+  sock_var=SOCK_$s
+  check "$s: urnicd still serving" "$URNICCTL" -s "${!sock_var}" version
+  kill -TERM "$pid"
+  rc=0
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "FAIL - $s: urnicd ignored SIGTERM"; fail=$((fail + 1))
+  else
+    wait "$pid" || rc=$?
+    forget "$pid"
+    check "$s: urnicd exited 0 on SIGTERM" bash -c "[ $rc = 0 ] || { tail -20 '$TMP/urnicd-$s.log'; exit 1; }"
+  fi
+done
+
+echo "$pass passed, $fail failed ($((SECONDS - t_start)) s)"
+[ "$fail" = 0 ]
