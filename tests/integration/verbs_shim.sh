@@ -29,6 +29,20 @@ for p in ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_bw ib_atomic_lat; do
   command -v "$p" >/dev/null || { echo "SKIP: $p not installed (ibverbs-utils, perftest)"; exit 77; }
 done
 [ -f "$SHIM" ] || { echo "FAIL - shim $SHIM missing"; exit 1; }
+# A sanitizer build of the shim needs its runtimes loaded first into the
+# (uninstrumented) Debian binaries it is preloaded into.
+PRELOAD=$SHIM
+for rt in $(ldd "$SHIM" | awk '/lib(asan|ubsan)\.so/ {print $3}'); do
+  PRELOAD="$rt $PRELOAD"
+done
+if [ "$PRELOAD" != "$SHIM" ]; then
+  # perftest and the pingpongs do not free everything at exit; that is
+  # theirs, not the shim's. verify_asan_link_order: the runtime comes by
+  # LD_PRELOAD, not first in the link order of the Debian binaries.
+  CLIENT_ASAN=ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+else
+  CLIENT_ASAN=URNIC_PLAIN_BUILD=1  # a no-op assignment for env
+fi
 
 id=$$
 NS_A=urnic-vs-a-$id      # topology A: the service and both programs
@@ -161,7 +175,7 @@ run() {
   local ns=$1 sock=$2
   shift 2
   ip netns exec "$ns" timeout 60 \
-    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$sock" "$@"
+    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$sock" "$@"
 }
 
 # wait_listen NETNS PORT PID: the server listens on TCP PORT (10 s at most).
@@ -193,14 +207,14 @@ pair() {
   # Not through run() (a function: & would fork a subshell): $! must be
   # the process itself (ip execs timeout, which passes TERM on).
   ip netns exec "$srv_ns" timeout 60 \
-    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$srv_sock" "$@" -p "$PORT" \
+    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$srv_sock" "$@" -p "$PORT" \
     >"$TMP/srv.out" 2>&1 &
   spid=$!
   PIDS+=("$spid")
   sleep 0.5
   wait_listen "$srv_ns" "$PORT" "$spid" || true
   ip netns exec "$cli_ns" timeout 60 \
-    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$cli_sock" "$@" -p "$PORT" "$host" \
+    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$cli_sock" "$@" -p "$PORT" "$host" \
     >"$TMP/cli.out" 2>&1 &
   cpid=$!
   PIDS+=("$cpid")
@@ -227,7 +241,7 @@ pair() {
 
 # --- device discovery ----------------------------------------------------------
 check "A: ibv_devices lists urnic0" bash -c "
-  out=\$(ip netns exec '$NS_A' env LD_PRELOAD='$SHIM' URNIC_SOCKET='$SOCK_A' \
+  out=\$(ip netns exec '$NS_A' env '$CLIENT_ASAN' LD_PRELOAD='$PRELOAD' URNIC_SOCKET='$SOCK_A' \
     timeout 60 ibv_devices); echo \"\$out\"; echo \"\$out\" | grep -qw urnic0"
 devinfo_check() {  # devinfo_check NETNS SOCK IPV4
   local out
@@ -300,14 +314,14 @@ kill_case() {
     pre_srv=() pre_cli=(timeout 40)
   fi
   # Bare (no timeout) for the victim, so that $! is the program itself.
-  ip netns exec "$NS_B1" "${pre_srv[@]}" env LD_PRELOAD="$SHIM" \
+  ip netns exec "$NS_B1" "${pre_srv[@]}" env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
     URNIC_SOCKET="$SOCK_B1" ib_write_bw "${PT[@]}" -D 30 -p $PORT \
     >"$TMP/ksrv.out" 2>&1 &
   KSRV=$!
   PIDS+=("$KSRV")
   sleep 0.5
   wait_listen "$NS_B1" $PORT $KSRV || true
-  ip netns exec "$NS_B2" "${pre_cli[@]}" env LD_PRELOAD="$SHIM" \
+  ip netns exec "$NS_B2" "${pre_cli[@]}" env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
     URNIC_SOCKET="$SOCK_B2" ib_write_bw "${PT[@]}" -D 30 -p $PORT 10.80.0.11 \
     >"$TMP/kcli.out" 2>&1 &
   KCLI=$!
@@ -370,7 +384,7 @@ check "B: a fresh ib_write_bw pair afterwards" pair b perf ib_write_bw "${PT[@]}
 misuse() {
   local mpid rc=0
   ip netns exec "$NS_A" timeout 120 \
-    env LD_PRELOAD="$SHIM" URNIC_SOCKET="$SOCK_A" "$MISUSE" urnic0 &
+    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$SOCK_A" "$MISUSE" urnic0 &
   mpid=$!
   PIDS+=("$mpid")
   wait "$mpid" || rc=$?
