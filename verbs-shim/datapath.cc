@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "dataplane/transport/types.h"
 #include "verbs-shim/shim.h"
 
 namespace urnic::shim {
@@ -15,26 +16,9 @@ constexpr uint32_t kMaxMsgSize = uint32_t{1} << 31;  // = max_msg_sz
 // A message may take at most 2^22 packets (the 2^23 PSN window, halved).
 constexpr uint64_t kMaxPackets = uint64_t{1} << 22;
 
-bool is_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
-
-bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
-  switch (op) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-      return true;
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return t != IBV_QPT_UD;
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      return t == IBV_QPT_RC;
-    default:
-      return false;  // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ...
-  }
-}
+// The opcode rules are the transport's own (one definition).
+using transport::is_atomic;
+using transport::valid_opcode;
 
 // States in which the send queue accepts work (ERR: the service flushes).
 bool send_ok(uint32_t state) {
@@ -186,6 +170,37 @@ int fill_recv(ShmRecvWqe& w, const ibv_recv_wr* wr, uint32_t max_sge) {
   return 0;
 }
 
+// Writes the WRs into a receive ring (a QP's RQ or an SRQ) while there is
+// room, then publishes the producer index once and rings the doorbell.
+// `prod` is the caller's copy of its own index; the caller holds the lock.
+int post_recv_ring(ShmRecvWqe* ring, uint32_t size, uint32_t max_sge,
+                   uint32_t& prod, std::atomic<uint32_t>& shared_prod,
+                   const std::atomic<uint32_t>& done, DoorbellPage& db,
+                   uint32_t doorbell, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  int rc = 0;
+  uint32_t p = prod;
+  uint32_t d = done.load(std::memory_order_acquire);
+  for (; wr; wr = wr->next) {
+    if (p - d >= size) {
+      d = done.load(std::memory_order_acquire);
+      if (p - d >= size) {
+        rc = ENOMEM;
+        break;
+      }
+    }
+    rc = fill_recv(ring[p & (size - 1)], wr, max_sge);
+    if (rc) break;
+    ++p;
+  }
+  if (p != prod) {
+    prod = p;
+    shared_prod.store(p, std::memory_order_release);
+    ring_doorbell(db, doorbell);
+  }
+  if (rc) *bad = wr;
+  return rc;
+}
+
 }  // namespace
 
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -203,28 +218,9 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
-  int rc = 0;
-  uint32_t prod = q.rq_prod;
-  uint32_t done = q.sh->rq_done.load(std::memory_order_acquire);
-  for (; wr; wr = wr->next) {
-    if (prod - done >= q.rq_size) {
-      done = q.sh->rq_done.load(std::memory_order_acquire);
-      if (prod - done >= q.rq_size) {
-        rc = ENOMEM;
-        break;
-      }
-    }
-    rc = fill_recv(q.rq[prod & (q.rq_size - 1)], wr, q.cap.max_recv_sge);
-    if (rc) break;
-    ++prod;
-  }
-  if (prod != q.rq_prod) {
-    q.rq_prod = prod;
-    q.sh->rq_prod.store(prod, std::memory_order_release);
-    ring_doorbell(*q.ctx->db, q.doorbell);
-  }
-  if (rc) *bad = wr;
-  return rc;
+  return post_recv_ring(q.rq, q.rq_size, q.cap.max_recv_sge, q.rq_prod,
+                        q.sh->rq_prod, q.sh->rq_done, *q.ctx->db, q.doorbell,
+                        wr, bad);
 }
 
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -234,28 +230,8 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EIO;
   }
   std::lock_guard g(s.lock);
-  int rc = 0;
-  uint32_t prod = s.prod;
-  uint32_t done = s.sh->done.load(std::memory_order_acquire);
-  for (; wr; wr = wr->next) {
-    if (prod - done >= s.size) {
-      done = s.sh->done.load(std::memory_order_acquire);
-      if (prod - done >= s.size) {
-        rc = ENOMEM;
-        break;
-      }
-    }
-    rc = fill_recv(s.ring[prod & (s.size - 1)], wr, s.max_sge);
-    if (rc) break;
-    ++prod;
-  }
-  if (prod != s.prod) {
-    s.prod = prod;
-    s.sh->prod.store(prod, std::memory_order_release);
-    ring_doorbell(*s.ctx->db, s.doorbell);
-  }
-  if (rc) *bad = wr;
-  return rc;
+  return post_recv_ring(s.ring, s.size, s.max_sge, s.prod, s.sh->prod,
+                        s.sh->done, *s.ctx->db, s.doorbell, wr, bad);
 }
 
 // --- completion queues

@@ -197,6 +197,35 @@ URNIC_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 // --- asynchronous events
 // ------------------------------------------------------------
 
+namespace {
+
+// What an async event's `element` names (verbs.h, ibv_async_event).
+enum class Element { kCq, kQp, kSrq, kDevice, kPort };
+Element element_of(ibv_event_type t) {
+  switch (t) {
+    case IBV_EVENT_CQ_ERR:
+      return Element::kCq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return Element::kQp;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return Element::kSrq;
+    case IBV_EVENT_DEVICE_FATAL:
+      return Element::kDevice;
+    default:
+      return Element::kPort;
+  }
+}
+
+}  // namespace
+
 URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
                                      ibv_async_event* event) {
   if (!is_urnic(context)) {
@@ -225,36 +254,28 @@ URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
     std::memset(event, 0, sizeof *event);
     event->event_type = static_cast<ibv_event_type>(m.type);
     std::lock_guard g(c.obj_mu);
-    switch (event->event_type) {
-      case IBV_EVENT_CQ_ERR: {
+    switch (element_of(event->event_type)) {
+      case Element::kCq: {
         auto it = c.cqs.find(m.handle);
         if (it == c.cqs.end()) continue;  // destroyed since
         event->element.cq = ibv_cq_ex_to_cq(&it->second->cqx);
         return 0;
       }
-      case IBV_EVENT_QP_FATAL:
-      case IBV_EVENT_QP_REQ_ERR:
-      case IBV_EVENT_QP_ACCESS_ERR:
-      case IBV_EVENT_COMM_EST:
-      case IBV_EVENT_SQ_DRAINED:
-      case IBV_EVENT_PATH_MIG:
-      case IBV_EVENT_PATH_MIG_ERR:
-      case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      case Element::kQp: {
         auto it = c.qps.find(m.handle);
         if (it == c.qps.end()) continue;
         event->element.qp = &it->second->qpx.qp_base;
         return 0;
       }
-      case IBV_EVENT_SRQ_ERR:
-      case IBV_EVENT_SRQ_LIMIT_REACHED: {
+      case Element::kSrq: {
         auto it = c.srqs.find(m.handle);
         if (it == c.srqs.end()) continue;
         event->element.srq = &it->second->srq;
         return 0;
       }
-      case IBV_EVENT_DEVICE_FATAL:
+      case Element::kDevice:
         return 0;
-      default:  // port events carry the port number
+      case Element::kPort:  // port events carry the port number
         event->element.port_num = static_cast<int>(m.handle);
         return 0;
     }
@@ -264,28 +285,20 @@ URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
 URNIC_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
   // Our objects do not wait for acknowledgements; real ones are counted by
   // libibverbs.
-  if (event->event_type == IBV_EVENT_DEVICE_FATAL) return;
   ibv_context* ctx = nullptr;
-  switch (event->event_type) {
-    case IBV_EVENT_CQ_ERR:
+  switch (element_of(event->event_type)) {
+    case Element::kCq:
       ctx = event->element.cq ? event->element.cq->context : nullptr;
       break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
+    case Element::kSrq:
       ctx = event->element.srq ? event->element.srq->context : nullptr;
       break;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
+    case Element::kQp:
       ctx = event->element.qp ? event->element.qp->context : nullptr;
       break;
-    default:
-      return;  // port events: nothing to count
+    case Element::kDevice:
+    case Element::kPort:
+      return;  // nothing to count
   }
   if (ctx && is_urnic(ctx)) return;
   if (auto f = URNIC_REAL(ibv_ack_async_event, "IBVERBS_1.1")) f(event);

@@ -27,23 +27,6 @@ uint32_t ring_size(uint32_t n) {
   return std::bit_ceil(n ? n : 1u);
 }
 
-bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
-  switch (op) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-      return true;
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return t != IBV_QPT_UD;
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      return t == IBV_QPT_RC;
-    default:
-      return false;
-  }
-}
-
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE:

@@ -47,6 +47,25 @@ constexpr bool is_rd_atomic(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_READ || is_atomic(op);
 }
 
+// Which send opcodes a QP type takes (IBTA 9.2; verbs: UD sends only, UC
+// no READ or atomics). Also the verbs shim's post-time check.
+constexpr bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return t != IBV_QPT_UD;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return t == IBV_QPT_RC;
+    default:
+      return false;  // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ...
+  }
+}
+
 // Packets (PSNs) a message of `len` bytes takes at path MTU `mtu` (a
 // zero-length message still takes one).
 constexpr uint32_t pkts_for(uint32_t len, uint32_t mtu) {
