@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Integration: unmodified libibverbs programs (ibverbs-utils, perftest and
-# tests/shim/verbs_misuse) run under LD_PRELOAD=liburnic-verbs.so against
-# urnicd.
+# Integration: unmodified libibverbs programs (ibverbs-utils, perftest,
+# tests/shim/verbs_misuse and tests/shim/verbs_extended) run under
+# LD_PRELOAD=liburnic-verbs.so against urnicd.
 #  Topology A, one service: urnicd on net_af_packet on a veth end in its
 #   namespace (10.79.0.1; the peer namespace holds 10.79.0.2). Both programs
 #   of a pair run in the service's namespace, exchange QP numbers over TCP on
@@ -12,16 +12,18 @@
 #   kernel address on the same veth (10.80.0.11, 10.80.0.12) that the
 #   programs use for their TCP exchange; RDMA crosses the veth.
 # Also: kill -9 of a client, then of a server, in mid-transfer (the
-# survivor fails instead of hanging, both services release every object)
-# and the misuse program.
+# survivor fails instead of hanging, both services release every object),
+# the misuse program and the extended-verbs program (ibv_wr_*, ibv_cq_ex,
+# events, UD AH from GRH: what perftest does not use on urnic).
 # Every started process is killed by PID and every namespace deleted on
 # exit, pass or fail.
-# usage: verbs_shim.sh URNICD URNICCTL SHIM_SO MISUSE_BIN
+# usage: verbs_shim.sh URNICD URNICCTL SHIM_SO MISUSE_BIN EXTENDED_BIN
 set -euo pipefail
 URNICD=$1
 URNICCTL=$2
 SHIM=$(realpath "$3")
 MISUSE=$(realpath "$4")
+EXTENDED=$(realpath "$5")
 PY=/usr/bin/python3
 
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
@@ -123,9 +125,10 @@ done
 SOCK_A=$TMP/a.sock
 SOCK_B1=$TMP/b1.sock
 SOCK_B2=$TMP/b2.sock
-start_urnicd() {  # start_urnicd NAME NETNS IFACE CIDR SOCK
+start_urnicd() {  # start_urnicd NAME NETNS IFACE CIDR SOCK [more urnicd args]
   local name=$1 ns=$2 ifc=$3 cidr=$4 sock=$5 p
-  ip netns exec "$ns" "$URNICD" \
+  shift 5
+  ip netns exec "$ns" "$URNICD" "$@" \
     -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=1" -o "port.ipv4=$cidr" \
     -o "control.socket=$sock" -o "eal.file_prefix=urnic-vs-$name-$id" \
     -o stats.period_ms=0 >"$TMP/urnicd-$name.log" 2>&1 &
@@ -141,7 +144,10 @@ start_urnicd() {  # start_urnicd NAME NETNS IFACE CIDR SOCK
   sed 's/^/       /' "$TMP/urnicd-$name.log"
   exit 1
 }
-start_urnicd A "$NS_A" "vsa${id}s" 10.79.0.1/24 "$SOCK_A"
+# A also has an IPv6 address: its GID table then holds IPv4-mapped, IPv6
+# link-local and global GIDs, which verbs_extended's UD checks walk.
+start_urnicd A "$NS_A" "vsa${id}s" 10.79.0.1/24 "$SOCK_A" \
+  -o port.ipv6=fd00:79::1/64
 start_urnicd B1 "$NS_B1" "vsb${id}1" 10.80.0.1/24 "$SOCK_B1"
 start_urnicd B2 "$NS_B2" "vsb${id}2" 10.80.0.2/24 "$SOCK_B2"
 echo "ok   - three urnicd up: $("$URNICCTL" -s "$SOCK_A" version)"
@@ -380,18 +386,21 @@ kill_case client
 kill_case server
 check "B: a fresh ib_write_bw pair afterwards" pair b perf ib_write_bw "${PT[@]}" -n 100
 
-# --- misuse ------------------------------------------------------------------------------
-misuse() {
+# --- misuse and extended verbs --------------------------------------------------------
+# shim_program BIN: a test program of tests/shim on service A, 120 s at most.
+shim_program() {
   local mpid rc=0
   ip netns exec "$NS_A" timeout 120 \
-    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$SOCK_A" "$MISUSE" urnic0 &
+    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$SOCK_A" "$1" urnic0 &
   mpid=$!
   PIDS+=("$mpid")
   wait "$mpid" || rc=$?
   forget "$mpid"
   return $rc
 }
-check "A: verbs_misuse" misuse
+check "A: verbs_misuse" shim_program "$MISUSE"
+echo "       $(grep -c '^ok' "$TMP/out" || true) sub-checks ok, $(grep -c '^FAIL' "$TMP/out" || true) failed"
+check "A: verbs_extended" shim_program "$EXTENDED"
 echo "       $(grep -c '^ok' "$TMP/out" || true) sub-checks ok, $(grep -c '^FAIL' "$TMP/out" || true) failed"
 check "A: device line back to its baseline after all programs" \
   wait_devline "$SOCK_A" "$BASE_A"
