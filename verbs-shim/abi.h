@@ -24,7 +24,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 1;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 2;  // OpenReq.abi must equal this
 constexpr uint32_t kMaxSge = 16;  // = transport::kMaxSge
 constexpr uint32_t kMaxInline = 256;
 constexpr uint32_t kMaxGids = 16;
@@ -56,6 +56,7 @@ enum class Op : uint16_t {
   kDestroyQp,       // HandleReq
   kCreateAh,        // CreateAhReq -> HandleRep
   kDestroyAh,       // HandleReq
+  kAsyncRequeue,    // AsyncRequeueReq: send these events again (see below)
 };
 
 struct OpenReq {
@@ -186,6 +187,18 @@ struct CreateAhReq {
 struct AsyncMsg {
   uint32_t type = 0;    // ibv_event_type
   uint32_t handle = 0;  // QP / CQ / SRQ handle (port events: port number)
+};
+// When the application destroys an object, events for it still unread in
+// the async socket must vanish (as with the kernel's verbs: poll() must not
+// report an event ibv_get_async_event would then skip). The shim drains the
+// socket without blocking, drops those, and asks the service to send the
+// others again, so the socket alone keeps the events and the service's
+// close still reads as EOF.
+constexpr uint32_t kMaxRequeue = 64;
+struct AsyncRequeueReq {
+  uint32_t n = 0;
+  uint32_t pad = 0;
+  AsyncMsg msgs[kMaxRequeue];
 };
 
 // --- shared memory -----------------------------------------------------------

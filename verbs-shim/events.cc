@@ -226,6 +226,45 @@ Element element_of(ibv_event_type t) {
 
 }  // namespace
 
+void urnic::shim::purge_async_events(Context& c) {
+  if (c.async_eof || c.dead.load()) return;
+  const int fd = c.ibv()->async_fd;
+  AsyncRequeueReq keep;
+  auto flush = [&] {
+    if (keep.n)
+      c.call(Op::kAsyncRequeue, "ibv_destroy (async events)", &keep,
+             sizeof keep, nullptr, 0, nullptr, 0);
+    keep.n = 0;
+  };
+  for (;;) {
+    AsyncMsg m;
+    const ssize_t n = recv(fd, &m, sizeof m, MSG_DONTWAIT);
+    if (n != sizeof m) break;  // empty, EOF (seen again by the reader), junk
+    bool live = true;
+    {
+      std::lock_guard g(c.obj_mu);
+      switch (element_of(static_cast<ibv_event_type>(m.type))) {
+        case Element::kCq:
+          live = c.cqs.count(m.handle) != 0;
+          break;
+        case Element::kQp:
+          live = c.qps.count(m.handle) != 0;
+          break;
+        case Element::kSrq:
+          live = c.srqs.count(m.handle) != 0;
+          break;
+        case Element::kDevice:
+        case Element::kPort:
+          break;
+      }
+    }
+    if (!live) continue;  // its object is gone: the event goes too
+    keep.msgs[keep.n++] = m;
+    if (keep.n == kMaxRequeue) flush();
+  }
+  flush();  // the live ones go back, in order
+}
+
 URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
                                      ibv_async_event* event) {
   if (!is_urnic(context)) {

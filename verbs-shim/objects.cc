@@ -329,6 +329,7 @@ URNIC_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
     std::lock_guard g(c.obj_mu);
     c.cqs.erase(cq->handle);
   }
+  purge_async_events(c);
   // As rdma-core: every completion event handed out must be acknowledged.
   pthread_mutex_lock(&cq->mutex);
   while (cq->comp_events_completed != q.events)
@@ -478,6 +479,7 @@ URNIC_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
     std::lock_guard g(c.obj_mu);
     c.srqs.erase(srq->handle);
   }
+  purge_async_events(c);
   munmap(s.map, s.map_len);
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
@@ -708,6 +710,7 @@ URNIC_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
     std::lock_guard g(c.obj_mu);
     c.qps.erase(qp->handle);
   }
+  purge_async_events(c);
   munmap(q.map, q.map_len);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);

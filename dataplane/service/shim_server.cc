@@ -297,6 +297,17 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       reply_with(rep, HandleRep{h});
       return 0;
     }
+    case Op::kAsyncRequeue: {
+      AsyncRequeueReq q;
+      if (!body_as(req, &q) || q.n > kMaxRequeue) return EINVAL;
+      for (uint32_t i = 0; i < q.n; ++i) {
+        const bool sent = send(c.async_fd, &q.msgs[i], sizeof q.msgs[i],
+                               MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof q.msgs[i];
+        (sent ? ctr_.async_events : ctr_.async_dropped)
+            .fetch_add(1, std::memory_order_relaxed);
+      }
+      return 0;
+    }
     case Op::kDestroyAh: {
       if (!body_as(req, &hr) || !c.ahs.count(hr.handle)) return EINVAL;
       {

@@ -1465,6 +1465,49 @@ void section_async(Dev& d) {
                  "e) ... IBV_EVENT_QP_LAST_WQE_REACHED for that QP");
   }
 
+  // An event whose object is destroyed before it is read goes with it, as
+  // with the kernel's verbs: poll() on async_fd must not report an event
+  // ibv_get_async_event would then skip (and block on).
+  {
+    CqPtr scq = make_cq(d, 64);
+    CqPtr rcq = make_cq(d, 64);
+    ibv_srq_init_attr si{};
+    si.attr.max_wr = 16;
+    si.attr.max_sge = 1;
+    SrqPtr srq(ibv_create_srq(d.pd, &si));
+    if (!srq) throw SetupError("ibv_create_srq: " + err_text(errno));
+    QpSpec spec;
+    spec.scq = scq.get();
+    spec.rcq = rcq.get();
+    spec.ops = IBV_QP_EX_WITH_SEND;
+    QpPtr a = make_qp(d, spec);
+    spec.srq = srq.get();
+    QpPtr b = make_qp(d, spec);
+    connect_rc(d, a.get(), b.get());
+    for (uint32_t i = 0; i < 2; ++i)
+      post_recv(nullptr, srq.get(), 400 + i, buf, kRecv + i * 256, 256);
+    ibv_srq_attr lim{};
+    lim.srq_limit = 2;
+    if (ibv_modify_srq(srq.get(), &lim, IBV_SRQ_LIMIT) != 0)
+      throw SetupError("ibv_modify_srq");
+    std::string w;
+    if (wr_send(qp_ex(a), 9, IBV_SEND_SIGNALED, buf, kSrc, 16) == 0) {
+      poll_cq(scq.get(), 1, &w);
+      if (w.empty()) poll_cq(rcq.get(), 1, &w);
+    } else {
+      w = "ibv_wr_complete failed";
+    }
+    const bool pending = w.empty() && readable(d.ctx->async_fd, 2000);
+    // The QP on the SRQ first, then the SRQ.
+    const int rc = b.destroy() | a.destroy() | srq.destroy();
+    check(rc == 0 && pending && !readable(d.ctx->async_fd, 300),
+          "e) an unread SRQ_LIMIT_REACHED of a destroyed SRQ goes with it "
+          "(async_fd no longer readable)",
+          w.empty()
+              ? fmt("destroy rc %d, pending before destroy: %d", rc, pending)
+              : w);
+  }
+
   // SQ drained.
   {
     CqPtr cq = make_cq(d, 64);
