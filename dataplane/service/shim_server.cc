@@ -12,6 +12,8 @@
 #include <cstring>
 #include <new>
 
+#include "dataplane/transport/qp_attr.h"
+
 namespace urnic::service {
 
 using namespace urnic::shim;
@@ -629,9 +631,14 @@ int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
     }
   }
   int rc;
+  const char* reason = nullptr;
   {
     ParkGuard park(*env_.gate);
-    rc = env_.engine->modify_qp(q.qp, r.attr, r.mask);
+    // The validator's reason (the engine applies the same check) makes the
+    // error message say which attribute or transition was refused.
+    rc = transport::check_modify_qp(q.qp->type(), q.qp->state(), r.attr, r.mask,
+                                    env_.dev->limits(), &reason);
+    if (!rc) rc = env_.engine->modify_qp(q.qp, r.attr, r.mask);
     if (!rc && q.qp->state() == IBV_QPS_RESET) {
       // RESET empties the queues: WQEs not yet taken are dropped, and the
       // application's indices carry on (the bias keeps "done" == posted).
@@ -646,7 +653,8 @@ int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   }
   if (rc) {
     if (why_.empty())
-      why_ = "modify_qp refused by the QP state machine (state/attributes)";
+      why_ = reason ? std::string("modify_qp refused: ") + reason
+                    : "modify_qp refused by the QP state machine";
     return rc;
   }
   reply_with(rep, ModifyQpRep{static_cast<uint32_t>(q.qp->state())});

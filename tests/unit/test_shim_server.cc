@@ -419,6 +419,36 @@ TEST_F(ShimServerTest, CompletionChannelIsSignalledOnlyWhenArmed) {
   close(sv[0]);
 }
 
+TEST_F(ShimServerTest, ModifyQpRefusalSaysWhy) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(16);
+  Qp a = create_qp(pd, cq.h);
+  ModifyQpReq m;
+  m.handle = a.h;
+  m.mask = IBV_QP_STATE;
+  m.attr.qp_state = IBV_QPS_RTS;  // RESET -> RTS is not a transition
+  Reply r = call(Op::kModifyQp, m);
+  EXPECT_EQ(r.status, -EINVAL);
+  EXPECT_NE(r.payload.find("modify_qp refused: "), std::string::npos)
+      << r.payload;
+  EXPECT_GT(r.payload.size(), std::string("modify_qp refused: ").size());
+  // A value over the device limit names it (perftest against rxe asks for
+  // max_dest_rd_atomic 128).
+  ASSERT_EQ(modify(a, IBV_QPS_INIT), 0);
+  m.mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  m.attr.qp_state = IBV_QPS_RTR;
+  m.attr.path_mtu = IBV_MTU_1024;
+  m.attr.max_dest_rd_atomic = 128;
+  m.attr.ah_attr.is_global = 1;
+  m.attr.ah_attr.port_num = 1;
+  std::memcpy(m.attr.ah_attr.grh.dgid.raw, dev.config().gids[0], 16);
+  r = call(Op::kModifyQp, m);
+  EXPECT_EQ(r.status, -EINVAL);
+  EXPECT_NE(r.payload.find("rd_atomic"), std::string::npos) << r.payload;
+}
+
 TEST_F(ShimServerTest, RefusesForeignHandlesAndUnsealedMemory) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
