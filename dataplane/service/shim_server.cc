@@ -634,11 +634,7 @@ int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   const char* reason = nullptr;
   {
     ParkGuard park(*env_.gate);
-    // The validator's reason (the engine applies the same check) makes the
-    // error message say which attribute or transition was refused.
-    rc = transport::check_modify_qp(q.qp->type(), q.qp->state(), r.attr, r.mask,
-                                    env_.dev->limits(), &reason);
-    if (!rc) rc = env_.engine->modify_qp(q.qp, r.attr, r.mask);
+    rc = env_.engine->modify_qp(q.qp, r.attr, r.mask, &reason);
     if (!rc && q.qp->state() == IBV_QPS_RESET) {
       // RESET empties the queues: WQEs not yet taken are dropped, and the
       // application's indices carry on (the bias keeps "done" == posted).

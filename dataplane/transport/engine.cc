@@ -176,10 +176,11 @@ void Engine::reset_qp(Qp& qp) {
   qp.res_next_ = 0;
 }
 
-int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask) {
+int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
+                      const char** why) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   const int rc =
-      check_modify_qp(qp->type_, qp->state_, attr, mask, dev_.limits());
+      check_modify_qp(qp->type_, qp->state_, attr, mask, dev_.limits(), why);
   if (rc) return rc;
   Path path = qp->path_;
   if (mask & IBV_QP_AV) {

@@ -112,7 +112,9 @@ class Engine {
 
   // Control path (verbs semantics; 0 or a positive errno).
   int create_qp(QpInitAttr& attr, Qp** out);
-  int modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask);
+  // On a refusal by the validator, *why (if given) names the problem.
+  int modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
+                const char** why = nullptr);
   int query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const;
   int destroy_qp(Qp* qp);
   Qp* find_qp(uint32_t qpn) const;
