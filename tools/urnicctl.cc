@@ -18,15 +18,19 @@ namespace ctl = urnic::ctl;
 namespace {
 
 void usage(FILE* f) {
-  fprintf(f,
-          "usage: urnicctl [-s SOCKET] COMMAND\n"
-          "  stats [--json]   counters of the running service (rates since "
-          "the last query)\n"
-          "  ping IPV4        make the service send one ICMP echo request\n"
-          "  gids             the port's GID table (index, GID, type)\n"
-          "  objects          verbs objects of the device and of each client\n"
-          "  version          service and protocol version\n"
-          "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
+  fprintf(
+      f,
+      "usage: urnicctl [-s SOCKET] COMMAND\n"
+      "  stats [--json]   counters of the running service (rates since "
+      "the last query)\n"
+      "  ping IPV4        make the service send one ICMP echo request\n"
+      "  gids             the port's GID table (index, GID, type)\n"
+      "  objects          verbs objects of the device and of each client\n"
+      "  qps [--json]     per-QP counters (retransmits, NAKs by type, ...)\n"
+      "                   and per-lcore busy/idle cycles and doorbells;\n"
+      "                   --json prints one JSON object per page of QPs\n"
+      "  version          service and protocol version\n"
+      "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
 }
 
 // Sends one request; prints the reply payload. Returns the exit code.
@@ -108,6 +112,38 @@ int main(int argc, char** argv) {
       return 2;
     }
     rc = call(path, json ? ctl::Op::kStatsJson : ctl::Op::kStatsText, "", out);
+  } else if (cmd == "qps") {
+    const bool json = i < argc && std::strcmp(argv[i], "--json") == 0;
+    if (json) ++i;
+    if (i != argc) {
+      usage(stderr);
+      return 2;
+    }
+    // Pages of QPs: the reply names the QPN the next page starts at.
+    std::string from;
+    for (bool first = true;; first = false) {
+      std::string page;
+      rc = call(path, json ? ctl::Op::kQpStats : ctl::Op::kQpStatsText, from,
+                page);
+      if (rc != 0) break;
+      std::string next;
+      if (json) {
+        const size_t k = page.rfind("\"next\":");
+        if (k != std::string::npos) next = std::to_string(atol(&page[k + 7]));
+        if (next == "0") next.clear();
+      } else {
+        const size_t k = page.rfind("next ");
+        if (k != std::string::npos && (k == 0 || page[k - 1] == '\n')) {
+          next = std::to_string(atol(&page[k + 5]));
+          page.resize(k);
+        }
+        // Later pages: only the QP rows (no lcore lines, no header).
+        if (!first) page.erase(0, page.find('\n', page.find("qpn")) + 1);
+      }
+      out += page;
+      if (next.empty() || next == from) break;
+      from = next;
+    }
   } else if (cmd == "ping" && i + 1 == argc) {
     rc = call(path, ctl::Op::kPing, argv[i], out);
     if (rc == 0) out += "\n";

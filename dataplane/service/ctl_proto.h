@@ -19,6 +19,10 @@ enum class Op : uint16_t {
   kPing = 4,       // payload: IPv4 dotted quad; the service sends one echo
   kGids = 5,       // reply: one "index gid" line per GID
   kObjects = 6,    // reply: verbs objects, per device and per client
+  // Per-QP and per-lcore counters, one page of QPs. Payload: the decimal
+  // QPN to start from (empty: 0); the reply says where the next page starts.
+  kQpStats = 7,      // reply: JSON (stats::format_qps_json)
+  kQpStatsText = 8,  // reply: a table; "next N" last when there is more
   // 100..199: the verbs shim (verbs-shim/abi.h)
 };
 

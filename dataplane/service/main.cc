@@ -2,11 +2,14 @@
 // serves the control socket and periodic stats from the main lcore.
 #include <arpa/inet.h>
 #include <getopt.h>
+#include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_lcore.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -246,6 +249,7 @@ int run(const config::Config& cfg, char* prog) {
           stats::LcoreSnapshot l;
           l.lcore = w->lcore();
           l.queue = w->queue();
+          l.owns_qps = w.get() == workers[0].get();
           l.read(w->counters());
           l.read_transport(w->transport_counters());
           s.lcores.push_back(l);
@@ -271,6 +275,41 @@ int run(const config::Config& cfg, char* prog) {
                                   : stats::format_text(s, &last_query);
             last_query = std::move(s);
             return out;
+          }
+          case ctl::Op::kQpStats:
+          case ctl::Op::kQpStatsText: {
+            // A page stays well under ctl::kMaxMsg (~25 numbers per row).
+            constexpr size_t kPage = 256;
+            uint32_t from = 0;
+            if (!body.empty() &&
+                std::from_chars(body.data(), body.data() + body.size(), from)
+                        .ptr != body.data() + body.size()) {
+              status = -EINVAL;
+              return "not a QPN: " + std::string(body);
+            }
+            const auto owners = shim->qp_owners();
+            std::vector<stats::QpRow> rows;
+            uint32_t next = 0;
+            workers[0]->engine().for_each_qp([&](const transport::Qp& q) {
+              if (q.qpn() < from || next) return;
+              if (rows.size() == kPage) {
+                next = q.qpn();
+                return;
+              }
+              stats::QpRow& r = rows.emplace_back();
+              r.read(q);
+              r.lcore = workers[0]->lcore();
+              const auto it =
+                  std::lower_bound(owners.begin(), owners.end(),
+                                   std::pair<uint32_t, pid_t>{q.qpn(), 0});
+              if (it != owners.end() && it->first == q.qpn())
+                r.pid = it->second;
+            });
+            const stats::Snapshot s = snapshot();
+            return op == ctl::Op::kQpStats
+                       ? stats::format_qps_json(s, rte_get_tsc_hz(), rows, next)
+                       : stats::format_qps_text(s, rte_get_tsc_hz(), rows,
+                                                next);
           }
           case ctl::Op::kGids: {
             const host::GidTable gids(addrs);

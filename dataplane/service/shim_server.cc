@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -783,6 +784,15 @@ std::string ShimServer::objects_text() const {
   return s;
 }
 
+std::vector<std::pair<uint32_t, pid_t>> ShimServer::qp_owners() const {
+  std::vector<std::pair<uint32_t, pid_t>> out;
+  for (const auto& [id, cp] : clients_)
+    for (const auto& [h, q] : cp->qps)
+      out.emplace_back(q->qp->qpn(), cp->info.pid);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // --- transport lcore --------------------------------------------------------
 
 namespace {
@@ -792,7 +802,7 @@ constexpr uint32_t kSendFlagsKnown =
 
 }  // namespace
 
-uint32_t ShimServer::doorbells_st() {
+uint32_t ShimServer::doorbells_st(uint32_t* rung) {
   uint32_t taken = 0;
   for (Client* c : live_) {
     DoorbellPage& db = *c->db;
@@ -810,6 +820,7 @@ uint32_t ShimServer::doorbells_st() {
           const uint32_t idx = w * 64 + std::countr_zero(bits);
           bits &= bits - 1;
           if (idx >= c->targets.size()) continue;  // never handed out
+          ++*rung;
           const Target& t = c->targets[idx];
           if (t.qp) drain_qp_st(*c, *t.qp, &taken);
           if (t.srq) drain_srq_st(*t.srq, &taken);

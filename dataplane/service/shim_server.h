@@ -113,8 +113,11 @@ class ShimServer {
   // Counters and live object counts, by name (stats).
   std::vector<std::pair<const char*, uint64_t>> stats() const;
 
-  // Transport lcore: serves rung doorbells; returns WQEs taken.
-  uint32_t doorbells_st();
+  // Transport lcore: serves rung doorbells; returns WQEs taken and adds the
+  // QP/SRQ doorbells served to *rung.
+  uint32_t doorbells_st(uint32_t* rung);
+  // Control thread: QPN -> the pid of the client that owns it.
+  std::vector<std::pair<uint32_t, pid_t>> qp_owners() const;
 
  private:
   struct QpObj {

@@ -513,8 +513,10 @@ void Worker::loop_st() {
     uint32_t local = local_rx_st(now);
     // 2b. New work requests the applications rang for (shim doorbells).
     if (shim_) {
-      const uint32_t wqes = shim_->doorbells_st();
+      uint32_t rung = 0;
+      const uint32_t wqes = shim_->doorbells_st(&rung);
       if (wqes) ctr_.add(Ctr::shim_wqes, wqes);
+      if (rung) ctr_.add(Ctr::doorbells, rung);
       local += wqes;
     }
     // 3. Transport: timers, requester/responder transmit work, deferred

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 
 namespace urnic::stats {
 namespace {
@@ -195,6 +196,93 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
     s += "}";
   }
   s += "]}\n";
+  return s;
+}
+
+void QpRow::read(const transport::Qp& qp) {
+  qpn = qp.qpn();
+  size_t i = 0;
+  qp.counters().for_each([&](const char*, uint64_t x) { v[i++] = x; });
+}
+
+namespace {
+
+double busy_pct(const LcoreSnapshot& l) {
+  const uint64_t b = l.get(Ctr::cycles_busy), i = l.get(Ctr::cycles_idle);
+  return b + i ? 100.0 * static_cast<double>(b) / static_cast<double>(b + i)
+               : 0.0;
+}
+
+}  // namespace
+
+std::string format_qps_json(const Snapshot& cur, uint64_t tsc_hz,
+                            const std::vector<QpRow>& rows, uint32_t next) {
+  std::string s;
+  appendf(s, "{\"time_ns\":%" PRIu64 ",\"tsc_hz\":%" PRIu64 ",\"lcores\":[",
+          cur.time_ns, tsc_hz);
+  constexpr Ctr kLcoreFields[] = {
+      Ctr::poll_busy, Ctr::poll_idle, Ctr::cycles_busy, Ctr::cycles_idle,
+      Ctr::doorbells, Ctr::shim_wqes, Ctr::rx_packets,  Ctr::tx_packets};
+  for (size_t k = 0; k < cur.lcores.size(); ++k) {
+    const LcoreSnapshot& l = cur.lcores[k];
+    appendf(s, "%s{\"lcore\":%u,\"transport\":%s", k ? "," : "", l.lcore,
+            l.owns_qps ? "true" : "false");
+    for (Ctr c : kLcoreFields)
+      appendf(s, ",\"%s\":%" PRIu64, kCtrNames[static_cast<size_t>(c)],
+              l.get(c));
+    s += "}";
+  }
+  s += "],\"qp_fields\":[\"qpn\",\"pid\",\"lcore\"";
+  for (const char* n : transport::kQpCtrNames) appendf(s, ",\"%s\"", n);
+  s += "],\"qps\":[";
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const QpRow& q = rows[k];
+    appendf(s, "%s[%u,%d,%u", k ? "," : "", q.qpn, q.pid, q.lcore);
+    for (uint64_t v : q.v) appendf(s, ",%" PRIu64, v);
+    s += "]";
+  }
+  appendf(s, "],\"next\":%u}\n", next);
+  return s;
+}
+
+std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
+                            const std::vector<QpRow>& rows, uint32_t next) {
+  std::string s;
+  (void)tsc_hz;
+  for (const LcoreSnapshot& l : cur.lcores)
+    appendf(s,
+            "lcore %u%s: busy %.1f%% (polls busy %" PRIu64 " idle %" PRIu64
+            "), doorbells %" PRIu64 ", shim WQEs %" PRIu64 "\n",
+            l.lcore, l.owns_qps ? " (transport)" : "", busy_pct(l),
+            l.get(Ctr::poll_busy), l.get(Ctr::poll_idle), l.get(Ctr::doorbells),
+            l.get(Ctr::shim_wqes));
+  using transport::kNumQpCtr;
+  auto at = [](const QpRow& q, const char* name) -> uint64_t {
+    for (size_t i = 0; i < kNumQpCtr; ++i)
+      if (std::strcmp(transport::kQpCtrNames[i], name) == 0) return q.v[i];
+    return 0;
+  };
+  auto sum = [&](const QpRow& q, const char* dir) {
+    uint64_t n = 0;
+    for (const char* t : {"seq", "rnr", "access", "inv_req", "op"})
+      n += at(q, ("naks_" + std::string(t) + "_" + dir).c_str());
+    return n;
+  };
+  appendf(s,
+          "%8s %7s %5s %12s %12s %8s %6s %6s %8s %8s %10s %10s %7s %7s %5s\n",
+          "qpn", "pid", "lcore", "tx_pkts", "rx_pkts", "retx", "tmo", "rnr",
+          "dup", "oos", "acks_tx", "acks_rx", "nak_rx", "nak_tx", "cqovf");
+  for (const QpRow& q : rows)
+    appendf(s,
+            "%#8x %7d %5u %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %6" PRIu64
+            " %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 " %10" PRIu64
+            " %7" PRIu64 " %7" PRIu64 " %5" PRIu64 "\n",
+            q.qpn, q.pid, q.lcore, at(q, "tx_packets"), at(q, "rx_packets"),
+            at(q, "retransmits"), at(q, "timeouts"), at(q, "rnr_waits"),
+            at(q, "dup_packets"), at(q, "out_of_seq"), at(q, "acks_tx"),
+            at(q, "acks_rx"), sum(q, "rx"), sum(q, "tx"),
+            at(q, "cq_overflows"));
+  if (next) appendf(s, "next %u\n", next);
   return s;
 }
 

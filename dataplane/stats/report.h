@@ -9,6 +9,7 @@
 
 #include "dataplane/stats/counters.h"
 #include "dataplane/transport/engine.h"
+#include "dataplane/transport/qp.h"
 
 namespace urnic::stats {
 
@@ -25,6 +26,7 @@ struct PortSnapshot {
 struct LcoreSnapshot {
   uint32_t lcore = 0;
   uint16_t queue = 0;
+  bool owns_qps = false;  // the transport lcore (serves doorbells)
   uint64_t v[kNumCtr] = {};
   uint64_t malformed[kNumMalformed] = {};
   uint64_t transport[transport::kNumECtr] = {};  // the lcore's engine
@@ -52,6 +54,15 @@ struct Snapshot {
   uint64_t total(transport::ECtr c) const;
 };
 
+// One QP's counters (urnicctl qps, urnic-perf --urnicd).
+struct QpRow {
+  uint32_t qpn = 0;
+  int32_t pid = 0;  // the shim client owning it; 0: none
+  uint32_t lcore = 0;
+  uint64_t v[transport::kNumQpCtr] = {};
+  void read(const transport::Qp& qp);
+};
+
 // testpmd's layout: totals, then "Throughput (since last show)" against
 // `prev` (rates are 0 when prev is null), then urnic's own counters.
 std::string format_text(const Snapshot& cur, const Snapshot* prev);
@@ -59,5 +70,14 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev);
 //  {...}, "transport": {...}, "shim": {...}, "lcores": [...]} with every
 //  counter by name.
 std::string format_json(const Snapshot& cur, const Snapshot* prev);
+
+// ctl::Op::kQpStats: {"time_ns", "tsc_hz", "lcores": [poll accounting,
+// doorbells, ...], "qp_fields": [names], "qps": [[values in that order]],
+// "next": QPN to ask for next or 0}. One page of QPs (the caller pages).
+std::string format_qps_json(const Snapshot& cur, uint64_t tsc_hz,
+                            const std::vector<QpRow>& rows, uint32_t next);
+// The same for people: a per-lcore busy line each, then one row per QP.
+std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
+                            const std::vector<QpRow>& rows, uint32_t next);
 
 }  // namespace urnic::stats

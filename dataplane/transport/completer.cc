@@ -101,7 +101,6 @@ void on_ack(Engine& e, Qp& qp, uint32_t psn) {
 }
 
 void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
-  ++qp.ctr_.naks_rx;
   const uint8_t cls = syndrome & 0xe0;
   const uint8_t code = syndrome & 0x1f;
   if (!in_window(qp, psn, e)) return;
@@ -121,6 +120,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   }
   if (cls == kSynRnr) {
     e.ctr_.inc(ECtr::naks_rnr_rx);
+    ++qp.ctr_.naks_rnr_rx;
     // rnr_retry 7 means "retry forever" (9.7.5.2.8); others count down.
     if (qp.rnr_retry_ != 7) {
       if (qp.comp_.rnr_left == 0) {
@@ -140,6 +140,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   switch (code) {
     case kNakSeq:
       e.ctr_.inc(ECtr::naks_seq_rx);
+      ++qp.ctr_.naks_seq_rx;
       // Packets sent before we went back to this PSN raise NAKs for the
       // same gap: the resend is already under way (one retry per gap).
       if (advanced) qp.comp_.went_back = false;
@@ -147,19 +148,23 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
       return;
     case kNakInvReq:
       e.ctr_.inc(ECtr::naks_inv_req_rx);
+      ++qp.ctr_.naks_inv_req_rx;
       e.fail_head(qp, IBV_WC_REM_INV_REQ_ERR);
       return;
     case kNakRemAccess:
       e.ctr_.inc(ECtr::naks_access_rx);
+      ++qp.ctr_.naks_access_rx;
       e.fail_head(qp, IBV_WC_REM_ACCESS_ERR);
       return;
     case kNakRemOp:
       e.ctr_.inc(ECtr::naks_op_rx);
+      ++qp.ctr_.naks_op_rx;
       e.fail_head(qp, IBV_WC_REM_OP_ERR);
       return;
     default:
       // Reserved NAK codes: treat as an invalid request (C9-134).
       e.ctr_.inc(ECtr::naks_inv_req_rx);
+      ++qp.ctr_.naks_inv_req_rx;
       e.fail_head(qp, IBV_WC_REM_INV_REQ_ERR);
       return;
   }

@@ -560,6 +560,7 @@ bool Engine::push_cqe(Qp& qp, Cq* cq, const ibv_wc& wc, bool solicited) {
   // Overflow: the CQ is in error (and raised CQ_ERR); the QP cannot report
   // completions any more, so it goes to error as well (IBTA 11.4.2.1).
   ctr_.inc(ECtr::cq_overflows);
+  ++qp.ctr_.cq_overflows;
   if (qp.state_ != IBV_QPS_ERR) to_error(qp);
   return false;
 }
@@ -610,7 +611,10 @@ void Engine::to_error(Qp& qp) {
     ++qp.sq_head_;
     ctr_.inc(ECtr::wqes_flushed);
     ctr_.inc(ECtr::completions);
-    if (!qp.send_cq_->push(wc, false)) ctr_.inc(ECtr::cq_overflows);
+    if (!qp.send_cq_->push(wc, false)) {
+      ctr_.inc(ECtr::cq_overflows);
+      ++qp.ctr_.cq_overflows;
+    }
   }
   qp.sq_next_ = qp.sq_head_;
   qp.publish_sq();
@@ -623,7 +627,10 @@ void Engine::to_error(Qp& qp) {
     wc.qp_num = qp.qpn_;
     ctr_.inc(ECtr::wqes_flushed);
     ctr_.inc(ECtr::completions);
-    if (!qp.recv_cq_->push(wc, false)) ctr_.inc(ECtr::cq_overflows);
+    if (!qp.recv_cq_->push(wc, false)) {
+      ctr_.inc(ECtr::cq_overflows);
+      ++qp.ctr_.cq_overflows;
+    }
   };
   // A receive WR taken by a message in progress is older than the queue.
   if (qp.resp_.have_recv) {

@@ -119,6 +119,13 @@ class Engine {
   int destroy_qp(Qp* qp);
   Qp* find_qp(uint32_t qpn) const;
   size_t qp_count() const { return nqp_; }
+  // f(const Qp&) for every QP in QPN order. Control thread (the table only
+  // changes there); a QP's counters may be read while its lcore runs.
+  template <class F>
+  void for_each_qp(F&& f) const {
+    for (const std::unique_ptr<Qp>& q : qps_)
+      if (q) f(*q);
+  }
 
   // ibv_post_send / ibv_post_recv for one WR: 0, ENOMEM (queue full) or
   // EINVAL (bad WR, or a state that does not accept it). In ERR a posted WR

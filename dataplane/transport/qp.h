@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "dataplane/transport/objects.h"
@@ -16,11 +17,56 @@ namespace urnic::transport {
 
 constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
 
-// Per-QP counters (shown by urnicctl / urnic-perf next to the app's own).
+// Per-QP counters (urnicctl qps, urnic-perf), written only by the QP's
+// lcore (plain load+store, no locked RMW) and read relaxed by the control
+// thread. NAKs are counted by type as the engine's ECtr ones are.
+// clang-format off
+#define URNIC_QP_COUNTERS(X)                                                 \
+  X(tx_packets)      X(rx_packets)      X(retransmits)     X(timeouts)       \
+  X(rnr_waits)       X(dup_packets)     X(out_of_seq)      X(acks_tx)        \
+  X(acks_rx)         X(naks_seq_rx)     X(naks_rnr_rx)     X(naks_access_rx) \
+  X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
+  X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)
+// clang-format on
+
+constexpr const char* kQpCtrNames[] = {
+#define URNIC_QCTR_NAME(n) #n,
+    URNIC_QP_COUNTERS(URNIC_QCTR_NAME)
+#undef URNIC_QCTR_NAME
+};
+constexpr size_t kNumQpCtr = std::size(kQpCtrNames);
+
+class QpCounter {
+ public:
+  QpCounter& operator++() {
+    v_.store(v_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return *this;
+  }
+  uint64_t get() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
 struct QpCounters {
-  uint64_t tx_packets = 0, rx_packets = 0, retransmits = 0, timeouts = 0,
-           rnr_waits = 0, naks_rx = 0, naks_tx = 0, dup_packets = 0,
-           out_of_seq = 0, acks_tx = 0, acks_rx = 0;
+#define URNIC_QCTR_FIELD(n) QpCounter n;
+  URNIC_QP_COUNTERS(URNIC_QCTR_FIELD)
+#undef URNIC_QCTR_FIELD
+  // f(name, value) for every counter, in declaration order.
+  template <class F>
+  void for_each(F&& f) const {
+#define URNIC_QCTR_VISIT(n) f(#n, n.get());
+    URNIC_QP_COUNTERS(URNIC_QCTR_VISIT)
+#undef URNIC_QCTR_VISIT
+  }
+  uint64_t naks_rx() const {
+    return naks_seq_rx.get() + naks_rnr_rx.get() + naks_access_rx.get() +
+           naks_inv_req_rx.get() + naks_op_rx.get();
+  }
+  uint64_t naks_tx() const {
+    return naks_seq_tx.get() + naks_rnr_tx.get() + naks_access_tx.get() +
+           naks_inv_req_tx.get() + naks_op_tx.get();
+  }
 };
 
 // A local SGE resolved to host memory once, when its WR is first used.

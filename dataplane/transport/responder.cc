@@ -49,12 +49,15 @@ void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
   switch (syn) {
     case kSynNakInvReq:
       e.ctr_.inc(ECtr::naks_inv_req_tx);
+      ++qp.ctr_.naks_inv_req_tx;
       break;
     case kSynNakRemAccess:
       e.ctr_.inc(ECtr::naks_access_tx);
+      ++qp.ctr_.naks_access_tx;
       break;
     default:
       e.ctr_.inc(ECtr::naks_op_tx);
+      ++qp.ctr_.naks_op_tx;
       break;
   }
   queue_ack(e, qp, syn, psn);
@@ -348,7 +351,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     if (!r.nak_sent) {
       r.nak_sent = true;
       e.ctr_.inc(ECtr::naks_seq_tx);
-      ++qp.ctr_.naks_tx;
+      ++qp.ctr_.naks_seq_tx;
       queue_ack(e, qp, kSynNakSeq, r.epsn);
     }
     return;
@@ -382,7 +385,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     case Res::kRnr:
       // No receive WR: RNR NAK with our timer; ePSN stays (9.7.5.2.8).
       e.ctr_.inc(ECtr::naks_rnr_tx);
-      ++qp.ctr_.naks_tx;
+      ++qp.ctr_.naks_rnr_tx;
       r.nak_sent = true;
       queue_ack(e, qp, static_cast<uint8_t>(kSynRnr | qp.min_rnr_timer_), psn);
       return;

@@ -98,10 +98,11 @@ struct ShimServerTest : ::testing::Test {
     maps.push_back({p, len});
     return p;
   }
+  uint32_t rung = 0;  // QP/SRQ doorbells served so far
   // Runs the lcore side until nothing moves.
   void run() {
     for (int i = 0; i < 1000; ++i) {
-      uint32_t work = srv.doorbells_st();
+      uint32_t work = srv.doorbells_st(&rung);
       work += eng.poll(now += 1000);
       while (!io.frames.empty()) {
         std::vector<uint8_t> b = std::move(io.frames.front());
@@ -305,6 +306,7 @@ TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
   for (int i = 0; i < 5000; ++i) src.p[i] = static_cast<uint8_t>(i * 7);
   post(a, write_wqe(src, dst, 5000));
   run();
+  EXPECT_EQ(rung, 1u);  // one QP doorbell served
   ibv_wc wc;
   ASSERT_TRUE(poll(cq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
@@ -335,6 +337,7 @@ TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(std::memcmp(dst.p, "hello", 5), 0);
   EXPECT_EQ(b.sh->rq_done.load(), 1u);
+  EXPECT_EQ(rung, 3u);  // then b's receive ring and a's send ring
   EXPECT_EQ(srv.counters().bad_wqes.load(), 0u);
 }
 

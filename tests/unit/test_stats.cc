@@ -53,3 +53,51 @@ TEST(Stats, JsonParsesAndNamesEveryCounter) {
   EXPECT_EQ(j["totals"].size(), kNumCtr);
   EXPECT_EQ(j["lcores"][0]["roce_rx"].as<uint64_t>(), 5u);
 }
+
+TEST(Stats, QpJsonNamesEveryFieldAndPages) {
+  Snapshot s = snap(2'000'000'000, 300, 30'000);
+  s.lcores[0].owns_qps = true;
+  s.lcores[0].v[static_cast<size_t>(Ctr::doorbells)] = 42;
+  s.lcores[0].v[static_cast<size_t>(Ctr::cycles_busy)] = 750;
+  s.lcores[0].v[static_cast<size_t>(Ctr::cycles_idle)] = 250;
+  std::vector<QpRow> rows(2);
+  rows[0].qpn = 0x11;
+  rows[0].pid = 1234;
+  rows[0].lcore = 1;
+  rows[1].qpn = 0x12;
+  for (size_t i = 0; i < urnic::transport::kNumQpCtr; ++i) {
+    rows[0].v[i] = i + 1;
+    rows[1].v[i] = 100 + i;
+  }
+  const YAML::Node j =
+      YAML::Load(format_qps_json(s, 2'000'000'000, rows, 0x99));
+  EXPECT_EQ(j["tsc_hz"].as<uint64_t>(), 2'000'000'000u);
+  EXPECT_EQ(j["next"].as<uint32_t>(), 0x99u);
+  EXPECT_TRUE(j["lcores"][0]["transport"].as<bool>());
+  EXPECT_EQ(j["lcores"][0]["doorbells"].as<uint64_t>(), 42u);
+  const YAML::Node f = j["qp_fields"];
+  ASSERT_EQ(f.size(), 3 + urnic::transport::kNumQpCtr);
+  ASSERT_EQ(j["qps"].size(), 2u);
+  // Every named field holds its row's value.
+  for (size_t i = 0; i < urnic::transport::kNumQpCtr; ++i) {
+    EXPECT_EQ(f[3 + i].as<std::string>(), urnic::transport::kQpCtrNames[i]);
+    EXPECT_EQ(j["qps"][0][3 + i].as<uint64_t>(), i + 1);
+    EXPECT_EQ(j["qps"][1][3 + i].as<uint64_t>(), 100 + i);
+  }
+  EXPECT_EQ(j["qps"][0][0].as<uint32_t>(), 0x11u);
+  EXPECT_EQ(j["qps"][0][1].as<int>(), 1234);
+  // The text table: busy share from the cycle counters, one row per QP,
+  // NAKs summed over their types, and where the next page starts.
+  const std::string t = format_qps_text(s, 2'000'000'000, rows, 0x99);
+  EXPECT_NE(t.find("busy 75.0%"), std::string::npos) << t;
+  EXPECT_NE(t.find("doorbells 42"), std::string::npos) << t;
+  EXPECT_NE(t.find("0x11"), std::string::npos) << t;
+  EXPECT_NE(t.find("\nnext 153\n"), std::string::npos) << t;
+  uint64_t naks_rx = 0;
+  for (size_t i = 0; i < urnic::transport::kNumQpCtr; ++i)
+    if (std::string(urnic::transport::kQpCtrNames[i]).starts_with("naks_") &&
+        std::string(urnic::transport::kQpCtrNames[i]).ends_with("_rx"))
+      naks_rx += rows[1].v[i];
+  EXPECT_NE(t.find(" " + std::to_string(naks_rx) + " "), std::string::npos)
+      << t;
+}

@@ -686,13 +686,13 @@ std::string Sim::dump(Dir& d) {
   s += fmt("\n    requester qp: tx %" PRIu64 " rx %" PRIu64 " retx %" PRIu64
            " timeouts %" PRIu64 " rnr_waits %" PRIu64 " naks_rx %" PRIu64
            " acks_rx %" PRIu64,
-           c.tx_packets, c.rx_packets, c.retransmits, c.timeouts, c.rnr_waits,
-           c.naks_rx, c.acks_rx);
+           c.tx_packets.get(), c.rx_packets.get(), c.retransmits.get(),
+           c.timeouts.get(), c.rnr_waits.get(), c.naks_rx(), c.acks_rx.get());
   const QpCounters& q = d.peer->counters();
   s += fmt("\n    responder qp: tx %" PRIu64 " rx %" PRIu64 " naks_tx %" PRIu64
            " dup %" PRIu64 " out_of_seq %" PRIu64 " acks_tx %" PRIu64,
-           q.tx_packets, q.rx_packets, q.naks_tx, q.dup_packets, q.out_of_seq,
-           q.acks_tx);
+           q.tx_packets.get(), q.rx_packets.get(), q.naks_tx(),
+           q.dup_packets.get(), q.out_of_seq.get(), q.acks_tx.get());
   return s;
 }
 
@@ -1953,6 +1953,27 @@ void Sim::final_checks() {
 }
 
 void Sim::report() {
+  // Per-QP counters add up to the engine's counter of the same name (every
+  // QP of the run is still alive here): each event is counted once per QP.
+  for (const auto& h : h_) {
+    for (size_t i = 0; i < transport::kNumQpCtr; ++i) {
+      for (size_t k = 0; k < kNumECtr; ++k) {
+        if (std::strcmp(transport::kQpCtrNames[i], kECtrNames[k]) != 0)
+          continue;
+        uint64_t per_qp = 0;
+        h.eng->for_each_qp([&](const Qp& q) {
+          size_t j = 0;
+          q.counters().for_each([&](const char*, uint64_t v) {
+            if (j++ == i) per_qp += v;
+          });
+        });
+        const uint64_t total = h.eng->counters().get(static_cast<ECtr>(k));
+        if (per_qp != total)
+          fail(fmt("host %s: per-QP %s sum %" PRIu64 " != engine %" PRIu64,
+                   h.name, kECtrNames[k], per_qp, total));
+      }
+    }
+  }
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_)
           .count();
@@ -2003,8 +2024,9 @@ void Sim::report() {
                   " timeouts %" PRIu64 " rnr %" PRIu64 " naks_rx %" PRIu64
                   " dry %" PRIu64 "\n",
                   d->name.c_str(), d->qp->qpn(), d->mtu, d->cap, d->posted,
-                  d->send_wcs, d->recv_wcs, c.tx_packets, c.retransmits,
-                  c.timeouts, c.rnr_waits, c.naks_rx, d->rnr_dry);
+                  d->send_wcs, d->recv_wcs, c.tx_packets.get(),
+                  c.retransmits.get(), c.timeouts.get(), c.rnr_waits.get(),
+                  c.naks_rx(), d->rnr_dry);
     }
   }
   std::fflush(stdout);
