@@ -119,7 +119,8 @@ class alignas(64) Worker final : public transport::PacketIo {
   void send_ip_st(rte_mbuf* m, const uint8_t gid[16], uint64_t now);
   void send_resolve_request_st(const uint8_t gid[16]);
   void tx_st(rte_mbuf* m);
-  void tx_flush_st();
+  void tx_flush_st();     // what the PMD does not take stays buffered
+  void tx_drop_all_st();  // shutdown: frees (and counts) what is buffered
   bool accept_l2_st(const rte_mbuf* m);
   uint32_t local_rx_st(uint64_t now);
   // PacketIo: copies the frame into (chained) mbufs from the port's pool;

@@ -66,6 +66,7 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
 }
 
 Worker::~Worker() {
+  tx_drop_all_st();
   pending_.clear([](rte_mbuf* m) { rte_pktmbuf_free(m); });
   rte_ring_free(cmd_ring_);
   while (loop_head_ != loop_tail_)
@@ -112,7 +113,16 @@ int Worker::launch(void* self) {
   return 0;
 }
 
+// Host frames (ARP, ICMP, ND, resolved pending packets): when the TX ring
+// is full they are dropped and counted; the engine's frames are not (see
+// transmit()).
 void Worker::tx_st(rte_mbuf* m) {
+  if (tx_n_ == burst_) tx_flush_st();
+  if (tx_n_ == burst_) {
+    ctr_.inc(Ctr::tx_dropped);
+    rte_pktmbuf_free(m);
+    return;
+  }
   tx_[tx_n_++] = m;
   if (tx_n_ == burst_) tx_flush_st();
 }
@@ -177,6 +187,12 @@ bool Worker::transmit(const transport::TxFrame& f) {
   // Frames to ourselves wait in loop_ across a possible park (when MRs may
   // go away): they are always copied.
   const bool loop = std::memcmp(f.hdr, addrs_.mac.b, 6) == 0;
+  // Back-pressure: with the PMD's TX ring full the engine keeps the frame
+  // (it retries on a later poll) instead of building it to be dropped.
+  if (!loop && tx_n_ == burst_) {
+    tx_flush_st();
+    if (tx_n_ == burst_) return false;
+  }
   auto put = [&](const uint8_t* p, uint32_t len) {
     while (len) {
       uint32_t room = rte_pktmbuf_tailroom(cur);
@@ -296,10 +312,17 @@ void Worker::tx_flush_st() {
   ctr_.add(Ctr::tx_packets, sent);
   ctr_.add(Ctr::tx_bytes, bytes);
   if (sent < tx_n_) {
-    // The TX ring is full: drop rather than stall the RX path; counted.
-    ctr_.add(Ctr::tx_dropped, tx_n_ - sent);
-    for (uint16_t i = sent; i < tx_n_; ++i) rte_pktmbuf_free(tx_[i]);
+    // The TX ring is full: keep the rest, in order, for the next flush;
+    // transmit() refuses new engine frames until there is room.
+    ctr_.inc(Ctr::tx_ring_full);
+    std::memmove(tx_, tx_ + sent, (tx_n_ - sent) * sizeof tx_[0]);
   }
+  tx_n_ = static_cast<uint16_t>(tx_n_ - sent);
+}
+
+void Worker::tx_drop_all_st() {
+  ctr_.add(Ctr::tx_dropped, tx_n_);
+  for (uint16_t i = 0; i < tx_n_; ++i) rte_pktmbuf_free(tx_[i]);
   tx_n_ = 0;
 }
 
@@ -547,6 +570,7 @@ void Worker::loop_st() {
     t_prev = t_end;
   }
   tx_flush_st();
+  tx_drop_all_st();  // what the port did not take by shutdown
   gate_.set_running(false);
 }
 
