@@ -62,12 +62,14 @@ struct MempoolConfig {
 };
 
 // Idle back-off of a worker lcore: busy-poll for spin_polls empty bursts,
-// then rte_pause() for pause_polls more, then sleep sleep_us per empty poll.
-// sleep_us = 0 keeps pure busy polling (benchmarks).
+// then rte_pause() (or sched_yield() with yield) for pause_polls more, then
+// sleep sleep_us per empty poll. sleep_us = 0 keeps pure busy polling
+// (benchmarks).
 struct IdleConfig {
   uint32_t spin_polls = 256;
   uint32_t pause_polls = 4096;
   uint32_t sleep_us = 50;
+  bool yield = false;
 };
 
 // The worker keeps RX and TX arrays of this many mbufs on its stack/state.

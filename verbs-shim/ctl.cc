@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -40,6 +41,21 @@ bool quiet() {
     return e && *e && strcmp(e, "0") != 0;
   }();
   return q;
+}
+
+namespace {
+thread_local uint32_t t_empty_polls = 0;
+}  // namespace
+
+void empty_poll() {
+  static const uint32_t after = [] {
+    const char* e = getenv("URNIC_POLL_YIELD");
+    return e ? static_cast<uint32_t>(strtoul(e, nullptr, 10)) : 0u;
+  }();
+  if (after && ++t_empty_polls >= after) {
+    t_empty_polls = 0;
+    sched_yield();
+  }
 }
 
 int connect_service(const std::string& path, int* fd_out) {

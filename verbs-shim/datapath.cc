@@ -237,7 +237,9 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 // --- completion queues
 // -------------------------------------------------------------
 
-int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
+namespace {
+
+int poll_cq_locked(ibv_cq* cq, int n, ibv_wc* wc) {
   Cq& q = cq_of(cq);
   if (q.ctx->dead.load(std::memory_order_relaxed)) {
     errno = EIO;
@@ -264,6 +266,14 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
     return -1;
   }
   return 0;
+}
+
+}  // namespace
+
+int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
+  const int k = poll_cq_locked(cq, n, wc);
+  if (k == 0 && n > 0) empty_poll();  // outside the CQ's lock
+  return k;
 }
 
 int req_notify_cq(ibv_cq* cq, int solicited_only) {
@@ -305,6 +315,7 @@ int cq_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
     const bool err = prod - q.cons > q.mask + 1 ||
                      q.sh->error.load(std::memory_order_acquire);
     q.lock.unlock();
+    if (!err) empty_poll();
     return err ? EIO : ENOENT;
   }
   load_current(q);

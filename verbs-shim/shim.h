@@ -45,6 +45,13 @@ void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // Service refusals are printed unless URNIC_QUIET is set.
 bool quiet();
 
+// Cooperative polling (URNIC_POLL_YIELD=N, default 0 = off): every Nth
+// empty CQ poll of a thread calls sched_yield(), so a urnicd worker sharing
+// its CPU runs at once instead of after the scheduler's slice
+// (milliseconds). For machines with fewer cores than pollers; a thread alone
+// on its CPU pays one system call per N empty polls.
+void empty_poll();
+
 // A minimal lock for the data path: no system call when uncontended, and
 // the holder never sleeps.
 class SpinLock {

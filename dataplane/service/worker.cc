@@ -5,6 +5,7 @@
 #include <rte_lcore.h>
 #include <rte_pause.h>
 #include <rte_prefetch.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -561,7 +562,12 @@ void Worker::loop_st() {
         rte_delay_us_sleep(idle.sleep_us);
         next_timer = 0;  // slept: look at timers and commands at once
       } else if (empty_polls > idle.spin_polls) {
-        rte_pause();
+        // yield: an application thread sharing this CPU runs now rather
+        // than after the scheduler's slice (milliseconds).
+        if (idle.yield)
+          sched_yield();
+        else
+          rte_pause();
       }
     }
     // Time spent pausing or sleeping is idle time too.

@@ -301,6 +301,7 @@ field_mutations() {
            [](Config& c) { c.lcores.idle.pause_polls = 1; }},
           {"lcores.idle.sleep_us",
            [](Config& c) { c.lcores.idle.sleep_us = 0; }},
+          {"lcores.idle.yield", [](Config& c) { c.lcores.idle.yield = true; }},
           {"control.socket",
            [](Config& c) { c.control.socket = "/tmp/urnic test.sock"; }},
           {"control.mode", [](Config& c) { c.control.mode = 0600; }},
