@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# Integration: the benchmark path, briefly (numbers are not checked: that
+# is perf/run-suite's job on a quiet machine). Two urnicd in the root
+# namespace joined by a net_memif pair (socket in a private temp dir) with a
+# 64-slot memif ring and a 4096-packet window, so the sender's TX ring
+# fills up:
+#  - ib_write_bw through the shim: nothing dropped, nothing retransmitted,
+#    the TX ring was full at times (back-pressure, not loss);
+#  - urnic-perf (perf/urnic-perf) through the shim: WRITE/READ/SEND/atomic
+#    runs with --verify over several QPs and TBB threads, its JSON parses
+#    and carries the service's counters, and a corrupted payload is caught;
+#  - urnicctl qps pages through 300 held QPs, each shown with the owning
+#    client's pid;
+#  - kill -9 of the urnic-perf server mid-run: the client fails with a
+#    message, and both services release every object.
+# Every started process is stopped by PID on exit, pass or fail.
+# usage: perf_smoke.sh URNICD URNICCTL SHIM_SO URNIC_PERF
+set -euo pipefail
+URNICD=$1
+URNICCTL=$2
+SHIM=$(realpath "$3")
+UPERF=$(realpath "$4")
+PY=/usr/bin/python3
+
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
+command -v ib_write_bw >/dev/null || { echo "SKIP: perftest not installed"; exit 77; }
+PRELOAD=$SHIM
+for rt in $(ldd "$SHIM" | awk '/lib(asan|ubsan)\.so/ {print $3}'); do
+  PRELOAD="$rt $PRELOAD"
+done
+CLIENT_ASAN=URNIC_PLAIN_BUILD=1
+[ "$PRELOAD" != "$SHIM" ] &&
+  CLIENT_ASAN=ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+
+id=$$
+TMP=$(mktemp -d /tmp/urnic-ps.XXXXXX)
+PIDS=()
+pass=0
+fail=0
+
+stop_pid() {  # TERM, KILL after 5 s
+  local p=$1
+  kill -TERM "$p" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
+}
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && stop_pid "$p"; done
+  if [ $fail -ne 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
+    for f in "$TMP"/*.log "$TMP"/*.out; do
+      [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }
+    done
+  fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+check() {  # check NAME CMD...
+  local name=$1
+  shift
+  if "$@"; then
+    echo "PASS - $name"
+    pass=$((pass + 1))
+  else
+    echo "FAIL - $name"
+    fail=$((fail + 1))
+  fi
+}
+
+SA=$TMP/a.sock
+SB=$TMP/b.sock
+start() {  # start ROLE MAC IP SOCK CPU [OPTIONS]
+  "$URNICD" -o "port.vdev=net_memif0,role=$1,socket=$TMP/memif.sock,id=0,mac=$2,rsize=6" \
+    -o "port.ipv4=$3/24" -o "control.socket=$4" -o "eal.main_lcore=0" \
+    -o "eal.workers=[$5]" -o "eal.file_prefix=ps-$id-$1" \
+    -o transport.max_unacked=4096 -o stats.period_ms=0 "${@:6}" \
+    >"$TMP/urnicd-$1.log" 2>&1 &
+  PIDS+=($!)
+}
+start server 02:00:00:89:00:01 10.89.0.1 "$SA" 1
+# The memif client connects once the server's socket exists.
+for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
+# Service B's worker yields when idle (lcores.idle.yield), A's pauses.
+start client 02:00:00:89:00:02 10.89.0.2 "$SB" 1 -o lcores.idle.yield=true
+for _ in $(seq 100); do
+  [ -S "$SA" ] && [ -S "$SB" ] && grep -q "link up" "$TMP/urnicd-server.log" && break
+  sleep 0.1
+done
+ctl() { "$URNICCTL" -s "$1" "${@:2}"; }
+counter() {  # counter SOCK NAME: a "totals"/"transport" counter from stats --json
+  ctl "$1" stats --json | $PY -c "
+import json, sys
+j = json.load(sys.stdin)
+print(j['totals'].get('$2', j['transport'].get('$2', -1)))"
+}
+# A verbs program on service A or B: "${ON_A[@]}" CMD... (a simple command,
+# so that $! of a background one is the program's own pid).
+ON_A=(env $CLIENT_ASAN URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
+ON_B=(env $CLIENT_ASAN URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
+pair() {  # pair NAME SERVER_CMD -- CLIENT_CMD: server on A, client on B
+  local name=$1 s=() c=()
+  shift
+  while [ "$1" != -- ]; do s+=("$1"); shift; done
+  shift
+  c=("$@")
+  "${ON_A[@]}" timeout 60 "${s[@]}" >"$TMP/$name-s.out" 2>&1 &
+  local sp=$!
+  PIDS+=($sp)
+  sleep 0.5
+  local rc=0
+  "${ON_B[@]}" timeout 60 "${c[@]}" 127.0.0.1 >"$TMP/$name-c.out" 2>&1 || rc=$?
+  wait $sp || rc=$((rc ? rc : $?))
+  return $rc
+}
+
+# 1. Back-pressure: a 4096-packet window into a 64-slot memif ring.
+check "ib_write_bw 64 KiB, 2000 messages, through the shim" \
+  pair bw ib_write_bw -d urnic0 -x 0 -s 65536 -n 2000 -- \
+  ib_write_bw -d urnic0 -x 0 -s 65536 -n 2000
+check "the sender's TX ring filled up (tx_ring_full > 0)" \
+  test "$(counter "$SB" tx_ring_full)" -gt 0
+check "no frame dropped at TX (tx_dropped = 0 on both)" \
+  test "$(counter "$SA" tx_dropped)$(counter "$SB" tx_dropped)" = 00
+check "nothing retransmitted (back-pressure, not loss)" \
+  test "$(counter "$SB" retransmits)" = 0
+
+# 2. urnic-perf through the shim.
+uperf() {  # uperf NAME ARGS...: server on A, client on B, JSON of the client
+  local name=$1
+  shift
+  pair "$name" "$UPERF" --server -p 18600 "$@" -- \
+    "$UPERF" -p 18600 --json "$TMP/$name.json" --urnicd "$SB" "$@"
+}
+json_ok() {  # json_ok FILE PYTHON-EXPR over j (the client's JSON)
+  $PY -c "import json,sys; j=json.load(open('$1')); sys.exit(0 if ($2) else 1)"
+}
+for op in write write_imm read send; do
+  check "urnic-perf $op bw, 16 QPs x 2 threads, --verify" \
+    uperf "$op" -o $op -m bw -s 4096 -q 16 -t 2 -D 1 --warmup 0 --verify
+  check "urnic-perf $op: ops > 0, no errors, service counters present" \
+    json_ok "$TMP/$op.json" \
+    "j['results'][0]['ops'] > 0 and j['results'][0]['errors'] == 0 and j['results'][0]['verify_errors'] == 0 and j['service'] is not None"
+done
+# The programs poll cooperatively here (the shim's URNIC_POLL_YIELD).
+with_yield() { (
+  export URNIC_POLL_YIELD=8
+  "$@"
+); }
+check "urnic-perf fetch_add latency, polling with yield (URNIC_POLL_YIELD)" \
+  with_yield uperf fa -o fetch_add -m lat -s 8 -n 2000
+check "urnic-perf latency JSON is ordered" json_ok "$TMP/fa.json" \
+  "(lambda l: l['min'] <= l['median'] <= l['p99'] <= l['p999'] <= l['max'])(j['results'][0]['latency_us'])"
+corrupt_run() {  # the client flips a payload byte: the server must see it
+  ! (
+    export URNIC_PERF_CORRUPT=1
+    pair corrupt "$UPERF" --server -p 18601 -o send -m bw -s 4096 -D 1 \
+      --warmup 0 --verify -- "$UPERF" -p 18601 -o send -m bw -s 4096 -D 1 \
+      --warmup 0 --verify
+  )
+}
+check "urnic-perf --verify catches a corrupted payload (non-zero exit)" corrupt_run
+check "... and counts it" grep -q "fail verification" "$TMP/corrupt-s.out"
+
+# 3. urnicctl qps pages through 300 held QPs.
+"${ON_A[@]}" "$UPERF" --server -p 18602 >"$TMP/hold-s.out" 2>&1 &
+HS=$!
+PIDS+=($HS)
+sleep 0.5
+"${ON_B[@]}" "$UPERF" -p 18602 -q 300 --hold 30 127.0.0.1 >"$TMP/hold-c.out" 2>&1 &
+HC=$!
+PIDS+=($HC)
+for _ in $(seq 300); do
+  [ "$(ctl "$SB" qps --json 2>/dev/null | $PY -c "
+import json, sys
+print(sum(len(json.loads(l)['qps']) for l in sys.stdin if l.strip()))" 2>/dev/null)" = 300 ] && break
+  sleep 0.1
+done
+check "urnicctl qps --json: 300 QPs over two pages, each owned by the client's pid" \
+  bash -c "'$URNICCTL' -s '$SB' qps --json | $PY -c \"
+import json, sys
+pages = [json.loads(l) for l in sys.stdin if l.strip()]
+rows = [dict(zip(p['qp_fields'], r)) for p in pages for r in p['qps']]
+ok = len(pages) == 2 and len(rows) == 300 and all(r['pid'] == $HC for r in rows)
+ok = ok and pages[0]['lcores'][0]['transport'] is True
+sys.exit(0 if ok else 1)\""
+check "urnicctl qps (text) lists the 300 QPs" \
+  test "$(ctl "$SB" qps | grep -c '^ *0x')" = 300
+stop_pid $HC
+stop_pid $HS
+
+# 4. kill -9 of the server mid-run; the client fails with a message.
+"${ON_A[@]}" "$UPERF" --server -p 18603 -o write -m bw -s 65536 -q 4 -D 20 \
+  >"$TMP/kill-s.out" 2>&1 &
+KS=$!
+PIDS+=($KS)
+sleep 0.5
+"${ON_B[@]}" "$UPERF" -p 18603 -o write -m bw -s 65536 -q 4 -D 20 \
+  127.0.0.1 >"$TMP/kill-c.out" 2>&1 &
+KC=$!
+PIDS+=($KC)
+sleep 3
+kill -KILL $KS
+t_kill=$SECONDS
+wait $KS 2>/dev/null || true  # reaped (and no "Killed" line)
+rc=0
+wait $KC || rc=$?
+check "the client exits non-zero after its server is killed (rc $rc)" \
+  test $rc -ne 0 -a $((SECONDS - t_kill)) -lt 15
+check "... and says why" grep -qE "peer closed|completion error" "$TMP/kill-c.out"
+for s in "$SA" "$SB"; do
+  for _ in $(seq 50); do
+    ctl "$s" objects | grep -q "^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0" && break
+    sleep 0.1
+  done
+  check "service $(basename "$s" .sock) released every object" \
+    bash -c "'$URNICCTL' -s '$s' objects | grep -q '^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0'"
+done
+
+echo "perf_smoke: $pass passed, $fail failed"
+[ $fail -eq 0 ]
