@@ -174,6 +174,9 @@ struct Run {
   std::string fail_msg;
   std::vector<std::vector<double>> lat;  // per thread, microseconds
   bool corrupt = false;
+  uint64_t cq_room = 0;              // CQEs a thread's CQ can hold
+  uint32_t recv_depth = 0;           // receives kept posted per QP
+  std::vector<uint64_t> thread_out;  // send WRs outstanding per thread
 };
 
 uint32_t slot_bytes(const Run& r) {
@@ -252,10 +255,29 @@ void setup(Run& r) {
   r.lat.assign(t, {});
   const uint32_t per_thread = (p.qps + t - 1) / t;
   const uint32_t sq = p.depth + p.batch, rq = uses_recv(p.op) ? p.depth : 1;
+  // One CQ per thread, as large as its QPs' queues or the device allows;
+  // when smaller, a thread keeps at most that many operations outstanding
+  // (and the server posts fewer receives) so it never overflows.
+  const uint64_t want = uint64_t{per_thread} * (sq + rq) + 16;
+  const uint64_t cqe =
+      std::min<uint64_t>(want, static_cast<uint64_t>(std::max(da.max_cqe, 32)));
+  r.cq_room = cqe - 16;
+  r.recv_depth = p.depth;
+  if (uses_recv(p.op) && uint64_t{per_thread} * (p.depth + 1) > r.cq_room / 2)
+    r.recv_depth = static_cast<uint32_t>(
+        std::max<uint64_t>(1, r.cq_room / 2 / per_thread));
+  if (cqe < want)
+    fprintf(stderr,
+            "urnic-perf: note: CQs of %" PRIu64
+            " entries (device max): at most "
+            "%" PRIu64
+            " operations outstanding per thread, %u receives per QP\n",
+            cqe, r.cq_room / 2, r.recv_depth);
+  r.thread_out.assign(t, 0);
   for (uint32_t i = 0; i < t; ++i) {
-    const int cqe = static_cast<int>(per_thread * (sq + rq) + 16);
-    ibv_cq* cq = ibv_create_cq(r.ctx, cqe, nullptr, nullptr, 0);
-    if (!cq) die(1, "ibv_create_cq(%d): %s", cqe, strerror(errno));
+    ibv_cq* cq =
+        ibv_create_cq(r.ctx, static_cast<int>(cqe), nullptr, nullptr, 0);
+    if (!cq) die(1, "ibv_create_cq(%" PRIu64 "): %s", cqe, strerror(errno));
     r.cqs.push_back(cq);
   }
   std::mt19937 rng(static_cast<uint32_t>(now_ns()));
@@ -494,19 +516,23 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
   const Params& p = r.o.p;
   std::vector<QpCtx*>& mine = r.by_thread[t];
   ibv_wc wc[32];
-  const uint32_t depth =
-      p.verify && (p.op == Op::kRead || is_atomic(p.op)) ? p.depth : p.depth;
+  const uint32_t depth = p.depth;
+  uint64_t& tout = r.thread_out[t];
+  const uint64_t room = r.cq_room / 2;  // the rest is for receives
   for (;;) {
     const int ph = r.phase.load(std::memory_order_relaxed);
     bool more = false;
     for (QpCtx* q : mine) {
       const uint64_t out = q->outstanding.load(std::memory_order_relaxed);
       const bool want = ph < 2 && (!p.iters || q->posted < p.iters);
-      if (want && out + p.batch <= depth) {
+      if (want && out + p.batch <= depth && tout + p.batch <= room) {
         uint32_t n = p.batch;
         if (p.iters)
           n = static_cast<uint32_t>(std::min<uint64_t>(n, p.iters - q->posted));
-        if (!post_send(r, *q, size, n, false)) return;
+        // Signal the last WR before the thread's budget stops posting, or
+        // an unsignaled tail would never complete.
+        if (!post_send(r, *q, size, n, tout + n + p.batch > room)) return;
+        tout += n;
       }
       if (want || q->outstanding.load(std::memory_order_relaxed)) more = true;
     }
@@ -518,7 +544,10 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
     }
     for (int i = 0; i < k; ++i) {
       if (!wc_ok(r, wc[i])) return;
-      retire(r, *r.qps[wc[i].wr_id >> 32], wc[i], size, true);
+      QpCtx& q = *r.qps[wc[i].wr_id >> 32];
+      const uint64_t before = q.outstanding.load(std::memory_order_relaxed);
+      retire(r, q, wc[i], size, true);
+      tout -= before - q.outstanding.load(std::memory_order_relaxed);
     }
     if (r.failed.load(std::memory_order_relaxed)) return;
   }
@@ -1436,7 +1465,7 @@ int main(int argc, char** argv) {
       }
     for (auto& q : r.qps)
       if (uses_recv(r.o.p.op))
-        for (uint32_t k = 0; k < r.o.p.depth; ++k)
+        for (uint32_t k = 0; k < r.recv_depth; ++k)
           if (!post_recv(r, *q)) die(1, "%s", r.fail_msg.c_str());
     std::vector<QpWire> mine = my_wire(r), peer(r.qps.size());
     if (!ch.send_all(mine.data(), mine.size() * sizeof(QpWire)) ||
