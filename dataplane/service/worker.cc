@@ -182,9 +182,6 @@ const ZeroCopyTx::View* ZeroCopyTx::find(const uint8_t* p, uint32_t len) const {
 }
 
 bool Worker::transmit(const transport::TxFrame& f) {
-  rte_mbuf* head = rte_pktmbuf_alloc(port_.pool);
-  if (!head) return false;
-  rte_mbuf* cur = head;
   // Frames to ourselves wait in loop_ across a possible park (when MRs may
   // go away): they are always copied.
   const bool loop = std::memcmp(f.hdr, addrs_.mac.b, 6) == 0;
@@ -194,6 +191,9 @@ bool Worker::transmit(const transport::TxFrame& f) {
     tx_flush_st();
     if (tx_n_ == burst_) return false;
   }
+  rte_mbuf* head = rte_pktmbuf_alloc(port_.pool);
+  if (!head) return false;
+  rte_mbuf* cur = head;
   auto put = [&](const uint8_t* p, uint32_t len) {
     while (len) {
       uint32_t room = rte_pktmbuf_tailroom(cur);
