@@ -177,6 +177,10 @@ void port_read_stats(const PortInfo& p, stats::PortSnapshot& out) {
     out.oerrors = st.oerrors;
     out.rx_nombuf = st.rx_nombuf;
   }
+  if (p.pool) {
+    out.mbufs_total = p.pool->size;
+    out.mbufs_avail = rte_mempool_avail_count(p.pool);
+  }
   port_read_link(p, out);
 }
 

@@ -162,9 +162,10 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
           "\"rx_packets\":%" PRIu64 ",\"rx_missed\":%" PRIu64
           ",\"rx_bytes\":%" PRIu64 ",\"rx_errors\":%" PRIu64
           ",\"rx_nombuf\":%" PRIu64 ",\"tx_packets\":%" PRIu64
-          ",\"tx_errors\":%" PRIu64 ",\"tx_bytes\":%" PRIu64 "},",
+          ",\"tx_errors\":%" PRIu64 ",\"tx_bytes\":%" PRIu64
+          ",\"mbufs_avail\":%" PRIu64 ",\"mbufs_total\":%" PRIu64 "},",
           p.ipackets, p.imissed, p.ibytes, p.ierrors, p.rx_nombuf, p.opackets,
-          p.oerrors, p.obytes);
+          p.oerrors, p.obytes, p.mbufs_avail, p.mbufs_total);
   appendf(s,
           "\"throughput\":{\"rx_pps\":%" PRIu64 ",\"rx_bps\":%" PRIu64
           ",\"tx_pps\":%" PRIu64 ",\"tx_bps\":%" PRIu64 "},",

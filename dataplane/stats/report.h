@@ -21,6 +21,9 @@ struct PortSnapshot {
   // rte_eth_stats
   uint64_t ipackets = 0, opackets = 0, ibytes = 0, obytes = 0;
   uint64_t imissed = 0, ierrors = 0, oerrors = 0, rx_nombuf = 0;
+  // The mbuf pool: free mbufs (incl. per-lcore caches) of total. An idle
+  // service gets back to its idle value; a steady drop is a leak.
+  uint64_t mbufs_avail = 0, mbufs_total = 0;
 };
 
 struct LcoreSnapshot {

@@ -114,6 +114,20 @@ pair() {  # pair NAME SERVER_CMD -- CLIENT_CMD: server on A, client on B
   return $rc
 }
 
+mbufs_avail() {  # mbufs_avail SOCK: free mbufs of the service's pool
+  ctl "$1" stats --json | $PY -c "import json,sys; print(json.load(sys.stdin)['port']['mbufs_avail'])"
+}
+IDLE_A=$(mbufs_avail "$SA")
+IDLE_B=$(mbufs_avail "$SB")
+no_leak() {  # every mbuf is back once traffic stops (64: RX bursts in flight)
+  local s a idle
+  for s in A B; do
+    [ $s = A ] && { a=$(mbufs_avail "$SA"); idle=$IDLE_A; } ||
+      { a=$(mbufs_avail "$SB"); idle=$IDLE_B; }
+    [ $((idle - a)) -le 64 ] || { echo "service $s: $a free mbufs, $idle when idle"; return 1; }
+  done
+}
+
 # 1. Back-pressure: a 4096-packet window into a 64-slot memif ring.
 check "ib_write_bw 64 KiB, 2000 messages, through the shim" \
   pair bw ib_write_bw -d urnic0 -x 0 -s 65536 -n 2000 -- \
@@ -124,6 +138,7 @@ check "no frame dropped at TX (tx_dropped = 0 on both)" \
   test "$(counter "$SA" tx_dropped)$(counter "$SB" tx_dropped)" = 00
 check "nothing retransmitted (back-pressure, not loss)" \
   test "$(counter "$SB" retransmits)" = 0
+check "no mbuf leaked by refused frames (pool back to its idle count)" no_leak
 
 # 2. urnic-perf through the shim.
 uperf() {  # uperf NAME ARGS...: server on A, client on B, JSON of the client
@@ -216,6 +231,8 @@ for s in "$SA" "$SB"; do
   check "service $(basename "$s" .sock) released every object" \
     bash -c "'$URNICCTL' -s '$s' objects | grep -q '^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0'"
 done
+
+check "no mbuf leaked over the whole run" no_leak
 
 echo "perf_smoke: $pass passed, $fail failed"
 [ $fail -eq 0 ]
