@@ -257,6 +257,7 @@ struct Schema<TransportConfig> {
        .member = &S::tx_quantum,
        .min = 256,
        .max = 1048576},
+      {.key = "poll_budget", .member = &S::poll_budget, .min = 1, .max = 65536},
       {.key = "timer_tick_us",
        .member = &S::timer_tick_us,
        .min = 1,

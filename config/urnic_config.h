@@ -125,6 +125,7 @@ struct TransportConfig {
   uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
   uint32_t tx_budget = 64;      // packets one QP may send per poll
   uint32_t tx_quantum = 16384;  // bytes one QP may send per turn (DRR)
+  uint32_t poll_budget = 256;   // packets one engine poll sends, all QPs
   uint32_t timer_tick_us = 1;   // timer wheel resolution
   // Transmit payload from the applications' registered memory as external
   // mbuf buffers instead of copying it (vdev ports; PCI ports always copy).

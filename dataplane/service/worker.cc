@@ -38,6 +38,7 @@ transport::EngineConfig engine_config(const config::Config& cfg) {
   ec.max_unacked = cfg.transport.max_unacked;
   ec.tx_budget = cfg.transport.tx_budget;
   ec.tx_quantum = cfg.transport.tx_quantum;
+  ec.poll_budget = cfg.transport.poll_budget;
   ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
   return ec;
 }

@@ -471,15 +471,19 @@ uint32_t Engine::poll(uint64_t now_ns) {
     }
   }
   // One pass over the QPs that have transmit work; a QP that still has
-  // some afterwards goes to the back of the list.
+  // some afterwards goes to the back of the list. The pass ends after
+  // poll_budget packets (the caller's loop returns to RX).
+  uint32_t left = cfg_.poll_budget;
   Qp* end = ready_.tail();
   while (Qp* qp = ready_.pop_front()) {
     tx_refused_ = false;
     // Round-robin by bytes: a QP's turn ends after tx_quantum bytes (or
     // tx_budget packets), so a bulk sender cannot hold the port while
     // another QP's READ response waits. A turn cut short by a full TX queue
-    // resumes with what was left of it, not with a fresh quantum.
-    const uint32_t budget = qp->turn_cont_ ? qp->turn_pkts_ : cfg_.tx_budget;
+    // or by the poll budget resumes with what was left of it, not with a
+    // fresh quantum.
+    const uint32_t turn = qp->turn_cont_ ? qp->turn_pkts_ : cfg_.tx_budget;
+    const uint32_t budget = std::min(turn, left);
     turn_left_ = qp->turn_cont_ ? qp->turn_bytes_ : cfg_.tx_quantum;
     qp->turn_cont_ = false;
     bool more = false;
@@ -487,11 +491,14 @@ uint32_t Engine::poll(uint64_t now_ns) {
     bool more_req = false;
     if (!more) sent += Requester::send_st(*this, *qp, budget - sent, &more_req);
     work += sent;
-    if (tx_refused_) {
-      // TX is full: this QP keeps its place at the front and the pass ends.
-      if (sent < budget && turn_left_ > 0) {
+    left -= sent;
+    const bool cut = budget < turn && sent == budget && (more || more_req);
+    if (tx_refused_ || cut) {
+      // TX is full, or this poll's budget is spent: this QP keeps its place
+      // at the front and the pass ends.
+      if (sent < turn && turn_left_ > 0) {
         qp->turn_cont_ = true;
-        qp->turn_pkts_ = budget - sent;
+        qp->turn_pkts_ = turn - sent;
         qp->turn_bytes_ = turn_left_;
         ready_.push_front(*qp);
       } else {
@@ -500,7 +507,7 @@ uint32_t Engine::poll(uint64_t now_ns) {
       break;
     }
     if (more || more_req) make_ready(*qp);
-    if (qp == end) break;
+    if (qp == end || left == 0) break;
   }
   return work;
 }

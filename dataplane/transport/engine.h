@@ -88,6 +88,9 @@ struct EngineConfig {
   uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
   uint32_t tx_budget = 64;      // packets one poll() may send per QP
   uint32_t tx_quantum = 16384;  // bytes per QP turn (round-robin by bytes)
+  // Packets one poll() sends over all QPs: the caller then gets back to RX,
+  // so the peer's ACKs are read while many QPs have data.
+  uint32_t poll_budget = 256;
   uint16_t udp_sport_base = 0xc000;
   uint32_t timer_tick_ns = 1000;  // timer wheel resolution
 };

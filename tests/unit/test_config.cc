@@ -339,6 +339,8 @@ field_mutations() {
           {"transport.tx_budget", [](Config& c) { c.transport.tx_budget = 1; }},
           {"transport.tx_quantum",
            [](Config& c) { c.transport.tx_quantum = 4096; }},
+          {"transport.poll_budget",
+           [](Config& c) { c.transport.poll_budget = 64; }},
           {"transport.timer_tick_us",
            [](Config& c) { c.transport.timer_tick_us = 1000; }},
           {"transport.zero_copy_tx",
