@@ -19,13 +19,6 @@ namespace urnic::service {
 
 using namespace urnic::shim;
 
-void LcoreGate::park() {
-  req_.store(true, std::memory_order_release);
-  while (!parked_.load(std::memory_order_acquire) &&
-         running_.load(std::memory_order_acquire))
-    sched_yield();
-}
-
 namespace {
 
 // Service-created shared memory (rings, doorbells): sealed so that the
@@ -492,10 +485,12 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
   auto s = std::make_unique<SrqObj>();
   s->mem = m;
   s->sh = new (m.base) SrqShared;
+  s->size = slots;
   s->sh->size = slots;
-  s->sh->offset = static_cast<uint32_t>(page_round(sizeof(SrqShared)));
-  s->ring = reinterpret_cast<ShmRecvWqe*>(static_cast<uint8_t*>(m.base) +
-                                          s->sh->offset);
+  const auto ring_off = static_cast<uint32_t>(page_round(sizeof(SrqShared)));
+  s->sh->offset = ring_off;
+  s->ring =
+      reinterpret_cast<ShmRecvWqe*>(static_cast<uint8_t*>(m.base) + ring_off);
   s->pd = r.pd;
   int rc;
   {
@@ -585,13 +580,17 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
       } else {
         uint8_t* base = static_cast<uint8_t*>(q->mem.base);
         q->sh = new (base) QpShared;
+        q->sq_size = sq;
+        q->rq_size = rq;
         q->sh->sq_size = sq;
         q->sh->rq_size = rq;
-        q->sh->sq_offset = static_cast<uint32_t>(page_round(sizeof(QpShared)));
-        q->sh->rq_offset = static_cast<uint32_t>(
-            q->sh->sq_offset + page_round(size_t{sq} * sizeof(ShmSendWqe)));
-        q->sq = reinterpret_cast<ShmSendWqe*>(base + q->sh->sq_offset);
-        q->rq = reinterpret_cast<ShmRecvWqe*>(base + q->sh->rq_offset);
+        const auto sq_off = static_cast<uint32_t>(page_round(sizeof(QpShared)));
+        const auto rq_off = static_cast<uint32_t>(
+            sq_off + page_round(size_t{sq} * sizeof(ShmSendWqe)));
+        q->sh->sq_offset = sq_off;
+        q->sh->rq_offset = rq_off;
+        q->sq = reinterpret_cast<ShmSendWqe*>(base + sq_off);
+        q->rq = reinterpret_cast<ShmRecvWqe*>(base + rq_off);
         q->qp->pub_sq_done_ = &q->sh->sq_done;
         q->qp->pub_rq_done_ = &q->sh->rq_done;
         q->qp->pub_state_ = &q->sh->state;
@@ -839,7 +838,7 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   uint64_t bad = 0;
 
   const uint32_t rprod = q.sh->rq_prod.load(std::memory_order_acquire);
-  if (rprod - q.rq_seen > q.sh->rq_size) {
+  if (rprod - q.rq_seen > q.rq_size) {
     q.broken = true;  // an index no correct producer can write
     ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
     eng.to_error(*qp);
@@ -847,7 +846,7 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   }
   for (; q.rq_seen != rprod; ++q.rq_seen) {
     ShmRecvWqe w;  // copied out once, then validated: no re-reads
-    std::memcpy(&w, &q.rq[q.rq_seen & (q.sh->rq_size - 1)], sizeof w);
+    std::memcpy(&w, &q.rq[q.rq_seen & (q.rq_size - 1)], sizeof w);
     transport::RecvWr wr;
     wr.wr_id = w.wr_id;
     int rc = EINVAL;
@@ -865,7 +864,7 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   }
 
   const uint32_t sprod = q.sh->sq_prod.load(std::memory_order_acquire);
-  if (sprod - q.sq_seen > q.sh->sq_size) {
+  if (sprod - q.sq_seen > q.sq_size) {
     q.broken = true;
     ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
     eng.to_error(*qp);
@@ -873,7 +872,7 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   }
   for (; q.sq_seen != sprod; ++q.sq_seen) {
     ShmSendWqe w;
-    std::memcpy(&w, &q.sq[q.sq_seen & (q.sh->sq_size - 1)], sizeof w);
+    std::memcpy(&w, &q.sq[q.sq_seen & (q.sq_size - 1)], sizeof w);
     transport::SendWr wr;
     wr.wr_id = w.wr_id;
     wr.opcode = static_cast<ibv_wr_opcode>(w.opcode);
@@ -918,14 +917,14 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
 bool ShimServer::drain_srq_st(SrqObj& s, uint32_t* taken) {
   if (s.broken) return false;
   const uint32_t prod = s.sh->prod.load(std::memory_order_acquire);
-  if (prod - s.seen > s.sh->size) {
+  if (prod - s.seen > s.size) {
     s.broken = true;
     ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   for (; s.seen != prod; ++s.seen) {
     ShmRecvWqe w;
-    std::memcpy(&w, &s.ring[s.seen & (s.sh->size - 1)], sizeof w);
+    std::memcpy(&w, &s.ring[s.seen & (s.size - 1)], sizeof w);
     transport::RecvWr wr;
     wr.wr_id = w.wr_id;
     // A WQE the SRQ refuses still takes its slot (as an empty receive), so

@@ -17,45 +17,11 @@
 #include <vector>
 
 #include "dataplane/service/control.h"
+#include "dataplane/service/lcore_gate.h"
 #include "dataplane/transport/engine.h"
 #include "verbs-shim/abi.h"
 
 namespace urnic::service {
-
-// Parks a worker lcore at a safe point (top of its loop, no references
-// held) so the control thread can change what the lcore reads. Control
-// operations are rare (set-up and tear-down); a park costs the data path
-// a few microseconds.
-class LcoreGate {
- public:
-  // Worker, once per loop iteration.
-  void check_st() {
-    if (!req_.load(std::memory_order_acquire)) return;
-    parked_.store(true, std::memory_order_release);
-    while (req_.load(std::memory_order_acquire)) __builtin_ia32_pause();
-    parked_.store(false, std::memory_order_release);
-  }
-  void set_running(bool r) { running_.store(r, std::memory_order_release); }
-  // Control thread. Returns once the lcore is parked (or not running).
-  void park();
-  void unpark() { req_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> req_{false};
-  std::atomic<bool> parked_{false};
-  std::atomic<bool> running_{false};
-};
-
-class ParkGuard {
- public:
-  explicit ParkGuard(LcoreGate& g) : g_(g) { g_.park(); }
-  ~ParkGuard() { g_.unpark(); }
-  ParkGuard(const ParkGuard&) = delete;
-  ParkGuard& operator=(const ParkGuard&) = delete;
-
- private:
-  LcoreGate& g_;
-};
 
 // A mapping of shared memory in the service.
 struct Mapping {
@@ -126,6 +92,9 @@ class ShimServer {
     shim::QpShared* sh = nullptr;
     shim::ShmSendWqe* sq = nullptr;
     shim::ShmRecvWqe* rq = nullptr;
+    // The service's own copy of the ring sizes (powers of two): the copy in
+    // `sh` is the application's to overwrite and is never read back.
+    uint32_t sq_size = 0, rq_size = 0;
     uint32_t doorbell = 0;
     uint32_t sq_seen = 0, rq_seen = 0;  // lcore: WQEs taken from the rings
     bool broken = false;                // the application corrupted a ring
@@ -136,6 +105,7 @@ class ShimServer {
     Mapping mem;
     shim::SrqShared* sh = nullptr;
     shim::ShmRecvWqe* ring = nullptr;
+    uint32_t size = 0;  // slots; never read back from `sh`
     uint32_t doorbell = 0;
     uint32_t seen = 0;
     bool broken = false;

@@ -373,6 +373,54 @@ TEST_F(ShimServerTest, BadWqeCompletesInErrorAndCorruptIndexKillsOnlyThatQp) {
   EXPECT_EQ(b.sh->state.load(), IBV_QPS_RTS);
 }
 
+// The ring sizes in the QP and SRQ headers are the application's memory: a
+// client that rewrites them (and then a producer index that fits the forged
+// size) must not move the service outside the rings it mapped. Before the
+// service kept its own copy, this read ~1 M slots past a 16-slot ring.
+TEST_F(ShimServerTest, AHostileRingHeaderCannotMoveTheServiceOutOfItsRings) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  Qp c = create_qp(pd, cq.h), d = create_qp(pd, cq.h);
+  connect(a, b);
+  connect(c, d);
+  const uint32_t real_sq = c.sh->sq_size;
+  c.sh->sq_size = c.sh->rq_size = 1u << 30;
+  c.sh->sq_offset = c.sh->rq_offset = 0;  // not read either
+  c.sh->rq_prod.store(1u << 20);
+  c.sh->sq_prod.store(1u << 20);
+  ring_doorbell(*db, c.doorbell);
+  Reply r = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
+  ASSERT_EQ(r.status, 0) << r.payload;
+  const auto srep = r.as<CreateSrqRep>();
+  auto* ssh = static_cast<SrqShared*>(map(r.fds.at(0), srep.map_len));
+  ssh->size = 1u << 30;
+  ssh->prod.store(1u << 20);
+  ring_doorbell(*db, srep.doorbell);
+  run();
+  // Expect: the forged QP is in error, nothing was taken from its rings,
+  // the SRQ took nothing, and the client's other QPs still work.
+  EXPECT_EQ(c.sh->state.load(), IBV_QPS_ERR);
+  EXPECT_EQ(c.sh->sq_done.load(), 0u);
+  EXPECT_EQ(ssh->done.load(), 0u);
+  EXPECT_GE(srv.counters().bad_wqes.load(), 2u);
+  EXPECT_EQ(d.sh->state.load(), IBV_QPS_RTS);
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  std::memset(src.p, 0x5a, 4096);
+  // The shim's own view of the ring: the size it was given at create time.
+  c.sh->sq_size = real_sq;
+  post(a, write_wqe(src, dst, 4096));
+  run();
+  ibv_wc wc;
+  std::vector<ibv_wc> got;
+  while (poll(cq, &wc)) got.push_back(wc);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back().status, IBV_WC_SUCCESS);
+  EXPECT_EQ(got.back().qp_num, a.qpn);
+  EXPECT_EQ(dst.p[4095], 0x5a);
+}
+
 TEST_F(ShimServerTest, ModifyToResetKeepsTheApplicationsIndices) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
