@@ -24,7 +24,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 2;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 3;  // OpenReq.abi must equal this
 constexpr uint32_t kMaxSge = 16;  // = transport::kMaxSge
 constexpr uint32_t kMaxInline = 256;
 constexpr uint32_t kMaxGids = 16;
@@ -293,8 +293,14 @@ constexpr uint32_t kArmSolicited = 2;
 // pending, then summary words, then bit words to 0 (acquire) and drains the
 // queues whose bits were set: work per loop follows what was rung, not how
 // many QPs exist.
+//
+// `closed` is the service's: set once it has stopped serving this context
+// (shutdown: every QP flushed, no more WQEs taken or completions made). The
+// shim reads it when a CQ is empty, so polling a dead device fails instead
+// of spinning forever; it shares pending's line, which a post touches anyway.
 struct alignas(64) DoorbellPage {
   alignas(64) std::atomic<uint32_t> pending{0};
+  std::atomic<uint32_t> closed{0};
   alignas(64) std::atomic<uint64_t> summary[kMaxDoorbells / 64 / 64]{};
   alignas(64) std::atomic<uint64_t> bits[kMaxDoorbells / 64]{};
 };

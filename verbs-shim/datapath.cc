@@ -239,12 +239,20 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 
 namespace {
 
+// An empty CQ of a context whose service is gone (the connection failed,
+// or the service flushed everything and closed the doorbell page): polling
+// fails, as on a device in its fatal state. Completions already in the ring
+// (the flushed WRs among them) are still returned first; the ring stays
+// mapped after the service exits.
+bool service_gone(Cq& q) {
+  if (q.ctx->dead.load(std::memory_order_relaxed)) return true;
+  if (!q.ctx->db->closed.load(std::memory_order_acquire)) return false;
+  q.ctx->lost("urnicd is shutting down");
+  return true;
+}
+
 int poll_cq_locked(ibv_cq* cq, int n, ibv_wc* wc) {
   Cq& q = cq_of(cq);
-  if (q.ctx->dead.load(std::memory_order_relaxed)) {
-    errno = EIO;
-    return -1;
-  }
   std::lock_guard g(q.lock);
   const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
   if (prod - q.cons > q.mask + 1) {  // not something the service writes
@@ -261,7 +269,8 @@ int poll_cq_locked(ibv_cq* cq, int n, ibv_wc* wc) {
     return k;
   }
   // An overrun CQ is in error: like hardware, polling it fails.
-  if (n > 0 && q.sh->error.load(std::memory_order_acquire)) {
+  if (n > 0 &&
+      (q.sh->error.load(std::memory_order_acquire) || service_gone(q))) {
     errno = EIO;
     return -1;
   }
@@ -308,12 +317,12 @@ void load_current(Cq& q) {
 int cq_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
   Cq& q = cq_of(cq);
   if (attr && attr->comp_mask) return EINVAL;
-  if (q.ctx->dead.load(std::memory_order_relaxed)) return EIO;
   q.lock.lock();
   const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
   if (q.cons == prod || prod - q.cons > q.mask + 1) {
     const bool err = prod - q.cons > q.mask + 1 ||
-                     q.sh->error.load(std::memory_order_acquire);
+                     q.sh->error.load(std::memory_order_acquire) ||
+                     service_gone(q);
     q.lock.unlock();
     if (!err) empty_poll();
     return err ? EIO : ENOENT;

@@ -313,6 +313,11 @@ URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
         return 0;
       }
       case Element::kDevice:
+        // The service is shutting down (it flushed this context's QPs):
+        // reported once; the close that follows reads as EIO, not as a
+        // second fatal event.
+        c.async_eof = true;
+        c.lost("urnicd is shutting down");
         return 0;
       case Element::kPort:  // port events carry the port number
         event->element.port_num = static_cast<int>(m.handle);

@@ -135,15 +135,45 @@ host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
   return h;
 }
 
+// A configuration EAL accepted but urnicd cannot run is refused here, before
+// any port or lcore starts (a worker lcore that does not exist would never
+// answer a park and would hang the control thread). Empty: fine.
+std::string check_eal(const config::Config& cfg,
+                      const std::vector<std::string>& args, int parsed) {
+  // rte_eal_init stops at the first argument it does not take; what is
+  // left was meant for EAL (a YAML list split where a quoted string was
+  // meant, e.g. [--lcores=0@0,1@1]).
+  if (static_cast<size_t>(parsed) + 1 < args.size())
+    return "EAL did not take argument '" + args[parsed + 1] +
+           "' (from eal.extra_args: quote an option whose value has commas, "
+           "e.g. eal.extra_args=['--lcores=0@0,1@1'])";
+  for (uint32_t w : cfg.eal.workers) {
+    if (w == rte_get_main_lcore())
+      return "worker lcore " + std::to_string(w) +
+             " is the main lcore (eal.main_lcore)";
+    if (w >= RTE_MAX_LCORE || !rte_lcore_is_enabled(w))
+      return "worker lcore " + std::to_string(w) +
+             " is not an EAL lcore (eal.workers lists lcores; an --lcores in "
+             "eal.extra_args must define each of them)";
+  }
+  return {};
+}
+
 int run(const config::Config& cfg, char* prog) {
   std::vector<std::string> args = eal_args(cfg, prog);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  if (rte_eal_init(static_cast<int>(args.size()), argv.data()) < 0) {
+  const int parsed = rte_eal_init(static_cast<int>(args.size()), argv.data());
+  if (parsed < 0) {
     fprintf(stderr, "urnicd: EAL initialisation failed: %s\n",
             rte_strerror(rte_errno));
     return 1;
+  }
+  if (const std::string why = check_eal(cfg, args, parsed); !why.empty()) {
+    fprintf(stderr, "urnicd: %s\n", why.c_str());
+    rte_eal_cleanup();
+    return 2;
   }
   int rc = 0;
   {
@@ -157,6 +187,20 @@ int run(const config::Config& cfg, char* prog) {
     std::vector<std::unique_ptr<Worker>> workers;
     std::unique_ptr<ZeroCopyTx> zero_copy;
     std::unique_ptr<ShimServer> shim;
+    // After `shim`: closing a connection releases that client's objects in
+    // the shim, so the connections must close first.
+    std::unique_ptr<ControlServer> ctl;
+    // Tear-down order on every path: lcores stop, clients are told and
+    // disconnected, then objects, workers and the port go.
+    auto teardown = [&] {
+      g_quit.store(true);
+      rte_eal_mp_wait_lcore();
+      if (shim) shim->shutdown();
+      ctl.reset();
+      shim.reset();  // releases what is left (lcores stopped)
+      workers.clear();
+      if (port.started) port_teardown(port);
+    };
     try {
       port = port_setup(cfg);
       addrs = make_addrs(cfg, port);
@@ -346,22 +390,30 @@ int run(const config::Config& cfg, char* prog) {
         }
         rep.payload = handle_ctl(req.op, req.body, rep.status);
       };
-      ControlServer ctl(cfg.control, handler,
-                        [&](const ClientInfo& ci) { shim->on_close(ci); });
-      printf("urnicd: control socket %s\n", ctl.path().c_str());
-      fflush(stdout);
+      ctl = std::make_unique<ControlServer>(
+          cfg.control, handler,
+          [&](const ClientInfo& ci) { shim->on_close(ci); });
 
       for (auto& w : workers) {
         w->gate().set_running(true);  // before launch: park() waits for it
-        rte_eal_remote_launch(&Worker::launch, w.get(), w->lcore());
+        const int lrc =
+            rte_eal_remote_launch(&Worker::launch, w.get(), w->lcore());
+        if (lrc) {
+          w->gate().set_running(false);
+          throw std::runtime_error("cannot start worker lcore " +
+                                   std::to_string(w->lcore()) + ": " +
+                                   rte_strerror(-lrc));
+        }
       }
+      printf("urnicd: control socket %s\n", ctl->path().c_str());
+      fflush(stdout);
 
       stats::Snapshot last_print = snapshot();
       bool link_up = !last_print.port.link_up;  // report the first state
       uint64_t next_link_check = 0;
       uint64_t next_print = now_ns() + uint64_t{cfg.stats.period_ms} * 1000000;
       while (!g_quit.load()) {
-        ctl.poll(20);
+        ctl->poll(20);
         shim->pump_events();
         while (!commands.empty() &&
                commands.front()->result.load(std::memory_order_acquire) != 1)
@@ -387,21 +439,22 @@ int run(const config::Config& cfg, char* prog) {
         }
       }
       rte_eal_mp_wait_lcore();
+      if (const size_t live = shim->clients_open()) {
+        shim->shutdown();
+        printf(
+            "urnicd: stopping with %zu client(s) attached: their QPs "
+            "flushed, IBV_EVENT_DEVICE_FATAL sent\n",
+            live);
+      }
       if (cfg.stats.print_on_exit) {
         stats::Snapshot s = snapshot();
         fputs(stats::format_text(s, &last_print).c_str(), stdout);
       }
-      shim.reset();  // releases every client's objects (lcores stopped)
-      workers.clear();
-      port_teardown(port);
+      teardown();
       printf("urnicd: stopped\n");
     } catch (const std::exception& e) {
       fprintf(stderr, "urnicd: %s\n", e.what());
-      g_quit.store(true);
-      rte_eal_mp_wait_lcore();
-      shim.reset();
-      workers.clear();
-      if (port.started) port_teardown(port);
+      teardown();
       rc = 1;
     }
   }

@@ -740,6 +740,29 @@ void ShimServer::pump_events() {
   }
 }
 
+void ShimServer::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  {
+    ParkGuard park(*env_.gate);  // returns at once: the lcores have stopped
+    for (auto& [id, cp] : clients_)
+      for (auto& [h, q] : cp->qps) env_.engine->to_error(*q->qp);
+    // WQEs posted but not yet taken complete too (posted in ERR: flushed),
+    // or an application waiting for them would wait forever.
+    uint32_t taken = 0;
+    for (auto& [id, cp] : clients_)
+      for (auto& [h, q] : cp->qps) drain_qp_st(*cp, *q, &taken);
+  }
+  pump_events();
+  // Completions are all written: an empty CQ now means "never more".
+  for (Client* c : live_) c->db->closed.store(1, std::memory_order_release);
+  const AsyncMsg m{IBV_EVENT_DEVICE_FATAL, 0};
+  for (auto& [id, cp] : clients_)
+    if (cp->async_fd >= 0 && send(cp->async_fd, &m, sizeof m,
+                                  MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m)
+      ctr_.async_events.fetch_add(1, std::memory_order_relaxed);
+}
+
 std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
   auto r = [](const std::atomic<uint64_t>& a) {
     return a.load(std::memory_order_relaxed);

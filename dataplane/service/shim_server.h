@@ -74,6 +74,12 @@ class ShimServer {
   void handle(CtlRequest& req, CtlReply& rep);
   void on_close(const ClientInfo& ci);
   void pump_events();  // the Device's async events -> clients' sockets
+  // Service shutdown, after the lcores stopped and before the control
+  // connections close: every QP goes to error (its outstanding WRs complete
+  // with IBV_WC_WR_FLUSH_ERR in the application's CQ, armed completion
+  // channels fire) and every client gets IBV_EVENT_DEVICE_FATAL. Once.
+  void shutdown();
+  size_t clients_open() const { return live_.size(); }
   std::string objects_text() const;  // `urnicctl objects`
   const ShimCounters& counters() const { return ctr_; }
   // Counters and live object counts, by name (stats).
@@ -173,6 +179,7 @@ class ShimServer {
   std::vector<Mapping> retired_views_;  // still referenced by mbufs
   ShimCounters ctr_;
   std::string why_;  // detail of the last refusal, sent with -errno
+  bool shut_down_ = false;
 };
 
 }  // namespace urnic::service

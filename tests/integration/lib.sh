@@ -1,0 +1,85 @@
+# Shell helpers for the integration scripts (sourced, not run): a temp dir,
+# processes stopped by PID on exit pass or fail, PASS/FAIL counting, and two
+# urnicd joined by a net_memif pair. A script sets ID (unique per run)
+# before calling these, and calls `finish` last.
+#   lib_init            TMP dir, PIDS, counters, the EXIT trap
+#   check NAME CMD...   runs CMD, counts PASS/FAIL
+#   stop_pid PID        TERM, KILL after 5 s, reaped
+#   memif_start ROLE MAC IP SOCK [urnicd options]   LAST_PID = the service
+#   wait_sock SOCK      until a service answers there (10 s)
+#   counter SOCK NAME   a "totals"/"transport"/"shim" counter of stats --json
+
+lib_init() {
+  TMP=$(mktemp -d "/tmp/urnic-${ID:-it}.XXXXXX")
+  PIDS=()
+  pass=0
+  fail=0
+  trap lib_cleanup EXIT INT TERM
+}
+
+stop_pid() {
+  local p=$1
+  kill -TERM "$p" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
+}
+
+lib_cleanup() {
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && stop_pid "$p"; done
+  if [ "$fail" -ne 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
+    for f in "$TMP"/*.log "$TMP"/*.out; do
+      [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }
+    done
+  fi
+  rm -rf "$TMP"
+}
+
+check() {
+  local name=$1
+  shift
+  if "$@"; then
+    echo "PASS - $name"
+    pass=$((pass + 1))
+  else
+    echo "FAIL - $name"
+    fail=$((fail + 1))
+  fi
+}
+
+finish() {
+  echo "$pass passed, $fail failed"
+  [ "$fail" = 0 ]
+}
+
+# memif_start ROLE MAC IP SOCK [urnicd options]: URNICD on the memif pair
+# in $TMP, worker lcore 1, log $TMP/urnicd-ROLE.log (appended).
+memif_start() {
+  local role=$1 mac=$2 ip=$3 sock=$4
+  shift 4
+  "$URNICD" -o "port.vdev=net_memif0,role=$role,socket=$TMP/memif.sock,id=0,mac=$mac" \
+    -o "port.ipv4=$ip/24" -o "control.socket=$sock" -o "eal.main_lcore=0" \
+    -o "eal.workers=[1]" -o "eal.file_prefix=${ID:-it}-$role" \
+    -o stats.period_ms=0 -o lcores.idle.yield=true "$@" \
+    >>"$TMP/urnicd-$role.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+wait_sock() {
+  for _ in $(seq 100); do
+    "$URNICCTL" -s "$1" stats >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+counter() {
+  "$URNICCTL" -s "$1" stats --json | /usr/bin/python3 -c "
+import json, sys
+j = json.load(sys.stdin)
+for k in ('totals', 'transport'):
+    if '$2' in j.get(k, {}): print(j[k]['$2']); break
+else:
+    print(dict(j.get('shim') or {}).get('$2', -1))"
+}
