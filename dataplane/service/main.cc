@@ -332,14 +332,27 @@ int run(const config::Config& cfg, char* prog) {
               return "not a QPN: " + std::string(body);
             }
             const auto owners = shim->qp_owners();
-            std::vector<stats::QpRow> rows;
-            uint32_t next = 0;
+            // Pages in QPN order (the table is not: QPNs carry a
+            // generation in their upper bits).
+            std::vector<const transport::Qp*> page;
             workers[0]->engine().for_each_qp([&](const transport::Qp& q) {
-              if (q.qpn() < from || next) return;
-              if (rows.size() == kPage) {
-                next = q.qpn();
-                return;
-              }
+              if (q.qpn() >= from) page.push_back(&q);
+            });
+            const auto by_qpn = [](const transport::Qp* a,
+                                   const transport::Qp* b) {
+              return a->qpn() < b->qpn();
+            };
+            uint32_t next = 0;
+            if (page.size() > kPage) {
+              std::nth_element(page.begin(), page.begin() + kPage, page.end(),
+                               by_qpn);
+              next = page[kPage]->qpn();
+              page.resize(kPage);
+            }
+            std::sort(page.begin(), page.end(), by_qpn);
+            std::vector<stats::QpRow> rows;
+            for (const transport::Qp* qp : page) {
+              const transport::Qp& q = *qp;
               stats::QpRow& r = rows.emplace_back();
               r.read(q);
               r.lcore = workers[0]->lcore();
@@ -348,7 +361,7 @@ int run(const config::Config& cfg, char* prog) {
                                    std::pair<uint32_t, pid_t>{q.qpn(), 0});
               if (it != owners.end() && it->first == q.qpn())
                 r.pid = it->second;
-            });
+            }
             const stats::Snapshot s = snapshot();
             return op == ctl::Op::kQpStats
                        ? stats::format_qps_json(s, rte_get_tsc_hz(), rows, next)

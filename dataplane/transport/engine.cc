@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -62,6 +63,22 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
   if (cfg_.max_unacked == 0) cfg_.max_unacked = 1;
   if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
   if (cfg_.tx_quantum == 0) cfg_.tx_quantum = 1;
+  // Slot numbers need room for max_qp slots above the reserved QPNs; what
+  // is left of the 24 bits tags each reuse of a slot.
+  qpn_slot_bits_ = static_cast<uint32_t>(
+      std::bit_width(uint64_t{dev_.limits().max_qp} + kFirstQpn));
+  qpn_slot_bits_ = std::clamp(qpn_slot_bits_, 8u, 24u);
+  uint64_t seed = dev_.config().key_seed;
+  if (seed == 0) {
+    std::random_device rd;
+    seed = uint64_t{rd()} << 32 | rd();
+  }
+  qpn_rng_.seed(static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x51ed2701u));
+}
+
+uint32_t Engine::make_qpn(uint32_t slot) const {
+  const uint32_t gen_mask = (1u << (24 - qpn_slot_bits_)) - 1;
+  return (slot_gen_[slot] & gen_mask) << qpn_slot_bits_ | (kFirstQpn + slot);
 }
 
 Engine::~Engine() {
@@ -89,17 +106,23 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
     return EINVAL;
   if (nqp_ >= lim.max_qp) return ENOMEM;
 
+  // A new slot while the table may still grow, else the slot freed
+  // longest ago (cyclic reuse), with its next generation.
   uint32_t idx;
-  if (!free_qp_.empty()) {
-    idx = free_qp_.back();
-    free_qp_.pop_back();
-  } else {
+  if (qps_.size() < lim.max_qp || free_qp_.empty()) {
     idx = static_cast<uint32_t>(qps_.size());
     qps_.emplace_back();
+    slot_gen_.push_back(qpn_rng_());
+  } else {
+    idx = free_qp_.front();
+    free_qp_.pop_front();
+    ++slot_gen_[idx];
   }
+  // 0xffffff addresses multicast groups: never a QP's own number.
+  if (make_qpn(idx) == 0xffffff) ++slot_gen_[idx];
   auto qp = std::make_unique<Qp>();
   qp->index_ = idx;
-  qp->qpn_ = kFirstQpn + idx;
+  qp->qpn_ = make_qpn(idx);
   qp->type_ = a.qp_type;
   qp->pd_ = a.pd;
   qp->send_cq_ = a.send_cq;
@@ -139,9 +162,11 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
 }
 
 Qp* Engine::find_qp(uint32_t qpn) const {
-  const uint32_t idx = qpn - kFirstQpn;
-  if (qpn < kFirstQpn || idx >= qps_.size()) return nullptr;
-  return qps_[idx].get();
+  const uint32_t low = qpn & ((1u << qpn_slot_bits_) - 1);
+  const uint32_t idx = low - kFirstQpn;
+  if (low < kFirstQpn || idx >= qps_.size()) return nullptr;
+  Qp* qp = qps_[idx].get();
+  return qp && qp->qpn_ == qpn ? qp : nullptr;  // a stale generation: none
 }
 
 int Engine::destroy_qp(Qp* qp) {

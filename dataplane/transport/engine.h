@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -122,8 +124,9 @@ class Engine {
   int destroy_qp(Qp* qp);
   Qp* find_qp(uint32_t qpn) const;
   size_t qp_count() const { return nqp_; }
-  // f(const Qp&) for every QP in QPN order. Control thread (the table only
-  // changes there); a QP's counters may be read while its lcore runs.
+  // f(const Qp&) for every QP, in table order (not QPN order). Control
+  // thread (the table only changes there); a QP's counters may be read
+  // while its lcore runs.
   template <class F>
   void for_each_qp(F&& f) const {
     for (const std::unique_ptr<Qp>& q : qps_)
@@ -178,6 +181,7 @@ class Engine {
   void reset_qp(Qp& qp);
   void arm_retrans(Qp& qp);
   void fire_timer(TimerNode& t);
+  uint32_t make_qpn(uint32_t slot) const;
 
   Device& dev_;
   PacketIo& io_;
@@ -185,8 +189,16 @@ class Engine {
   EngineCounters ctr_;
   TimerWheel timers_;
   uint64_t now_ = 0;
-  std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
-  std::vector<uint32_t> free_qp_;
+  // QPN = generation << qpn_slot_bits_ | (kFirstQpn + slot). A slot is
+  // reused only when the table is full (freed slots queue FIFO), and then
+  // with its generation advanced, so a stale packet of a destroyed QP does
+  // not land on a new one; generations start random (qpn_rng_), so QPNs
+  // are not a sequence an outsider can guess.
+  std::vector<std::unique_ptr<Qp>> qps_;  // by slot
+  std::vector<uint32_t> slot_gen_;        // by slot
+  std::deque<uint32_t> free_qp_;          // freed slots, oldest first
+  uint32_t qpn_slot_bits_ = 0;
+  std::mt19937 qpn_rng_;
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
   bool tx_refused_ = false;         // the PacketIo refused a frame this turn

@@ -190,6 +190,77 @@ TEST(TransportObjects, CreateQpChecksCapsAndLimit) {
   ASSERT_EQ(eng.create_qp(a, &q2), 0);  // the slot comes back
 }
 
+// QPNs: a slot is reused only when the table is full, oldest freed first,
+// and then with a new generation in the upper bits, so a stale packet of a
+// destroyed QP finds no QP; the first QPNs come from the key seed, not a
+// counter from 0x11.
+TEST(TransportObjects, QpnsAreNotReusedSoonAndNotASequence) {
+  DeviceConfig dc = small_device();
+  dc.limits.max_qp = 16;
+  Device dev(dc);
+  NullIo io;
+  Engine eng(dev, io);
+  Pd* pd;
+  Cq* cq;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ASSERT_EQ(dev.create_cq(16, &cq), 0);
+  QpInitAttr a;
+  a.pd = pd;
+  a.send_cq = a.recv_cq = cq;
+  a.cap = {4, 4, 1, 1, 0};
+  auto create = [&] {
+    QpInitAttr c = a;
+    Qp* qp = nullptr;
+    EXPECT_EQ(eng.create_qp(c, &qp), 0);
+    return qp;
+  };
+  // Connection after connection (create, destroy): every QPN differs, and
+  // none is the old fixed first QPN.
+  std::set<uint32_t> seen;
+  std::vector<uint32_t> order;
+  for (int i = 0; i < 2000; ++i) {
+    Qp* qp = create();
+    ASSERT_NE(qp, nullptr);
+    const uint32_t qpn = qp->qpn();
+    EXPECT_TRUE(seen.insert(qpn).second) << "QPN 0x" << std::hex << qpn;
+    EXPECT_GT(qpn, 1u);
+    EXPECT_LT(qpn, 0xffffffu);
+    EXPECT_EQ(eng.find_qp(qpn), qp);
+    order.push_back(qpn);
+    ASSERT_EQ(eng.destroy_qp(qp), 0);
+    EXPECT_EQ(eng.find_qp(qpn), nullptr);  // a stale QPN finds nothing
+  }
+  // Slots go round: the first 16 connections used 16 different slots.
+  std::set<uint32_t> low;
+  for (int i = 0; i < 16; ++i) low.insert(order[i] & 0xff);
+  EXPECT_EQ(low.size(), 16u);
+  // Not consecutive numbers either.
+  int consecutive = 0;
+  for (size_t i = 1; i < order.size(); ++i)
+    consecutive += order[i] == order[i - 1] + 1;
+  EXPECT_LT(consecutive, 20);
+  // A live QP is found only by its exact QPN (its generation included).
+  // (max_qp 16 + 17 reserved QPNs: 6 slot bits, 18 generation bits.)
+  Qp* live = create();
+  for (uint32_t g = 1; g < 8; ++g)
+    EXPECT_EQ(eng.find_qp(live->qpn() ^ (g << 6)), nullptr);
+  // Another seed, other QPNs (what a remote peer could not predict).
+  DeviceConfig dc2 = dc;
+  dc2.key_seed = 43;
+  Device dev2(dc2);
+  Engine eng2(dev2, io);
+  Pd* pd2;
+  Cq* cq2;
+  ASSERT_EQ(dev2.alloc_pd(&pd2), 0);
+  ASSERT_EQ(dev2.create_cq(16, &cq2), 0);
+  QpInitAttr b = a;
+  b.pd = pd2;
+  b.send_cq = b.recv_cq = cq2;
+  Qp* other;
+  ASSERT_EQ(eng2.create_qp(b, &other), 0);
+  EXPECT_NE(other->qpn(), order[0]);
+}
+
 TEST(TransportObjects, CqPollAndNotify) {
   Device dev(small_device());
   Cq* cq;
