@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <infiniband/verbs.h>
+#include <sys/wait.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
@@ -1433,6 +1434,30 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// Forks; the parent waits for the child and returns false, the child
+// returns true and serves exactly one client.
+bool serve_in_child() {
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t child = fork();
+  if (child < 0) die(1, "fork: %s", strerror(errno));
+  if (child == 0) return true;
+  int st = 0;
+  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(st) && WEXITSTATUS(st) != 0)
+    fprintf(stderr,
+            "urnic-perf: a client's session ended with status %d; serving "
+            "the next client\n",
+            WEXITSTATUS(st));
+  else if (WIFSIGNALED(st))
+    fprintf(stderr,
+            "urnic-perf: a client's session ended by signal %d; serving "
+            "the next client\n",
+            WTERMSIG(st));
+  return false;
+}
+
 }  // namespace
 }  // namespace urnic::perf
 
@@ -1448,6 +1473,13 @@ int main(int argc, char** argv) {
     std::string err;
     if (o.server) {
       if (!ch.listen_accept(o.port, err)) die(1, "%s", err.c_str());
+      // --loop: each client is served by a child process, so whatever ends
+      // one session (the client killed, a failed QP, a protocol error) ends
+      // only that one; the next client is served after it.
+      if (o.loop) {
+        if (!serve_in_child()) continue;
+        o.loop = false;  // the child: this client, then exit
+      }
       if (!ch.recv_all(&r.o.p, sizeof r.o.p) || r.o.p.magic != Params{}.magic)
         die(1, "the client sent no valid parameters");
     } else {

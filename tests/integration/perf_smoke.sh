@@ -232,6 +232,27 @@ for s in "$SA" "$SB"; do
     bash -c "'$URNICCTL' -s '$s' objects | grep -q '^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0'"
 done
 
+# 5. --server --loop outlives clients that are killed mid-run (soaks keep
+# one server): three killed clients, then a verified run on the same server.
+"${ON_A[@]}" "$UPERF" --server --loop -p 18604 >"$TMP/loop-s.out" 2>&1 &
+LS=$!
+PIDS+=($LS)
+sleep 0.5
+for i in 1 2 3; do
+  "${ON_B[@]}" "$UPERF" -p 18604 -q 2 -s 4096 -D 30 --warmup 0 --period 0 \
+    127.0.0.1 >"$TMP/loop-c$i.out" 2>&1 &
+  LC=$!
+  sleep 2
+  kill -KILL $LC
+  wait $LC 2>/dev/null || true
+done
+check "urnic-perf --server --loop serves a verified run after 3 killed clients" \
+  "${ON_B[@]}" timeout 60 "$UPERF" -p 18604 -q 2 -s 4096 -D 1 --warmup 0 \
+  --period 0 --verify 127.0.0.1
+check "... and said each killed session ended" \
+  test "$(grep -c "session ended" "$TMP/loop-s.out")" = 3
+stop_pid $LS
+
 check "no mbuf leaked over the whole run" no_leak
 
 echo "perf_smoke: $pass passed, $fail failed"
