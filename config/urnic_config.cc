@@ -59,12 +59,14 @@ enum class IntFormat : uint8_t { kDecimal, kOctalMode };
 using StringCheck = std::string (*)(std::string& value);
 
 template <class S>
-using Member = std::variant<
-    uint64_t S::*, uint32_t S::*, uint16_t S::*, uint8_t S::*, bool S::*,
-    std::string S::*, std::vector<uint32_t> S::*, std::vector<std::string> S::*,
-    Ipv4Cidr S::*, Ipv6Cidr S::*, EalConfig S::*, PortConfig S::*,
-    MempoolConfig S::*, LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
-    StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*, TransportConfig S::*>;
+using Member =
+    std::variant<uint64_t S::*, uint32_t S::*, uint16_t S::*, uint8_t S::*,
+                 bool S::*, std::string S::*, std::vector<uint32_t> S::*,
+                 std::vector<std::string> S::*, Ipv4Cidr S::*, Ipv6Cidr S::*,
+                 EalConfig S::*, PortConfig S::*, MempoolConfig S::*,
+                 LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
+                 StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*,
+                 TransportConfig S::*, CcConfig S::*>;
 
 template <class S>
 struct Field {
@@ -100,6 +102,7 @@ std::string check_pci(std::string& v);
 std::string check_vdev(std::string& v);
 std::string check_mac(std::string& v);
 std::string check_socket_path(std::string& v);
+std::string check_cc_algorithm(std::string& v);
 
 template <>
 struct Schema<EalConfig> {
@@ -241,6 +244,21 @@ struct Schema<LimitsConfig> {
 };
 
 template <>
+struct Schema<CcConfig> {
+  using S = CcConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "algorithm",
+       .member = &S::algorithm,
+       .check = check_cc_algorithm},
+      {.key = "init_window",
+       .member = &S::init_window,
+       .min = 1,
+       .max = 8388607},
+      {.key = "min_window", .member = &S::min_window, .min = 1, .max = 8388607},
+  };
+};
+
+template <>
 struct Schema<TransportConfig> {
   using S = TransportConfig;
   static constexpr Field<S> kFields[] = {
@@ -263,6 +281,7 @@ struct Schema<TransportConfig> {
        .min = 1,
        .max = 1000},
       {.key = "zero_copy_tx", .member = &S::zero_copy_tx},
+      {.key = "cc", .member = &S::cc},
   };
 };
 
@@ -509,6 +528,11 @@ std::string check_log_level(std::string& v) {
   return "expected one of emerg, alert, crit, err, warning, notice, info, "
          "debug, got " +
          quote(v);
+}
+
+std::string check_cc_algorithm(std::string& v) {
+  if (v == "window" || v == "off") return {};
+  return "expected window or off, got " + quote(v);
 }
 
 std::string check_file_prefix(std::string& v) {
@@ -1207,6 +1231,13 @@ void Decoder::check_cross_fields(const Config& cfg) const {
       fail(recorded(element), "eal.workers",
            "duplicate worker lcore " + std::to_string(eal.workers[i]));
     }
+  }
+
+  const TransportConfig& t = cfg.transport;
+  if (t.cc.min_window > t.cc.init_window) {
+    fail(recorded("transport.cc.min_window"), "transport.cc.min_window",
+         "min_window " + std::to_string(t.cc.min_window) +
+             " is above init_window " + std::to_string(t.cc.init_window));
   }
 
   // rte_mempool_create() rejects cache * 1.5 > n.

@@ -119,6 +119,16 @@ struct LimitsConfig {
   uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
 };
 
+// Congestion control of RC requesters (transport/congestion.h).
+//   window: a loss-driven window per QP (AIMD in packets: halved once per
+//           window on a loss, minimum after a timeout, +1 per window ACKed)
+//   off:    every QP may have max_unacked packets in flight
+struct CcConfig {
+  std::string algorithm = "window";
+  uint32_t init_window = 32;  // packets in flight a QP starts with
+  uint32_t min_window = 2;    // packets, after a timeout (and the floor)
+};
+
 // Transport engine tuning (transport::EngineConfig and the timer wheel).
 struct TransportConfig {
   uint32_t ack_req_every = 16;  // AckReq on at least every Nth packet
@@ -130,6 +140,7 @@ struct TransportConfig {
   // Transmit payload from the applications' registered memory as external
   // mbuf buffers instead of copying it (vdev ports; PCI ports always copy).
   bool zero_copy_tx = true;
+  CcConfig cc;
 };
 
 struct Config {

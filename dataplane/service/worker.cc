@@ -40,6 +40,9 @@ transport::EngineConfig engine_config(const config::Config& cfg) {
   ec.tx_quantum = cfg.transport.tx_quantum;
   ec.poll_budget = cfg.transport.poll_budget;
   ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
+  ec.cc.window = cfg.transport.cc.algorithm == "window";
+  ec.cc.init_window = cfg.transport.cc.init_window;
+  ec.cc.min_window = cfg.transport.cc.min_window;
   return ec;
 }
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period

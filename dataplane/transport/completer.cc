@@ -34,7 +34,15 @@ void sync_comp_psn(Qp& qp) {
     qp.comp_.psn = w.first_psn;
 }
 
+// The congestion window follows the oldest unacknowledged PSN.
+void cc_progress(Engine& e, Qp& qp) {
+  if (!e.config().cc.window) return;
+  qp.cc_.on_progress(e.config().cc, qp.comp_.psn);
+  qp.ctr_.cc_window.set(qp.cc_.window());
+}
+
 void progress(Engine& e, Qp& qp) {
+  cc_progress(e, qp);
   qp.comp_.retries_left = qp.retry_cnt_;
   qp.comp_.rnr_left = qp.rnr_retry_;
   qp.comp_.went_back = false;
@@ -49,11 +57,25 @@ void progress(Engine& e, Qp& qp) {
 }
 
 // Go-back-N from the oldest unacknowledged PSN, counting a retry (retry_cnt
-// covers timeouts and sequence NAKs alike; 7 is not infinite, C9-140).
-void retry(Engine& e, Qp& qp) {
+// covers timeouts and sequence NAKs alike; 7 is not infinite, C9-140). The
+// congestion window is cut first, so the resend is one window, not all of
+// max_unacked.
+void retry(Engine& e, Qp& qp, bool timeout) {
   if (qp.comp_.retries_left == 0) {
     e.fail_head(qp, IBV_WC_RETRY_EXC_ERR);
     return;
+  }
+  if (e.config().cc.window) {
+    bool cut = true;
+    if (timeout)
+      qp.cc_.on_timeout(e.config().cc, qp.req_.max_psn);
+    else
+      cut = qp.cc_.on_loss(e.config().cc, qp.comp_.psn, qp.req_.max_psn);
+    if (cut) {
+      e.ctr_.inc(ECtr::cc_window_cuts);
+      ++qp.ctr_.cc_window_cuts;
+    }
+    qp.ctr_.cc_window.set(qp.cc_.window());
   }
   --qp.comp_.retries_left;
   qp.comp_.went_back = true;
@@ -66,7 +88,7 @@ void retry(Engine& e, Qp& qp) {
 // go-back reveal the same loss again: act once per PSN until progress.
 void go_back_once(Engine& e, Qp& qp) {
   if (qp.comp_.went_back && qp.comp_.went_back_psn == qp.comp_.psn) return;
-  retry(e, qp);
+  retry(e, qp, false);
 }
 
 // Is `psn` one we sent and have not yet seen acknowledged?
@@ -114,6 +136,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   if (qp.state_ == IBV_QPS_ERR) return;
   qp.comp_.psn = psn;
   if (advanced) {
+    cc_progress(e, qp);
     qp.comp_.retries_left = qp.retry_cnt_;
     qp.comp_.rnr_left = qp.rnr_retry_;
     qp.comp_.went_back = false;
@@ -260,7 +283,7 @@ void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   if (qp.comp_.psn == qp.req_.max_psn || qp.comp_.rnr_wait) return;
   e.ctr_.inc(ECtr::timeouts);
   ++qp.ctr_.timeouts;
-  retry(e, qp);
+  retry(e, qp, true);
 }
 
 void Completer::check_head_st(Engine& e, Qp& qp) {

@@ -63,6 +63,7 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
   if (cfg_.max_unacked == 0) cfg_.max_unacked = 1;
   if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
   if (cfg_.tx_quantum == 0) cfg_.tx_quantum = 1;
+  cfg_.cc.max_window = cfg_.max_unacked;
   // Slot numbers need room for max_qp slots above the reserved QPNs; what
   // is left of the 24 bits tags each reuse of a slot.
   qpn_slot_bits_ = static_cast<uint32_t>(
@@ -196,6 +197,8 @@ void Engine::reset_qp(Qp& qp) {
   qp.publish_rq();
   qp.req_ = {};
   qp.comp_ = {};
+  qp.cc_.reset(cfg_.cc, 0);
+  qp.ctr_.cc_window.set(qp.cc_.window());
   qp.resp_ = {};
   for (RespResource& r : qp.res_) r = {};
   qp.res_next_ = 0;
@@ -261,6 +264,8 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     s.sq_psn = attr.sq_psn;
     qp->req_.psn = qp->comp_.psn = attr.sq_psn & kPsnMask;
     qp->req_.max_psn = qp->req_.psn;
+    qp->cc_.reset(cfg_.cc, qp->req_.psn);
+    qp->ctr_.cc_window.set(qp->cc_.window());
   }
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
     qp->sqd_notify_ = attr.en_sqd_async_notify;

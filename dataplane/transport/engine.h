@@ -60,7 +60,7 @@ class PacketIo {
   X(naks_inv_req_rx) X(naks_op_rx)      X(retransmits)     X(timeouts)       \
   X(rnr_waits)       X(read_replays)    X(atomic_replays)  X(cq_overflows)   \
   X(wqes_flushed)    X(send_wqes)       X(recv_wqes)       X(completions)    \
-  X(rx_no_recv)      X(rx_bad_length)   X(local_errors)
+  X(rx_no_recv)      X(rx_bad_length)   X(local_errors)    X(cc_window_cuts)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -95,6 +95,9 @@ struct EngineConfig {
   uint32_t poll_budget = 256;
   uint16_t udp_sport_base = 0xc000;
   uint32_t timer_tick_ns = 1000;  // timer wheel resolution
+  // Loss-driven congestion window per RC QP (congestion.h); its
+  // max_window is max_unacked.
+  CcParams cc;
 };
 
 struct QpInitAttr {

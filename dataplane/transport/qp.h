@@ -8,6 +8,7 @@
 #include <iterator>
 #include <vector>
 
+#include "dataplane/transport/congestion.h"
 #include "dataplane/transport/objects.h"
 #include "dataplane/transport/timer_wheel.h"
 #include "dataplane/transport/types.h"
@@ -26,8 +27,11 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(rnr_waits)       X(dup_packets)     X(out_of_seq)      X(acks_tx)        \
   X(acks_rx)         X(naks_seq_rx)     X(naks_rnr_rx)     X(naks_access_rx) \
   X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
-  X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)
+  X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)  \
+  X(cc_window_cuts)  X(cc_window)
 // clang-format on
+// cc_window is a gauge (the current congestion window, packets), the rest
+// count events.
 
 constexpr const char* kQpCtrNames[] = {
 #define URNIC_QCTR_NAME(n) #n,
@@ -43,6 +47,7 @@ class QpCounter {
     return *this;
   }
   uint64_t get() const { return v_.load(std::memory_order_relaxed); }
+  void set(uint64_t v) { v_.store(v, std::memory_order_relaxed); }
 
  private:
   std::atomic<uint64_t> v_{0};
@@ -209,6 +214,7 @@ class Qp {
     bool went_back = false;      // went back to went_back_psn, no progress
     uint32_t went_back_psn = 0;  // since: a NAK for it is not news
   } comp_;
+  LossWindow cc_;  // congestion window (congestion.h)
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;
 

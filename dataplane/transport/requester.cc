@@ -13,6 +13,11 @@ namespace {
 
 using namespace wire::opcode;
 
+// Packets (PSNs) the QP may have unacknowledged.
+uint32_t window(const Engine& e, const Qp& qp) {
+  return e.config().cc.window ? qp.cc_.window() : e.config().max_unacked;
+}
+
 // Resolves the WR's local SGEs to host memory once (lkey, PD, bounds and,
 // for READ/ATOMIC results, local write access).
 bool resolve(Qp& qp, SendWqe& w, const Device& dev) {
@@ -107,11 +112,15 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
            op != IBV_WR_RDMA_WRITE;
     npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
     f.payload_len = len;
-    // AckReq on the last packet, at least every ack_req_every packets, and
-    // on the first packet resent after a go-back (quick news of recovery).
+    // AckReq on the last packet, at least every ack_req_every packets, on
+    // the first packet resent after a go-back (quick news of recovery), and
+    // on the packet that fills the window: the requester waits for that
+    // ACK, and a responder coalescing ACKs would otherwise send none.
     f.ack_req =
         rc && (last || qp.req_.ackreq_next ||
-               qp.req_.pkts_since_ackreq + 1 >= e.config().ack_req_every);
+               qp.req_.pkts_since_ackreq + 1 >= e.config().ack_req_every ||
+               static_cast<uint32_t>(psn_diff(psn_add(qp.req_.psn, psn_used),
+                                              qp.comp_.psn)) >= window(e, qp));
   }
   if (ud) {
     // C10-15: a Q_Key with the high bit set means "use the QP's Q_Key".
@@ -189,8 +198,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       const uint32_t need = w.wr.opcode == IBV_WR_RDMA_READ
                                 ? w.npkts - qp.req_.offset / qp.mtu_
                                 : 1;
-      if (out > 0 && static_cast<uint32_t>(out) + need > e.config().max_unacked)
-        break;
+      if (out > 0 && static_cast<uint32_t>(out) + need > window(e, qp)) break;
     }
     if (!send_one(e, qp, w)) {
       *more = true;

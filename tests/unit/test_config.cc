@@ -156,6 +156,9 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.tx_quantum, 16384u);
   EXPECT_EQ(t.timer_tick_us, 1u);
   EXPECT_TRUE(t.zero_copy_tx);
+  EXPECT_EQ(t.cc.algorithm, "window");
+  EXPECT_EQ(t.cc.init_window, 32u);
+  EXPECT_EQ(t.cc.min_window, 2u);
 }
 
 TEST(ConfigDefaults, EmbeddedDefaultHasLimitsAndTransportDefaults) {
@@ -345,6 +348,12 @@ field_mutations() {
            [](Config& c) { c.transport.timer_tick_us = 1000; }},
           {"transport.zero_copy_tx",
            [](Config& c) { c.transport.zero_copy_tx = false; }},
+          {"transport.cc.algorithm",
+           [](Config& c) { c.transport.cc.algorithm = "off"; }},
+          {"transport.cc.init_window",
+           [](Config& c) { c.transport.cc.init_window = 64; }},
+          {"transport.cc.min_window",
+           [](Config& c) { c.transport.cc.min_window = 8; }},
       };
   return kMutations;
 }

@@ -158,7 +158,9 @@ class TransportTrace : public ::testing::Test {
     cfg.num_gids = 1;
     cfg.key_seed = 0x5eed;
     dev_ = std::make_unique<Device>(cfg, &resolver_);
-    engine_ = std::make_unique<Engine>(*dev_, io_, EngineConfig{}, 0);
+    // The congestion window off: these traces pin the IBTA wire behaviour
+    // with max_unacked as the only limit; the window has its own traces.
+    engine_ = std::make_unique<Engine>(*dev_, io_, no_cc(), 0);
     ASSERT_EQ(dev_->alloc_pd(&pd_), 0);
     ASSERT_EQ(
         dev_->reg_mr(pd_, mem_.get(), kMemSize, addr(0), kAllAccess, &mr_), 0);
@@ -167,6 +169,16 @@ class TransportTrace : public ::testing::Test {
   }
 
   // --- set-up -------------------------------------------------------------
+
+  static EngineConfig no_cc() {
+    EngineConfig ec;
+    ec.cc.window = false;
+    return ec;
+  }
+  void use_engine(const EngineConfig& ec) {
+    engine_.reset();
+    engine_ = std::make_unique<Engine>(*dev_, io_, ec, 0);
+  }
 
   static ibv_ah_attr peer_ah_attr() {
     ibv_ah_attr ah{};
@@ -803,7 +815,7 @@ TEST_F(TransportTrace, PostSendQueueFullAndTooManySges) {
 
 TEST_F(TransportTrace, WindowLimitsUnackedPsns) {
   // An engine whose requester window is 4 PSNs.
-  EngineConfig ec;
+  EngineConfig ec = no_cc();
   ec.max_unacked = 4;
   engine_.reset();
   engine_ = std::make_unique<Engine>(*dev_, io_, ec, 0);
@@ -826,6 +838,104 @@ TEST_F(TransportTrace, WindowLimitsUnackedPsns) {
   ASSERT_EQ(p.size(), 2u) << dump(p);
   EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
   EXPECT_EQ(p[1].f.psn, kSqPsn + 5);
+}
+
+// The congestion window (congestion.h): a QP starts with init_window
+// packets in flight, the packet that fills the window asks for an ACK, and
+// each ACKed packet grows the window by one (slow start).
+TEST_F(TransportTrace, CongestionWindowStartsSmallAndGrowsOnAcks) {
+  EngineConfig ec;
+  ec.cc.init_window = 4;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  // Post: twenty single-packet SENDs.
+  for (uint64_t i = 0; i < 20; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: P..P+3, AckReq on P+3 (the window is full after it).
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  EXPECT_TRUE(p[3].f.ack_req);
+  // Peer: ACK P+3. Expect: the window grew by 4 to 8: P+4..P+11 go out,
+  // AckReq on P+11.
+  inject(ack(kSqPsn + 3, 4));
+  poll(10 * kUs);
+  EXPECT_EQ(cq_poll().size(), 4u);
+  p = sent();
+  ASSERT_EQ(p.size(), 8u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
+  EXPECT_EQ(p[7].f.psn, kSqPsn + 11);
+  EXPECT_TRUE(p[7].f.ack_req);
+  EXPECT_EQ(qp_->counters().cc_window.get(), 8u);
+}
+
+// A sequence NAK: go-back-N from the NAKed PSN as before, but the window is
+// halved first, so only half as many packets are resent at once; a second
+// NAK inside the same window of data is the same congestion event.
+TEST_F(TransportTrace, SequenceNakHalvesTheWindowOncePerWindow) {
+  EngineConfig ec;
+  ec.cc.init_window = 16;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  for (uint64_t i = 0; i < 40; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 16u);
+  // Peer: NAK (PSN sequence error) at P+2: P, P+1 arrived, P+2 was lost.
+  now_ = 10 * kUs;
+  inject(nak(kSqPsn + 2, kNakSeq));
+  poll(10 * kUs);
+  // Expect: wr 1, 2 complete (implied ACK: slow start 16 -> 18), then the
+  // window is cut once, 18 -> 9; P+2.. resent, 9 packets: P+2..P+10.
+  EXPECT_EQ(cq_poll().size(), 2u);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 9u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
+  EXPECT_EQ(p[8].f.psn, kSqPsn + 10);
+  EXPECT_TRUE(p[8].f.ack_req);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
+  // Peer: a NAK at P+5 (P+5 of the first flight was lost too). Expect: the
+  // go-back to P+5, but no second cut: the window stays 9 (ssthresh 9: the
+  // 3 packets the NAK acknowledged are 3/9 of the next increase).
+  inject(nak(kSqPsn + 5, kNakSeq));
+  poll(20 * kUs);
+  p = sent();
+  ASSERT_FALSE(p.empty());
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 5);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
+  EXPECT_EQ(qp_->counters().cc_window.get(), 9u);
+}
+
+// A retransmit timeout: nothing came back at all, the window drops to
+// min_window; then slow start from there.
+TEST_F(TransportTrace, RetransmitTimeoutDropsTheWindowToTheMinimum) {
+  EngineConfig ec;
+  ec.cc.init_window = 16;
+  ec.cc.min_window = 2;
+  use_engine(ec);
+  QpOpts o;
+  o.timeout = 10;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  for (uint64_t i = 0; i < 20; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 16u);
+  poll(T + kSlack);
+  auto p = sent();
+  // Expect: P, P+1 again (window 2), AckReq on P+1.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_TRUE(p[1].f.ack_req);
+  EXPECT_EQ(ctr(ECtr::timeouts), 1u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
+  // Peer: ACK P+1. Expect: slow start, 4 packets: P+2..P+5.
+  now_ = T + 10 * kUs;
+  inject(ack(kSqPsn + 1, 2));
+  poll(T + 20 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
 }
 
 TEST_F(TransportTrace, TxFullLosesNothing) {
