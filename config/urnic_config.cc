@@ -255,6 +255,14 @@ struct Schema<CcConfig> {
        .min = 1,
        .max = 8388607},
       {.key = "min_window", .member = &S::min_window, .min = 1, .max = 8388607},
+      {.key = "shared_init_window",
+       .member = &S::shared_init_window,
+       .min = 1,
+       .max = 1048576},
+      {.key = "shared_min_window",
+       .member = &S::shared_min_window,
+       .min = 1,
+       .max = 1048576},
   };
 };
 
@@ -1238,6 +1246,13 @@ void Decoder::check_cross_fields(const Config& cfg) const {
     fail(recorded("transport.cc.min_window"), "transport.cc.min_window",
          "min_window " + std::to_string(t.cc.min_window) +
              " is above init_window " + std::to_string(t.cc.init_window));
+  }
+  if (t.cc.shared_min_window > t.cc.shared_init_window) {
+    fail(recorded("transport.cc.shared_min_window"),
+         "transport.cc.shared_min_window",
+         "shared_min_window " + std::to_string(t.cc.shared_min_window) +
+             " is above shared_init_window " +
+             std::to_string(t.cc.shared_init_window));
   }
 
   // rte_mempool_create() rejects cache * 1.5 > n.

@@ -127,6 +127,10 @@ struct CcConfig {
   std::string algorithm = "window";
   uint32_t init_window = 32;  // packets in flight a QP starts with
   uint32_t min_window = 2;    // packets, after a timeout (and the floor)
+  // The window all RC QPs of a worker lcore share: each QP may use its
+  // share (window / QPs with packets in flight) or its own, the smaller.
+  uint32_t shared_init_window = 256;
+  uint32_t shared_min_window = 16;
 };
 
 // Transport engine tuning (transport::EngineConfig and the timer wheel).

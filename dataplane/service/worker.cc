@@ -43,6 +43,8 @@ transport::EngineConfig engine_config(const config::Config& cfg) {
   ec.cc.window = cfg.transport.cc.algorithm == "window";
   ec.cc.init_window = cfg.transport.cc.init_window;
   ec.cc.min_window = cfg.transport.cc.min_window;
+  ec.cc.shared_init_window = cfg.transport.cc.shared_init_window;
+  ec.cc.shared_min_window = cfg.transport.cc.shared_min_window;
   return ec;
 }
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period

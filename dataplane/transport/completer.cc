@@ -36,8 +36,10 @@ void sync_comp_psn(Qp& qp) {
 
 // The congestion window follows the oldest unacknowledged PSN.
 void cc_progress(Engine& e, Qp& qp) {
+  e.cc_sync(qp);
   if (!e.config().cc.window) return;
-  qp.cc_.on_progress(e.config().cc, qp.comp_.psn);
+  const uint32_t acked = qp.cc_.on_progress(e.config().cc, qp.comp_.psn);
+  e.cc_shared_.on_acked(e.config().cc, acked);
   qp.ctr_.cc_window.set(qp.cc_.window());
 }
 
@@ -75,6 +77,7 @@ void retry(Engine& e, Qp& qp, bool timeout) {
       e.ctr_.inc(ECtr::cc_window_cuts);
       ++qp.ctr_.cc_window_cuts;
     }
+    if (e.cc_shared_.on_loss(e.config().cc)) e.ctr_.inc(ECtr::cc_shared_cuts);
     qp.ctr_.cc_window.set(qp.cc_.window());
   }
   --qp.comp_.retries_left;

@@ -16,10 +16,14 @@
 namespace urnic::transport {
 
 struct CcParams {
-  bool window = true;        // false: max_unacked alone limits a QP
+  bool window = true;         // false: max_unacked alone limits a QP
   uint32_t init_window = 32;  // packets, at RTS and after a reset
   uint32_t min_window = 2;    // packets, after a timeout (and the floor)
   uint32_t max_window = 512;  // packets: EngineConfig::max_unacked
+  // The window all RC QPs of one engine (lcore) share (SharedWindow).
+  uint32_t shared_init_window = 256;
+  uint32_t shared_min_window = 16;
+  uint32_t shared_max_window = 1u << 20;
 };
 
 class LossWindow {
@@ -36,10 +40,10 @@ class LossWindow {
   uint32_t ssthresh() const { return ssthresh_; }
 
   // The oldest unacknowledged PSN moved to `psn`: grow by the packets it
-  // acknowledges.
-  void on_progress(const CcParams& p, uint32_t psn) {
+  // acknowledges. Returns that number of packets.
+  uint32_t on_progress(const CcParams& p, uint32_t psn) {
     const int32_t n = psn_diff(psn, acked_psn_);
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     acked_psn_ = psn;
     if (recovering_ && !psn_before(psn, recover_psn_)) recovering_ = false;
     uint32_t left = static_cast<uint32_t>(n);
@@ -57,6 +61,7 @@ class LossWindow {
       cwnd_ = p.max_window;
       acc_ = 0;
     }
+    return static_cast<uint32_t>(n);
   }
   // A loss at `psn` was detected (go-back-N starts there); `max_psn` is the
   // next PSN never sent. Returns true if the window was cut: once per
@@ -90,6 +95,65 @@ class LossWindow {
   uint32_t acked_psn_ = 0;  // oldest unacknowledged PSN last seen
   uint32_t recover_psn_ = 0;
   bool recovering_ = false;
+};
+
+// One AIMD window over the packets in flight of all RC QPs of an engine
+// (one lcore, in practice one port and few peers): per-QP windows alone add
+// up to more than the path holds once there are many QPs (256 QPs x 32
+// packets overran a 512-frame af_packet ring at once). Each QP may use its
+// share, window / QPs with packets in flight (at least min_window), and
+// its own window, whichever is smaller. Grown by every QP's ACKs; cut by a
+// loss or timeout of any QP at most once per window of data ACKed (losses
+// of one congestion event arrive at many QPs).
+class SharedWindow {
+ public:
+  void reset(const CcParams& p) {
+    cwnd_ = std::clamp(p.shared_init_window, floor(p), p.shared_max_window);
+    ssthresh_ = p.shared_max_window;
+    acc_ = 0;
+    acked_since_cut_ = 0;
+    cut_ = false;
+  }
+  uint32_t window() const { return cwnd_; }
+  // At least `floor` packets (min_window): with one packet in flight every
+  // loss is a retransmit timeout, and retry_cnt of them in a row fail the QP.
+  uint32_t share(uint32_t active, uint32_t floor) const {
+    return std::max(cwnd_ / std::max(active, 1u), floor);
+  }
+  void on_acked(const CcParams& p, uint32_t n) {
+    acked_since_cut_ += n;
+    if (cwnd_ < ssthresh_) {
+      const uint32_t grow = std::min(n, ssthresh_ - cwnd_);
+      cwnd_ += grow;
+      n -= grow;
+    }
+    acc_ += n;
+    while (acc_ >= cwnd_ && cwnd_ < p.shared_max_window) {
+      acc_ -= cwnd_;
+      ++cwnd_;
+    }
+    cwnd_ = std::min(cwnd_, p.shared_max_window);
+  }
+  // Returns true if the window was cut.
+  bool on_loss(const CcParams& p) {
+    if (cut_ && acked_since_cut_ < cwnd_) return false;
+    ssthresh_ = std::max(cwnd_ / 2, floor(p));
+    cwnd_ = ssthresh_;
+    acc_ = 0;
+    acked_since_cut_ = 0;
+    cut_ = true;
+    return true;
+  }
+
+ private:
+  static uint32_t floor(const CcParams& p) {
+    return std::clamp(p.shared_min_window, 1u, p.shared_max_window);
+  }
+  uint32_t cwnd_ = 256;
+  uint32_t ssthresh_ = 1u << 20;
+  uint32_t acc_ = 0;
+  uint32_t acked_since_cut_ = 0;
+  bool cut_ = false;
 };
 
 }  // namespace urnic::transport

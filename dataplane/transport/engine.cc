@@ -64,6 +64,7 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
   if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
   if (cfg_.tx_quantum == 0) cfg_.tx_quantum = 1;
   cfg_.cc.max_window = cfg_.max_unacked;
+  cc_shared_.reset(cfg_.cc);
   // Slot numbers need room for max_qp slots above the reserved QPNs; what
   // is left of the 24 bits tags each reuse of a slot.
   qpn_slot_bits_ = static_cast<uint32_t>(
@@ -75,6 +76,27 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
     seed = uint64_t{rd()} << 32 | rd();
   }
   qpn_rng_.seed(static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x51ed2701u));
+}
+
+void Engine::cc_sync(Qp& qp) {
+  int32_t out = 0;
+  if (qp.type_ == IBV_QPT_RC &&
+      (qp.state_ == IBV_QPS_RTS || qp.state_ == IBV_QPS_SQD))
+    out = std::max(psn_diff(qp.req_.psn, qp.comp_.psn), 0);
+  const auto now = static_cast<uint32_t>(out);
+  if (now == qp.cc_out_) return;
+  if (qp.cc_out_ == 0) ++cc_active_;
+  if (now == 0) --cc_active_;
+  cc_in_flight_ = cc_in_flight_ + now - qp.cc_out_;
+  qp.cc_out_ = now;
+}
+
+uint32_t Engine::cc_window(const Qp& qp) const {
+  if (!cfg_.cc.window) return cfg_.max_unacked;
+  // This QP counts among the active ones once it has a packet in flight.
+  const uint32_t active = cc_active_ + (qp.cc_out_ ? 0 : 1);
+  return std::min(qp.cc_.window(),
+                  cc_shared_.share(active, std::max(cfg_.cc.min_window, 1u)));
 }
 
 uint32_t Engine::make_qpn(uint32_t slot) const {
@@ -172,6 +194,8 @@ Qp* Engine::find_qp(uint32_t qpn) const {
 
 int Engine::destroy_qp(Qp* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  qp->state_ = IBV_QPS_RESET;  // out of the shared window's count
+  cc_sync(*qp);
   timers_.cancel(qp->retrans_timer_);
   timers_.cancel(qp->rnr_timer_);
   unlink_ready(*qp);
@@ -199,6 +223,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.comp_ = {};
   qp.cc_.reset(cfg_.cc, 0);
   qp.ctr_.cc_window.set(qp.cc_.window());
+  cc_sync(qp);
   qp.resp_ = {};
   for (RespResource& r : qp.res_) r = {};
   qp.res_next_ = 0;
@@ -288,6 +313,7 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     return 0;
   }
   qp->set_state(to);
+  cc_sync(*qp);
   if (to == IBV_QPS_RTS && from != IBV_QPS_RTS) {
     qp->comp_.retries_left = qp->retry_cnt_;
     qp->comp_.rnr_left = qp->rnr_retry_;
@@ -633,6 +659,7 @@ void Engine::fail_head(Qp& qp, ibv_wc_status st) {
 void Engine::to_error(Qp& qp) {
   if (qp.state_ == IBV_QPS_ERR) return;
   qp.set_state(IBV_QPS_ERR);
+  cc_sync(qp);
   timers_.cancel(qp.retrans_timer_);
   timers_.cancel(qp.rnr_timer_);
   unlink_ready(qp);

@@ -60,7 +60,8 @@ class PacketIo {
   X(naks_inv_req_rx) X(naks_op_rx)      X(retransmits)     X(timeouts)       \
   X(rnr_waits)       X(read_replays)    X(atomic_replays)  X(cq_overflows)   \
   X(wqes_flushed)    X(send_wqes)       X(recv_wqes)       X(completions)    \
-  X(rx_no_recv)      X(rx_bad_length)   X(local_errors)    X(cc_window_cuts)
+  X(rx_no_recv)      X(rx_bad_length)   X(local_errors)    X(cc_window_cuts) \
+  X(cc_shared_cuts)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -162,6 +163,10 @@ class Engine {
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }
   const EngineConfig& config() const { return cfg_; }
+  // The shared congestion window (congestion.h) and what it counts.
+  uint32_t cc_shared_window() const { return cc_shared_.window(); }
+  uint64_t cc_in_flight() const { return cc_in_flight_; }
+  uint32_t cc_active_qps() const { return cc_active_; }
 
   // --- Internal: shared with the roles (roles.h); not an API. ---
 
@@ -185,6 +190,11 @@ class Engine {
   void arm_retrans(Qp& qp);
   void fire_timer(TimerNode& t);
   uint32_t make_qpn(uint32_t slot) const;
+  // Keeps the shared window's count of packets in flight and of QPs with
+  // packets in flight in step with `qp` (after its PSNs moved, or when it
+  // leaves RTS).
+  void cc_sync(Qp& qp);
+  uint32_t cc_window(const Qp& qp) const;
 
   Device& dev_;
   PacketIo& io_;
@@ -207,6 +217,9 @@ class Engine {
   bool tx_refused_ = false;         // the PacketIo refused a frame this turn
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
   QpList<&Qp::ack_link_> ack_;  // QPs with an ACK-sized response pending
+  SharedWindow cc_shared_;
+  uint64_t cc_in_flight_ = 0;  // packets, all QPs
+  uint32_t cc_active_ = 0;     // QPs with packets in flight
 };
 
 }  // namespace urnic::transport

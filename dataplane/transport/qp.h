@@ -214,7 +214,8 @@ class Qp {
     bool went_back = false;      // went back to went_back_psn, no progress
     uint32_t went_back_psn = 0;  // since: a NAK for it is not news
   } comp_;
-  LossWindow cc_;  // congestion window (congestion.h)
+  LossWindow cc_;        // congestion window (congestion.h)
+  uint32_t cc_out_ = 0;  // its packets in flight as the engine counts them
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;
 

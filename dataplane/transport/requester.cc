@@ -15,7 +15,7 @@ using namespace wire::opcode;
 
 // Packets (PSNs) the QP may have unacknowledged.
 uint32_t window(const Engine& e, const Qp& qp) {
-  return e.config().cc.window ? qp.cc_.window() : e.config().max_unacked;
+  return e.cc_window(qp);
 }
 
 // Resolves the WR's local SGEs to host memory once (lkey, PD, bounds and,
@@ -112,15 +112,21 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
            op != IBV_WR_RDMA_WRITE;
     npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
     f.payload_len = len;
-    // AckReq on the last packet, at least every ack_req_every packets, on
-    // the first packet resent after a go-back (quick news of recovery), and
-    // on the packet that fills the window: the requester waits for that
-    // ACK, and a responder coalescing ACKs would otherwise send none.
+    // AckReq on the last packet, on the first packet resent after a
+    // go-back (quick news of recovery), on the packet that fills the window
+    // (the requester waits for that ACK, and a responder coalescing ACKs
+    // would otherwise send none), and at least every ack_req_every packets
+    // or twice per window, whichever is more often: in a small window the
+    // loss of its one ACK-soliciting packet would otherwise cost a timeout
+    // (and a retry) although the packets before it arrived.
+    const uint32_t win = window(e, qp);
+    const uint32_t every =
+        std::max(std::min(e.config().ack_req_every, win / 2), 1u);
     f.ack_req =
         rc && (last || qp.req_.ackreq_next ||
-               qp.req_.pkts_since_ackreq + 1 >= e.config().ack_req_every ||
+               qp.req_.pkts_since_ackreq + 1 >= every ||
                static_cast<uint32_t>(psn_diff(psn_add(qp.req_.psn, psn_used),
-                                              qp.comp_.psn)) >= window(e, qp));
+                                              qp.comp_.psn)) >= win);
   }
   if (ud) {
     // C10-15: a Q_Key with the high bit set means "use the QP's Q_Key".
@@ -147,6 +153,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   }
   qp.req_.psn = psn_add(qp.req_.psn, psn_used);
   if (psn_after(qp.req_.psn, qp.req_.max_psn)) qp.req_.max_psn = qp.req_.psn;
+  e.cc_sync(qp);
   if (last) {
     ++qp.sq_next_;
     qp.req_.offset = 0;
@@ -237,6 +244,7 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
           static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * qp.mtu_;
   }
   qp.req_.psn = psn;
+  e.cc_sync(qp);
   qp.req_.pkts_since_ackreq = 0;
   qp.req_.ackreq_next = true;
   e.timers_.cancel(qp.retrans_timer_);

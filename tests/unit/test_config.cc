@@ -354,6 +354,10 @@ field_mutations() {
            [](Config& c) { c.transport.cc.init_window = 64; }},
           {"transport.cc.min_window",
            [](Config& c) { c.transport.cc.min_window = 8; }},
+          {"transport.cc.shared_init_window",
+           [](Config& c) { c.transport.cc.shared_init_window = 1024; }},
+          {"transport.cc.shared_min_window",
+           [](Config& c) { c.transport.cc.shared_min_window = 32; }},
       };
   return kMutations;
 }

@@ -869,6 +869,45 @@ TEST_F(TransportTrace, CongestionWindowStartsSmallAndGrowsOnAcks) {
   EXPECT_EQ(qp_->counters().cc_window.get(), 8u);
 }
 
+// The engine's shared window (all RC QPs of one lcore): a QP may have its
+// share of it in flight when that is less than its own window, and every
+// ACK grows both.
+TEST_F(TransportTrace, SharedWindowLimitsAQpToItsShare) {
+  EngineConfig ec;
+  ec.cc.init_window = 16;
+  ec.cc.shared_init_window = 8;
+  ec.cc.shared_min_window = 4;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  for (uint64_t i = 0; i < 40; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: the shared window's 8, not the QP's 16; AckReq on the 8th.
+  ASSERT_EQ(p.size(), 8u) << dump(p);
+  EXPECT_TRUE(p[7].f.ack_req);
+  EXPECT_EQ(engine_->cc_active_qps(), 1u);
+  EXPECT_EQ(engine_->cc_in_flight(), 8u);
+  // Peer: ACK P+7. Expect: shared 8 -> 16 (QP 16 -> 24): P+8..P+23.
+  inject(ack(kSqPsn + 7, 8));
+  poll(10 * kUs);
+  EXPECT_EQ(cq_poll().size(), 8u);
+  p = sent();
+  ASSERT_EQ(p.size(), 16u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 8);
+  EXPECT_EQ(engine_->cc_shared_window(), 16u);
+  // Peer: ACK all of them. Expect: nothing in flight, no QP counted active.
+  inject(ack(kSqPsn + 23, 24));
+  poll(20 * kUs);
+  EXPECT_EQ(cq_poll().size(), 16u);
+  sent();
+  inject(ack(kSqPsn + 39, 40));
+  poll(30 * kUs);
+  EXPECT_EQ(cq_poll().size(), 16u);
+  EXPECT_EQ(engine_->cc_in_flight(), 0u);
+  EXPECT_EQ(engine_->cc_active_qps(), 0u);
+}
+
 // A sequence NAK: go-back-N from the NAKed PSN as before, but the window is
 // halved first, so only half as many packets are resent at once; a second
 // NAK inside the same window of data is the same congestion event.
