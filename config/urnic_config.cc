@@ -59,14 +59,13 @@ enum class IntFormat : uint8_t { kDecimal, kOctalMode };
 using StringCheck = std::string (*)(std::string& value);
 
 template <class S>
-using Member =
-    std::variant<uint64_t S::*, uint32_t S::*, uint16_t S::*, uint8_t S::*,
-                 bool S::*, std::string S::*, std::vector<uint32_t> S::*,
-                 std::vector<std::string> S::*, Ipv4Cidr S::*, Ipv6Cidr S::*,
-                 EalConfig S::*, PortConfig S::*, MempoolConfig S::*,
-                 LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
-                 StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*,
-                 TransportConfig S::*, CcConfig S::*>;
+using Member = std::variant<
+    uint64_t S::*, uint32_t S::*, uint16_t S::*, uint8_t S::*, bool S::*,
+    std::string S::*, std::vector<uint32_t> S::*, std::vector<std::string> S::*,
+    Ipv4Cidr S::*, Ipv6Cidr S::*, EalConfig S::*, PortConfig S::*,
+    MempoolConfig S::*, LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
+    StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*, TransportConfig S::*,
+    CcConfig S::*, FaultConfig S::*, FaultDirConfig S::*>;
 
 template <class S>
 struct Field {
@@ -294,6 +293,35 @@ struct Schema<TransportConfig> {
 };
 
 template <>
+struct Schema<FaultDirConfig> {
+  using S = FaultDirConfig;
+  static constexpr uint64_t kPpm = 1'000'000;
+  static constexpr Field<S> kFields[] = {
+      {.key = "drop_ppm", .member = &S::drop_ppm, .max = kPpm},
+      {.key = "burst_ppm", .member = &S::burst_ppm, .max = kPpm},
+      {.key = "burst_len", .member = &S::burst_len, .min = 1, .max = 1000000},
+      {.key = "corrupt_ppm", .member = &S::corrupt_ppm, .max = kPpm},
+      {.key = "duplicate_ppm", .member = &S::duplicate_ppm, .max = kPpm},
+      {.key = "reorder_ppm", .member = &S::reorder_ppm, .max = kPpm},
+      {.key = "reorder_gap", .member = &S::reorder_gap, .min = 1, .max = 1000},
+      {.key = "delay_us", .member = &S::delay_us, .max = 1000000},
+      {.key = "rate_mbps", .member = &S::rate_mbps, .max = 400000},
+      {.key = "queue_kb", .member = &S::queue_kb, .min = 2, .max = 1048576},
+      {.key = "ecn_kb", .member = &S::ecn_kb, .max = 1048576},
+  };
+};
+
+template <>
+struct Schema<FaultConfig> {
+  using S = FaultConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "seed", .member = &S::seed, .max = UINT64_MAX},
+      {.key = "rx", .member = &S::rx},
+      {.key = "tx", .member = &S::tx},
+  };
+};
+
+template <>
 struct Schema<Config> {
   using S = Config;
   // Config::source is bookkeeping, not configuration: not in the table.
@@ -307,6 +335,7 @@ struct Schema<Config> {
       {.key = "arp", .member = &S::arp},
       {.key = "limits", .member = &S::limits},
       {.key = "transport", .member = &S::transport},
+      {.key = "fault", .member = &S::fault},
   };
 };
 
@@ -364,11 +393,16 @@ static_assert(table_complete<StatsConfig>(0));
 static_assert(table_complete<ArpConfig>(0));
 static_assert(table_complete<LimitsConfig>(0));
 static_assert(table_complete<TransportConfig>(0));
+static_assert(table_complete<CcConfig>(0));
+static_assert(table_complete<FaultConfig>(0));
+static_assert(table_complete<FaultDirConfig>(0));
 static_assert(ranges_fit<EalConfig>() && ranges_fit<PortConfig>() &&
               ranges_fit<MempoolConfig>() && ranges_fit<LcoreConfig>() &&
               ranges_fit<IdleConfig>() && ranges_fit<ControlConfig>() &&
               ranges_fit<StatsConfig>() && ranges_fit<ArpConfig>() &&
-              ranges_fit<LimitsConfig>() && ranges_fit<TransportConfig>());
+              ranges_fit<LimitsConfig>() && ranges_fit<TransportConfig>() &&
+              ranges_fit<CcConfig>() && ranges_fit<FaultConfig>() &&
+              ranges_fit<FaultDirConfig>());
 
 // ---------------------------------------------------------------------------
 // Small text helpers.
@@ -1253,6 +1287,23 @@ void Decoder::check_cross_fields(const Config& cfg) const {
          "shared_min_window " + std::to_string(t.cc.shared_min_window) +
              " is above shared_init_window " +
              std::to_string(t.cc.shared_init_window));
+  }
+
+  for (const auto& [name, d] : {std::pair{"fault.rx", &cfg.fault.rx},
+                                std::pair{"fault.tx", &cfg.fault.tx}}) {
+    if (d->ecn_kb > d->queue_kb) {
+      const std::string key = std::string(name) + ".ecn_kb";
+      fail(recorded(key), key,
+           "ecn_kb " + std::to_string(d->ecn_kb) + " is above queue_kb " +
+               std::to_string(d->queue_kb) + " (frames would be dropped " +
+               "before they could be marked)");
+    }
+    if (d->ecn_kb && !d->rate_mbps) {
+      const std::string key = std::string(name) + ".ecn_kb";
+      fail(recorded(key), key,
+           "ECN marking needs a queue: set " + std::string(name) +
+               ".rate_mbps too");
+    }
   }
 
   // rte_mempool_create() rejects cache * 1.5 > n.

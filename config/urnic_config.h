@@ -147,6 +147,31 @@ struct TransportConfig {
   CcConfig cc;
 };
 
+// Fault injection on the port, one direction (dataplane/service/fault.h):
+// applied to RoCEv2 frames only, in this order: burst loss, random loss,
+// corruption, duplication, reordering, then the bottleneck queue (rate,
+// tail drop, ECN CE marking) and the delay. Probabilities in parts per
+// million. All zero (the default): the stage is off and costs nothing.
+struct FaultDirConfig {
+  uint32_t drop_ppm = 0;       // each frame lost with this probability
+  uint32_t burst_ppm = 0;      // a frame starts a burst of losses
+  uint32_t burst_len = 8;      // frames one burst loses
+  uint32_t corrupt_ppm = 0;    // one byte flipped (the ICRC check fails)
+  uint32_t duplicate_ppm = 0;  // sent twice
+  uint32_t reorder_ppm = 0;    // held back behind reorder_gap later frames
+  uint32_t reorder_gap = 4;
+  uint32_t delay_us = 0;    // added to every frame's way
+  uint32_t rate_mbps = 0;   // bottleneck rate; 0: none
+  uint32_t queue_kb = 256;  // the bottleneck's buffer (tail drop above)
+  uint32_t ecn_kb = 0;  // queue above which ECT frames are CE-marked; 0: never
+};
+
+struct FaultConfig {
+  uint64_t seed = 0;  // 0: a random seed (printed at start)
+  FaultDirConfig rx;
+  FaultDirConfig tx;
+};
+
 struct Config {
   std::string source = "<embedded>";  // file name, for messages
   EalConfig eal;
@@ -158,6 +183,7 @@ struct Config {
   ArpConfig arp;
   LimitsConfig limits;
   TransportConfig transport;
+  FaultConfig fault;
 };
 
 // Parses YAML text. `source` names it in errors. `overrides` are

@@ -29,6 +29,10 @@ void usage(FILE* f) {
       "  qps [--json]     per-QP counters (retransmits, NAKs by type, ...)\n"
       "                   and per-lcore busy/idle cycles and doorbells;\n"
       "                   --json prints one JSON object per page of QPs\n"
+      "  fault [KEY=VALUE...]  fault injection on the port: the settings,\n"
+      "                   or change them (keys of the config's fault\n"
+      "                   section, e.g. tx.drop_ppm=10000 rx.delay_us=100;\n"
+      "                   all zero: off)\n"
       "  version          service and protocol version\n"
       "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
 }
@@ -151,6 +155,11 @@ int main(int argc, char** argv) {
     rc = call(path, ctl::Op::kGids, "", out);
   } else if (cmd == "objects" && i == argc) {
     rc = call(path, ctl::Op::kObjects, "", out);
+  } else if (cmd == "fault") {
+    std::string body;
+    for (; i < argc; ++i)
+      body += std::string(body.empty() ? "" : " ") + argv[i];
+    rc = call(path, ctl::Op::kFault, body, out);
   } else if (cmd == "version" && i == argc) {
     rc = call(path, ctl::Op::kHello, "", out);
     if (rc == 0) out += "\n";

@@ -23,6 +23,10 @@ enum class Op : uint16_t {
   // QPN to start from (empty: 0); the reply says where the next page starts.
   kQpStats = 7,      // reply: JSON (stats::format_qps_json)
   kQpStatsText = 8,  // reply: a table; "next N" last when there is more
+  // Fault injection (config `fault`). Payload: "key=value" words (keys of
+  // the fault section, "fault." optional), empty to only read; reply: the
+  // settings in effect, one "fault.key=value" per line.
+  kFault = 9,
   // 100..199: the verbs shim (verbs-shim/abi.h)
 };
 

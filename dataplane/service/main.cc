@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include "dataplane/service/control.h"
@@ -119,6 +122,63 @@ shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
   return r;
 }
 
+// "fault.key=value" lines, the whole fault section.
+std::string fault_text(const config::FaultConfig& f) {
+  config::Config c;
+  c.fault = f;
+  // dump() writes every section; keep the fault one, flattened.
+  std::string out, prefix;
+  std::istringstream in(config::dump(c));
+  bool in_fault = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const size_t indent = line.find_first_not_of(' ');
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(indent, colon - indent);
+    std::string value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(' '));
+    if (indent == 0) {
+      in_fault = key == "fault";
+      continue;
+    }
+    if (!in_fault) continue;
+    if (value.empty()) {
+      prefix = key + ".";
+      continue;
+    }
+    out += "fault." + (indent > 2 ? prefix : "") + key + "=" + value + "\n";
+  }
+  return out;
+}
+
+// The kFault operation: applies "key=value" words to the settings in
+// effect (checked as the config file is: unknown keys and out-of-range
+// values are refused, nothing changes), then `apply()` hands them to the
+// lcores. Replies with the settings in effect.
+template <class Apply>
+std::string fault_request(const config::Config& cfg, std::string_view body,
+                          config::FaultConfig& fault, int& status,
+                          Apply&& apply) {
+  std::vector<std::string> overrides;
+  std::istringstream words{std::string(body)};
+  for (std::string w; words >> w;)
+    overrides.push_back(w.starts_with("fault.") ? w : "fault." + w);
+  if (overrides.empty()) return fault_text(fault);
+  config::Config c = cfg;
+  c.fault = fault;
+  try {
+    c = config::parse(config::dump(c), "urnicctl fault", overrides);
+  } catch (const config::ConfigError& e) {
+    status = -EINVAL;
+    return e.what();
+  }
+  if (!c.fault.seed) c.fault.seed = fault.seed;
+  fault = c.fault;
+  apply();
+  return fault_text(fault);
+}
+
 host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
   host::HostAddrs h;
   rte_ether_addr mac;
@@ -216,6 +276,14 @@ int run(const config::Config& cfg, char* prog) {
       for (uint16_t q = 0; q < port.nb_queues; ++q)
         workers.push_back(std::make_unique<Worker>(
             cfg, port, addrs, *neigh, *device, cfg.eal.workers[q], q));
+      // Fault injection: the settings in effect and their seed (0 in the
+      // config: a random one, printed so that a run can be replayed).
+      config::FaultConfig fault = cfg.fault;
+      if (!fault.seed) fault.seed = std::random_device{}() | 1ull << 32;
+      for (auto& w : workers) w->set_fault(fault, fault.seed);
+      if (fault_on(fault.rx) || fault_on(fault.tx))
+        printf("urnicd: fault injection on (seed %" PRIu64 "):\n%s", fault.seed,
+               fault_text(fault).c_str());
       std::deque<std::unique_ptr<Command>> commands;
       ShimEnv env;
       env.dev = device.get();
@@ -376,6 +444,13 @@ int run(const config::Config& cfg, char* prog) {
                      (i == 0 ? " RoCEv2 IPv4\n" : " RoCEv2 IPv6\n");
             return out;
           }
+          case ctl::Op::kFault:
+            return fault_request(cfg, body, fault, status, [&] {
+              for (auto& w : workers) {
+                ParkGuard parked(w->gate());
+                w->set_fault(fault, fault.seed);
+              }
+            });
           case ctl::Op::kPing: {
             uint32_t ip;
             if (!config::parse_ipv4(std::string(body), ip)) {

@@ -15,6 +15,7 @@
 #include "dataplane/host/gid_table.h"
 #include "dataplane/host/host.h"
 #include "dataplane/host/pending.h"
+#include "dataplane/service/fault.h"
 #include "dataplane/service/shim_server.h"
 #include "dataplane/stats/report.h"
 #include "dataplane/transport/engine.h"
@@ -82,6 +83,21 @@ class ZeroCopyTx final : public TxMemory {
   std::vector<View> retired_;
 };
 
+// The fault stage's view of an mbuf (fault.h). Writes only into the first
+// segment, which is always the port's own buffer (a zero-copy payload is an
+// external buffer further down the chain: the application's memory).
+struct MbufFaultOps {
+  using Pkt = rte_mbuf*;
+  rte_mempool* pool = nullptr;
+  uint32_t len(rte_mbuf* m) const { return m->pkt_len; }
+  rte_mbuf* copy(rte_mbuf* m) const {
+    return rte_pktmbuf_copy(m, pool, 0, UINT32_MAX);
+  }
+  void corrupt(rte_mbuf* m, uint64_t random) const;
+  bool mark_ce(rte_mbuf* m) const;
+  void free(rte_mbuf* m) const { rte_pktmbuf_free(m); }
+};
+
 // Per-lcore state; touched only by its lcore except the counters (read
 // relaxed by the control thread) and the command ring (SP/SC). It is the
 // transport engine's PacketIo: frames the engine builds become mbufs on
@@ -111,6 +127,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   void make_transport(ShimServer* shim);
   void hand_roce_to(Worker* transport) { transport_ = transport; }
   void set_zero_copy(const ZeroCopyTx* zc) { zc_ = zc; }
+  // Control thread, before launch or while parked: the fault stages' new
+  // settings (each direction and lcore draws from its own stream of `seed`).
+  void set_fault(const config::FaultConfig& f, uint64_t seed);
 
  private:
   void loop_st();
@@ -123,6 +142,8 @@ class alignas(64) Worker final : public transport::PacketIo {
   void tx_drop_all_st();  // shutdown: frees (and counts) what is buffered
   bool accept_l2_st(const rte_mbuf* m);
   uint32_t local_rx_st(uint64_t now);
+  void rx_st(rte_mbuf* m, uint64_t now);  // through the RX fault stage
+  uint32_t fault_release_st(uint64_t now);
   // PacketIo: copies the frame into (chained) mbufs from the port's pool;
   // false when the pool is empty (the engine retries on a later poll).
   // Zero-copy external buffers come with shared-memory MRs.
@@ -154,6 +175,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   static constexpr uint32_t kLoopSize = 1024;
   rte_mbuf* loop_[kLoopSize];
   uint32_t loop_head_ = 0, loop_tail_ = 0;
+  FaultStage<MbufFaultOps> rx_fault_;
+  FaultStage<MbufFaultOps> tx_fault_;
+  uint64_t now_ = 0;  // this loop's time (transmit() has no `now`)
 };
 
 // Device attributes of the port: MAC, GIDs, limits, and the largest IB MTU

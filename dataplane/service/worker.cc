@@ -1,5 +1,6 @@
 // The worker lcore loop, top to bottom: commands and resolution timers,
 // rx_burst, classify, handle, buffered tx_burst, idle back-off.
+#include <netinet/in.h>
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
@@ -13,6 +14,8 @@
 #include <stdexcept>
 
 #include "dataplane/service/service.h"
+#include "dataplane/wire/codec.h"
+#include "dataplane/wire/headers.h"
 
 namespace urnic::service {
 
@@ -63,7 +66,9 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
       burst_(cfg.lcores.burst),
       vlan_tci_(cfg.port.vlan),
       pending_(cfg.arp.queue_len),
-      engine_(dev, *this, engine_config(cfg), now_ns()) {
+      engine_(dev, *this, engine_config(cfg), now_ns()),
+      rx_fault_(MbufFaultOps{port.pool}, ctr_, kRxFaultCtrs),
+      tx_fault_(MbufFaultOps{port.pool}, ctr_, kTxFaultCtrs) {
   const std::string name = "urnic_cmd_" + std::to_string(lcore);
   cmd_ring_ = rte_ring_create(name.c_str(), 64, SOCKET_ID_ANY,
                               RING_F_SP_ENQ | RING_F_SC_DEQ);
@@ -73,6 +78,8 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
 }
 
 Worker::~Worker() {
+  rx_fault_.drain();
+  tx_fault_.drain();
   tx_drop_all_st();
   pending_.clear([](rte_mbuf* m) { rte_pktmbuf_free(m); });
   rte_ring_free(cmd_ring_);
@@ -112,6 +119,94 @@ uint32_t Worker::local_rx_st(uint64_t now) {
       handle_st(static_cast<rte_mbuf*>(m[i]), now);
     n += k;
   }
+  return n;
+}
+
+namespace {
+// The IP header of a RoCEv2 frame (UDP to 4791) in the first segment, or
+// null; *v6 says which version.
+uint8_t* roce_ip(rte_mbuf* m, bool* v6) {
+  uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
+  const uint32_t len = m->data_len;
+  uint32_t off = sizeof(wire::EthHdr);
+  if (len < off + 2) return nullptr;
+  uint16_t type = static_cast<uint16_t>(p[12] << 8 | p[13]);
+  if (type == wire::kEtherTypeVlan) {
+    off += sizeof(wire::VlanTag);
+    if (len < off) return nullptr;
+    type = static_cast<uint16_t>(p[16] << 8 | p[17]);
+  }
+  uint8_t* ip = p + off;
+  uint32_t udp;
+  if (type == wire::kEtherTypeIpv4 && len >= off + sizeof(wire::Ipv4Hdr)) {
+    if (ip[9] != IPPROTO_UDP) return nullptr;
+    udp = off + (ip[0] & 0xfu) * 4;
+    *v6 = false;
+  } else if (type == wire::kEtherTypeIpv6 &&
+             len >= off + sizeof(wire::Ipv6Hdr)) {
+    if (ip[6] != IPPROTO_UDP) return nullptr;
+    udp = off + sizeof(wire::Ipv6Hdr);
+    *v6 = true;
+  } else {
+    return nullptr;
+  }
+  if (len < udp + sizeof(wire::UdpHdr)) return nullptr;
+  const uint16_t dport = static_cast<uint16_t>(p[udp + 2] << 8 | p[udp + 3]);
+  return dport == wire::kRoceV2Port ? ip : nullptr;
+}
+}  // namespace
+
+void MbufFaultOps::corrupt(rte_mbuf* m, uint64_t random) const {
+  // The first segment's last byte: a header byte past the IP header of a
+  // zero-copy frame, else payload or ICRC; the ICRC check catches either.
+  uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
+  p[m->data_len - 1] ^= static_cast<uint8_t>(1 + random % 255);
+}
+
+bool MbufFaultOps::mark_ce(rte_mbuf* m) const {
+  // RFC 3168: only ECN-capable (ECT(0) 10, ECT(1) 01) packets are marked
+  // CE (11). The ICRC masks the ECN bits (Annex A17.4.1), so it stays valid.
+  bool v6 = false;
+  uint8_t* ip = roce_ip(m, &v6);
+  if (!ip) return false;
+  if (v6) {
+    if (((ip[1] >> 4) & 3) == 0) return false;
+    ip[1] |= 0x30;
+    return true;
+  }
+  auto* h = reinterpret_cast<wire::Ipv4Hdr*>(ip);
+  if ((h->tos & 3) == 0) return false;
+  h->tos |= 3;
+  h->checksum.set(0);
+  h->checksum.set(static_cast<uint16_t>(
+      ~wire::csum_fold(wire::csum_partial(ip, (ip[0] & 0xfu) * 4))));
+  return true;
+}
+
+void Worker::set_fault(const config::FaultConfig& f, uint64_t seed) {
+  // A distinct stream per lcore and direction, all replayed by one seed.
+  const uint64_t s = seed ^ (uint64_t{lcore_} << 33);
+  rx_fault_.set(f.rx, s ^ 0x5258);
+  tx_fault_.set(f.tx, s ^ 0x5458);
+}
+
+void Worker::rx_st(rte_mbuf* m, uint64_t now) {
+  bool v6;
+  if (rx_fault_.on() && roce_ip(m, &v6)) {
+    rx_fault_.push_st(m, now);
+    return;
+  }
+  handle_st(m, now);
+}
+
+// Frames the fault stages release now: received ones are handled, sent
+// ones join the TX burst.
+uint32_t Worker::fault_release_st(uint64_t now) {
+  uint32_t n = 0;
+  if (rx_fault_.pending())
+    n += rx_fault_.pop_st(now, [&](rte_mbuf* m) { handle_st(m, now); });
+  if (tx_fault_.pending())
+    n += tx_fault_.pop_st(now, [&](rte_mbuf* m) { tx_st(m); });
   return n;
 }
 
@@ -263,7 +358,10 @@ bool Worker::transmit(const transport::TxFrame& f) {
     ctr_.inc(Ctr::roce_loopback);
     return true;
   }
-  tx_st(head);
+  if (tx_fault_.on())
+    tx_fault_.push_st(head, now_);
+  else
+    tx_st(head);
   return true;
 }
 
@@ -513,6 +611,7 @@ void Worker::loop_st() {
   while (!g_quit.load(std::memory_order_relaxed)) {
     gate_.check_st();  // the control thread may change shared tables now
     const uint64_t now = now_ns();
+    now_ = now;
     // 1. Commands from the control thread and resolution timers.
     if (now >= next_timer) {
       commands_st(now);
@@ -538,9 +637,10 @@ void Worker::loop_st() {
     }
     for (uint16_t i = 0; i < n; ++i) {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
-      handle_st(pkts[i], now);
+      rx_st(pkts[i], now);
     }
     uint32_t local = local_rx_st(now);
+    local += fault_release_st(now);
     // 2b. New work requests the applications rang for (shim doorbells).
     if (shim_) {
       uint32_t rung = 0;
@@ -552,11 +652,14 @@ void Worker::loop_st() {
     // 3. Transport: timers, requester/responder transmit work, deferred
     // ACKs; then transmit what the burst and the engine produced.
     const uint32_t work = engine_.poll(now);
+    if (tx_fault_.pending()) local += fault_release_st(now_ns());
     tx_flush_st();
     // 4. Poll accounting and idle back-off (poll -> pause -> sleep); never
     // sleep while the engine has packets it could send.
     const uint64_t t = rte_rdtsc();
-    if (n || local || work || engine_.busy() || loop_head_ != loop_tail_) {
+    // Frames waiting in a fault stage (delay, bottleneck) keep it polling.
+    if (n || local || work || engine_.busy() || loop_head_ != loop_tail_ ||
+        rx_fault_.pending() || tx_fault_.pending()) {
       ctr_.inc(Ctr::poll_busy);
       ctr_.add(Ctr::cycles_busy, t - t_prev);
       empty_polls = 0;

@@ -127,6 +127,16 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
     any = true;
   }
   if (any) s += "\n";
+  // Fault injection (config fault, urnicctl fault): what it did, if anything.
+  any = false;
+  for (auto i = static_cast<size_t>(Ctr::rx_fault_drop);
+       i <= static_cast<size_t>(Ctr::tx_fault_ce_marked); ++i) {
+    const uint64_t n = cur.total(static_cast<Ctr>(i));
+    if (!n) continue;
+    appendf(s, "%s%s %" PRIu64, any ? "  " : "  fault: ", kCtrNames[i], n);
+    any = true;
+  }
+  if (any) s += "\n";
   for (size_t i = 0; i < cur.shim.size(); ++i)
     appendf(s, "%s%s %" PRIu64 "%s", i ? "  " : "  shim: ", cur.shim[i].first,
             cur.shim[i].second, i + 1 == cur.shim.size() ? "\n" : "");

@@ -358,6 +358,47 @@ field_mutations() {
            [](Config& c) { c.transport.cc.shared_init_window = 1024; }},
           {"transport.cc.shared_min_window",
            [](Config& c) { c.transport.cc.shared_min_window = 32; }},
+          {"fault.seed", [](Config& c) { c.fault.seed = 42; }},
+          {"fault.rx.drop_ppm", [](Config& c) { c.fault.rx.drop_ppm = 1000; }},
+          {"fault.rx.burst_ppm", [](Config& c) { c.fault.rx.burst_ppm = 100; }},
+          {"fault.rx.burst_len", [](Config& c) { c.fault.rx.burst_len = 3; }},
+          {"fault.rx.corrupt_ppm",
+           [](Config& c) { c.fault.rx.corrupt_ppm = 10; }},
+          {"fault.rx.duplicate_ppm",
+           [](Config& c) { c.fault.rx.duplicate_ppm = 20; }},
+          {"fault.rx.reorder_ppm",
+           [](Config& c) { c.fault.rx.reorder_ppm = 30; }},
+          {"fault.rx.reorder_gap",
+           [](Config& c) { c.fault.rx.reorder_gap = 2; }},
+          {"fault.rx.delay_us", [](Config& c) { c.fault.rx.delay_us = 100; }},
+          {"fault.rx.rate_mbps",
+           [](Config& c) { c.fault.rx.rate_mbps = 1000; }},
+          {"fault.rx.queue_kb", [](Config& c) { c.fault.rx.queue_kb = 64; }},
+          {"fault.rx.ecn_kb",
+           [](Config& c) {
+             c.fault.rx.ecn_kb = 16;
+             c.fault.rx.rate_mbps = 100;
+           }},
+          {"fault.tx.drop_ppm", [](Config& c) { c.fault.tx.drop_ppm = 1000; }},
+          {"fault.tx.burst_ppm", [](Config& c) { c.fault.tx.burst_ppm = 100; }},
+          {"fault.tx.burst_len", [](Config& c) { c.fault.tx.burst_len = 3; }},
+          {"fault.tx.corrupt_ppm",
+           [](Config& c) { c.fault.tx.corrupt_ppm = 10; }},
+          {"fault.tx.duplicate_ppm",
+           [](Config& c) { c.fault.tx.duplicate_ppm = 20; }},
+          {"fault.tx.reorder_ppm",
+           [](Config& c) { c.fault.tx.reorder_ppm = 30; }},
+          {"fault.tx.reorder_gap",
+           [](Config& c) { c.fault.tx.reorder_gap = 2; }},
+          {"fault.tx.delay_us", [](Config& c) { c.fault.tx.delay_us = 100; }},
+          {"fault.tx.rate_mbps",
+           [](Config& c) { c.fault.tx.rate_mbps = 1000; }},
+          {"fault.tx.queue_kb", [](Config& c) { c.fault.tx.queue_kb = 64; }},
+          {"fault.tx.ecn_kb",
+           [](Config& c) {
+             c.fault.tx.ecn_kb = 16;
+             c.fault.tx.rate_mbps = 100;
+           }},
       };
   return kMutations;
 }

@@ -1,9 +1,9 @@
 // The congestion windows (dataplane/transport/congestion.h) as plain
 // classes: the AIMD arithmetic, with no engine around them. How the
 // requester uses them on the wire is in test_transport_trace.cc.
-#include "dataplane/transport/congestion.h"
-
 #include <gtest/gtest.h>
+
+#include "dataplane/transport/congestion.h"
 
 namespace urnic::transport {
 namespace {
@@ -72,7 +72,8 @@ TEST(LossWindow, NeverAboveMaxUnacked) {
   const CcParams p = params();
   LossWindow w;
   w.reset(p, 0xfffff0);  // and across the 24-bit PSN wrap
-  for (uint32_t i = 1; i <= 100; ++i) w.on_progress(p, (0xfffff0 + i * 16) & 0xffffff);
+  for (uint32_t i = 1; i <= 100; ++i)
+    w.on_progress(p, (0xfffff0 + i * 16) & 0xffffff);
   EXPECT_EQ(w.window(), p.max_window);
 }
 

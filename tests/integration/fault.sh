@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Integration: the port's fault-injection stage (config `fault`, urnicctl
+# fault). Two urnicd joined by a net_memif pair (lossless by itself), B
+# started with TX loss from its config; urnic-perf --verify through the shim
+# must deliver every byte through each fault, and the counters must say
+# what the stage did and what the transport did about it:
+#  - TX random + burst loss (config): retransmits on B, data verified;
+#  - at runtime (urnicctl fault): RX corruption on A (ICRC errors counted
+#    as malformed), duplication (the responder's duplicates), reordering,
+#    delay and a bottleneck rate with a small buffer (queue drops);
+#  - bad runtime settings are refused with a message and change nothing;
+#  - all zero: the stage is off again, a clean run resends nothing.
+# Every started process is stopped by PID on exit, pass or fail.
+# usage: fault.sh URNICD URNICCTL SHIM_SO URNIC_PERF
+set -euo pipefail
+URNICD=$1
+URNICCTL=$2
+SHIM=$(realpath "$3")
+UPERF=$(realpath "$4")
+PY=/usr/bin/python3
+ID=ft-$$
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
+PRELOAD=$SHIM
+for rt in $(ldd "$SHIM" | awk '/lib(asan|ubsan)\.so/ {print $3}'); do
+  PRELOAD="$rt $PRELOAD"
+done
+CLIENT_ENV=URNIC_PLAIN_BUILD=1
+[ "$PRELOAD" != "$SHIM" ] &&
+  CLIENT_ENV=ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+lib_init
+
+SA=$TMP/a.sock
+SB=$TMP/b.sock
+ON_A=(env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
+ON_B=(env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
+
+# A: the server side. B: the client, 1 % random loss plus 0.1 % bursts of 4
+# on what it sends, from its config, with a fixed seed.
+memif_start server 02:00:00:8b:00:01 10.91.0.1 "$SA"
+for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
+memif_start client 02:00:00:8b:00:02 10.91.0.2 "$SB" -o fault.seed=42 \
+  -o fault.tx.drop_ppm=10000 -o fault.tx.burst_ppm=1000 -o fault.tx.burst_len=4
+wait_sock "$SA" && wait_sock "$SB"
+check "B printed that fault injection is on, with its seed" \
+  grep -q "fault injection on (seed 42)" "$TMP/urnicd-client.log"
+
+port=18800
+run() {  # run NAME [urnic-perf options]: a verified WRITE run between A and B
+  local name=$1
+  shift
+  port=$((port + 1))
+  "${ON_A[@]}" timeout 120 "$UPERF" --server -p "$port" -q 4 -s 16384 -D 1 \
+    --warmup 0 --verify "$@" >"$TMP/$name-s.out" 2>&1 &
+  local sp=$!
+  PIDS+=("$sp")
+  sleep 0.5
+  local rc=0
+  "${ON_B[@]}" timeout 120 "$UPERF" -p "$port" -q 4 -s 16384 -D 1 \
+    --warmup 0 --verify --period 0 "$@" 127.0.0.1 >"$TMP/$name-c.out" 2>&1 ||
+    rc=$?
+  wait "$sp" || rc=$((rc ? rc : $?))
+  [ $rc = 0 ] || { echo "$name: rc $rc"; tail -5 "$TMP/$name-c.out"; }
+  return $rc
+}
+ctr() { counter "$1" "$2"; }
+grew() {  # grew SOCK NAME BEFORE: the counter is above BEFORE now
+  local now
+  now=$(ctr "$1" "$2")
+  [ "$now" -gt "$3" ] || { echo "$2 on $1: $3 -> $now"; return 1; }
+}
+
+r0=$(ctr "$SB" retransmits)
+check "TX loss: a verified run completes" run loss
+check "TX loss: the stage dropped frames (random)" grew "$SB" tx_fault_drop 0
+check "TX loss: the stage dropped frames (bursts)" grew "$SB" tx_fault_burst_drop 0
+check "TX loss: the requester retransmitted" grew "$SB" retransmits "$r0"
+
+# Runtime: B's loss off, A corrupts 0.5 % of what it receives.
+check "urnicctl fault shows the config's settings" \
+  sh -c "'$URNICCTL' -s '$SB' fault | grep -qx 'fault.tx.drop_ppm=10000'"
+check "urnicctl fault turns B's loss off" \
+  "$URNICCTL" -s "$SB" fault tx.drop_ppm=0 tx.burst_ppm=0
+m0=$(ctr "$SA" malformed)
+check "urnicctl fault sets RX corruption on A" \
+  "$URNICCTL" -s "$SA" fault seed=7 rx.corrupt_ppm=5000
+check "corruption: a verified run completes" run corrupt
+check "corruption: frames corrupted" grew "$SA" rx_fault_corrupt 0
+check "corruption: A counted them as malformed (ICRC)" grew "$SA" malformed "$m0"
+
+d0=$(ctr "$SA" rx_dup)
+check "duplication and reordering on A's RX" "$URNICCTL" -s "$SA" fault \
+  rx.corrupt_ppm=0 rx.duplicate_ppm=20000 rx.reorder_ppm=20000 rx.reorder_gap=3
+check "dup/reorder: a verified run completes" run duprx
+check "dup/reorder: frames duplicated" grew "$SA" rx_fault_duplicate 0
+check "dup/reorder: frames reordered" grew "$SA" rx_fault_reorder 0
+check "dup/reorder: the responder saw duplicates" grew "$SA" rx_dup "$d0"
+
+check "delay and a 200 Mb/s bottleneck with a 32 KiB buffer on B's TX" \
+  "$URNICCTL" -s "$SA" fault rx.duplicate_ppm=0 rx.reorder_ppm=0
+check "  (set on B)" "$URNICCTL" -s "$SB" fault tx.delay_us=200 \
+  tx.rate_mbps=200 tx.queue_kb=32
+check "bottleneck: a verified run completes" run bottleneck
+check "bottleneck: the full buffer dropped frames" grew "$SB" tx_fault_queue_drop 0
+
+# Bad settings: refused with a message, nothing changed.
+bad() {  # bad WORDS...: urnicctl fails and says why
+  local out
+  if out=$("$URNICCTL" -s "$SB" fault "$@" 2>&1); then
+    echo "accepted: $*"
+    return 1
+  fi
+  echo "$out" | grep -q "fault" || { echo "no message: $out"; return 1; }
+  "$URNICCTL" -s "$SB" fault | grep -qx "fault.tx.rate_mbps=200"
+}
+check "a probability above 1000000 ppm is refused" bad tx.drop_ppm=2000000
+check "an unknown key is refused" bad tx.nosuch=1
+check "a non-fault key is refused" bad port.mtu=9000
+check "ecn_kb above queue_kb is refused" bad tx.ecn_kb=64
+check "a word without a value is refused" bad tx.drop_ppm
+
+check "all zero: the stage is off" "$URNICCTL" -s "$SB" fault tx.delay_us=0 \
+  tx.rate_mbps=0 tx.queue_kb=256
+r1=$(ctr "$SB" retransmits)
+check "off: a verified run completes" run clean
+check "off: nothing was resent" test "$(ctr "$SB" retransmits)" = "$r1"
+
+finish
