@@ -519,11 +519,18 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
   ibv_wc wc[32];
   const uint32_t depth = p.depth;
   uint64_t& tout = r.thread_out[t];
-  const uint64_t room = r.cq_room / 2;  // the rest is for receives
+  // CQEs this thread's sends may occupy: half the CQ when receives share it.
+  const uint64_t room = uses_recv(p.op) ? r.cq_room / 2 : r.cq_room;
+  // Each pass starts one QP further: when the CQ budget binds, the first
+  // QPs of the list would otherwise take it all and the rest starve (Jain
+  // 0.3-0.55 at 16 QPs was this loop, not the NIC).
+  size_t first = 0;
   for (;;) {
     const int ph = r.phase.load(std::memory_order_relaxed);
     bool more = false;
-    for (QpCtx* q : mine) {
+    first = first + 1 < mine.size() ? first + 1 : 0;
+    for (size_t j = 0; j < mine.size(); ++j) {
+      QpCtx* q = mine[(first + j) % mine.size()];
       const uint64_t out = q->outstanding.load(std::memory_order_relaxed);
       const bool want = ph < 2 && (!p.iters || q->posted < p.iters);
       if (want && out + p.batch <= depth && tout + p.batch <= room) {
