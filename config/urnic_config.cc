@@ -262,6 +262,8 @@ struct Schema<CcConfig> {
        .member = &S::shared_min_window,
        .min = 1,
        .max = 1048576},
+      {.key = "ecn", .member = &S::ecn},
+      {.key = "cnp_interval_us", .member = &S::cnp_interval_us, .max = 1000000},
   };
 };
 

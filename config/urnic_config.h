@@ -131,6 +131,10 @@ struct CcConfig {
   // share (window / QPs with packets in flight) or its own, the smaller.
   uint32_t shared_init_window = 256;
   uint32_t shared_min_window = 16;
+  // ECN: RC data leaves ECT(0); CE-marked packets are answered with a CNP
+  // (at most one per QP per cnp_interval_us); a CNP cuts the windows.
+  bool ecn = true;
+  uint32_t cnp_interval_us = 50;
 };
 
 // Transport engine tuning (transport::EngineConfig and the timer wheel).

@@ -149,14 +149,15 @@ class FaultStage {
       // Bytes the bottleneck holds ahead of this frame.
       const double queued_kb = static_cast<double>(start - now) / ns_per_kb_;
       const uint32_t len = ops_.len(p);
-      if (queued_kb + len / 1024.0 > d_.queue_kb) return lose(p, names_.queue_drop);
+      if (queued_kb + len / 1024.0 > d_.queue_kb)
+        return lose(p, names_.queue_drop);
       if (d_.ecn_kb && queued_kb > d_.ecn_kb && ops_.mark_ce(p))
         ctr_.inc(names_.ce);
       link_free_ = start + static_cast<uint64_t>(len * ns_per_kb_ / 1024.0);
       depart = link_free_;
     }
-    const uint64_t due = std::max(depart + uint64_t{d_.delay_us} * 1000,
-                                  last_due_);
+    const uint64_t due =
+        std::max(depart + uint64_t{d_.delay_us} * 1000, last_due_);
     if (n_ == kQueue) return lose(p, names_.queue_drop);
     q_[(head_ + n_) % kQueue] = {p, due};
     ++n_;

@@ -48,6 +48,8 @@ transport::EngineConfig engine_config(const config::Config& cfg) {
   ec.cc.min_window = cfg.transport.cc.min_window;
   ec.cc.shared_init_window = cfg.transport.cc.shared_init_window;
   ec.cc.shared_min_window = cfg.transport.cc.shared_min_window;
+  ec.cc.ecn = cfg.transport.cc.ecn;
+  ec.cc.cnp_interval_ns = uint64_t{cfg.transport.cc.cnp_interval_us} * 1000;
   return ec;
 }
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period

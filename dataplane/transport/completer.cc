@@ -276,6 +276,20 @@ void Completer::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   }
 }
 
+void Completer::cnp_st(Engine& e, Qp& qp) {
+  e.ctr_.inc(ECtr::cnps_rx);
+  ++qp.ctr_.cnps_rx;
+  const CcParams& p = e.config().cc;
+  if (!p.window || !p.ecn) return;
+  // As a loss (RFC 3168 6.1.2: once per window of data), minus the resend.
+  if (qp.cc_.on_loss(p, qp.comp_.psn, qp.req_.max_psn)) {
+    e.ctr_.inc(ECtr::cc_window_cuts);
+    ++qp.ctr_.cc_window_cuts;
+  }
+  if (e.cc_shared_.on_loss(p)) e.ctr_.inc(ECtr::cc_shared_cuts);
+  qp.ctr_.cc_window.set(qp.cc_.window());
+}
+
 void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return;
   if (kind == kRnrTimer) {

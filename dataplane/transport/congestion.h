@@ -24,6 +24,12 @@ struct CcParams {
   uint32_t shared_init_window = 256;
   uint32_t shared_min_window = 16;
   uint32_t shared_max_window = 1u << 20;
+  // ECN (RFC 3168 marks, RoCEv2 CNPs, Annex A17.9): RC data packets leave
+  // ECT(0); a responder answers a CE-marked packet with a CNP, at most one
+  // per QP per cnp_interval_ns; a CNP cuts the requester's windows as a
+  // loss would (once per window of data), without resending anything.
+  bool ecn = true;
+  uint64_t cnp_interval_ns = 50'000;
 };
 
 class LossWindow {

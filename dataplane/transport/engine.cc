@@ -99,6 +99,31 @@ uint32_t Engine::cc_window(const Qp& qp) const {
                   cc_shared_.share(active, std::max(cfg_.cc.min_window, 1u)));
 }
 
+void Engine::send_cnp(Qp& qp) {
+  if (!cfg_.cc.ecn || qp.type_ != IBV_QPT_RC) return;
+  if (qp.cnp_sent_ && now_ - qp.cnp_sent_ns_ < cfg_.cc.cnp_interval_ns) return;
+  // Annex A17.9.3: opcode CNP, the flow's source QP as DestQP, BECN set,
+  // 16 reserved bytes; sent not ECN-capable (it must not be marked itself).
+  wire::RoceFields f = qp.tmpl_;
+  f.opcode = wire::opcode::kCnp;
+  f.psn = 0;
+  f.becn = true;
+  f.ack_req = false;
+  f.payload_len = 0;
+  f.tclass &= 0xfc;
+  // Sent from the receive path: it must not end the current transmit turn.
+  const bool refused = tx_refused_;
+  const int64_t turn = turn_left_;
+  if (send_packet(qp, f, {})) {  // refused: the next CE mark tries again
+    qp.cnp_sent_ = true;
+    qp.cnp_sent_ns_ = now_;
+    ctr_.inc(ECtr::cnps_tx);
+    ++qp.ctr_.cnps_tx;
+  }
+  tx_refused_ = refused;
+  turn_left_ = turn;
+}
+
 uint32_t Engine::make_qpn(uint32_t slot) const {
   const uint32_t gen_mask = (1u << (24 - qpn_slot_bits_)) - 1;
   return (slot_gen_[slot] & gen_mask) << qpn_slot_bits_ | (kFirstQpn + slot);
@@ -475,6 +500,17 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
     return;
   }
   const wire::OpcodeInfo& op = *fi.op;
+  if (op.mask & wire::kCnpOp) {  // for our requester (Annex A17.9.3)
+    if (qp->type_ != IBV_QPT_RC) {
+      ctr_.inc(ECtr::rx_bad_type);
+    } else if (qp->state_ != IBV_QPS_RTS && qp->state_ != IBV_QPS_SQD) {
+      ctr_.inc(ECtr::rx_bad_state);
+    } else {
+      ++qp->ctr_.rx_packets;
+      Completer::cnp_st(*this, *qp);
+    }
+    return;
+  }
   const uint32_t want = qp->type_ == IBV_QPT_RC   ? wire::kRc
                         : qp->type_ == IBV_QPT_UC ? wire::kUc
                                                   : wire::kUd;

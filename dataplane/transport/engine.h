@@ -61,7 +61,7 @@ class PacketIo {
   X(rnr_waits)       X(read_replays)    X(atomic_replays)  X(cq_overflows)   \
   X(wqes_flushed)    X(send_wqes)       X(recv_wqes)       X(completions)    \
   X(rx_no_recv)      X(rx_bad_length)   X(local_errors)    X(cc_window_cuts) \
-  X(cc_shared_cuts)
+  X(cc_shared_cuts)  X(cnps_tx)         X(cnps_rx)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -195,6 +195,8 @@ class Engine {
   // leaves RTS).
   void cc_sync(Qp& qp);
   uint32_t cc_window(const Qp& qp) const;
+  // Responder side of ECN: a CE-marked packet arrived for `qp`.
+  void send_cnp(Qp& qp);
 
   Device& dev_;
   PacketIo& io_;

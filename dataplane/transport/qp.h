@@ -28,7 +28,7 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(acks_rx)         X(naks_seq_rx)     X(naks_rnr_rx)     X(naks_access_rx) \
   X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
   X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)  \
-  X(cc_window_cuts)  X(cc_window)
+  X(cc_window_cuts)  X(cc_window)       X(cnps_tx)         X(cnps_rx)
 // clang-format on
 // cc_window is a gauge (the current congestion window, packets), the rest
 // count events.
@@ -214,8 +214,10 @@ class Qp {
     bool went_back = false;      // went back to went_back_psn, no progress
     uint32_t went_back_psn = 0;  // since: a NAK for it is not news
   } comp_;
-  LossWindow cc_;        // congestion window (congestion.h)
-  uint32_t cc_out_ = 0;  // its packets in flight as the engine counts them
+  LossWindow cc_;             // congestion window (congestion.h)
+  uint32_t cc_out_ = 0;       // its packets in flight as the engine counts them
+  uint64_t cnp_sent_ns_ = 0;  // responder: when it last sent a CNP
+  bool cnp_sent_ = false;
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;
 

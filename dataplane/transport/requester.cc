@@ -70,6 +70,9 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   } else {
     f = qp.tmpl_;
   }
+  // ECN-capable transport (ECT(0)) where a CNP would be acted on.
+  if (rc && e.config().cc.window && e.config().cc.ecn)
+    f.tclass = static_cast<uint8_t>((f.tclass & 0xfc) | 0x2);
   f.psn = qp.req_.psn;
   const uint32_t mtu = qp.mtu_;
   const uint32_t off = qp.req_.offset;

@@ -502,6 +502,8 @@ void Responder::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   if (qp.resp_.fatal) return;  // going to ERR once the NAK is out
   switch (qp.type_) {
     case IBV_QPT_RC:
+      // Congestion Experienced (RFC 3168): tell the requester (a CNP).
+      if ((p.f.tclass & 0x3) == 0x3) e.send_cnp(qp);
       rc_rx(e, qp, p);
       break;
     case IBV_QPT_UC:

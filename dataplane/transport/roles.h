@@ -35,6 +35,8 @@ class Completer {
  public:
   static void rx_st(Engine& e, Qp& qp, const RxPkt& p);
   static void timer_st(Engine& e, Qp& qp, TimerKind kind);
+  // A CNP for this QP: the path is congested (ECN), nothing was lost.
+  static void cnp_st(Engine& e, Qp& qp);
   // Completes WRs that need no more acknowledgement (head error, UC/UD).
   static void check_head_st(Engine& e, Qp& qp);
 };

@@ -7,7 +7,8 @@
 #  - TX random + burst loss (config): retransmits on B, data verified;
 #  - at runtime (urnicctl fault): RX corruption on A (ICRC errors counted
 #    as malformed), duplication (the responder's duplicates), reordering,
-#    delay and a bottleneck rate with a small buffer (queue drops);
+#    delay and a bottleneck rate with a small buffer (queue drops), and
+#    ECN marking at the bottleneck (CNPs back, windows cut);
 #  - bad runtime settings are refused with a message and change nothing;
 #  - all zero: the stage is off again, a clean run resends nothing.
 # Every started process is stopped by PID on exit, pass or fail.
@@ -104,6 +105,18 @@ check "  (set on B)" "$URNICCTL" -s "$SB" fault tx.delay_us=200 \
   tx.rate_mbps=200 tx.queue_kb=32
 check "bottleneck: a verified run completes" run bottleneck
 check "bottleneck: the full buffer dropped frames" grew "$SB" tx_fault_queue_drop 0
+
+# ECN: the bottleneck marks CE above 8 KiB instead of waiting for a full
+# buffer; A answers with CNPs, B's windows shrink on them.
+check "ECN marking above 8 KiB of a 256 KiB buffer on B's TX" \
+  "$URNICCTL" -s "$SB" fault tx.delay_us=0 tx.queue_kb=256 tx.ecn_kb=8
+check "ECN: a verified run completes" run ecn
+check "ECN: B's stage marked ECT frames CE" grew "$SB" tx_fault_ce_marked 0
+check "ECN: A sent CNPs" grew "$SA" cnps_tx 0
+check "ECN: B received CNPs" grew "$SB" cnps_rx 0
+check "ECN: B's windows were cut" grew "$SB" cc_window_cuts 0
+check "  (back to the small buffer, no marking)" "$URNICCTL" -s "$SB" fault \
+  tx.queue_kb=32 tx.ecn_kb=0
 
 # Bad settings: refused with a message, nothing changed.
 bad() {  # bad WORDS...: urnicctl fails and says why

@@ -1,11 +1,11 @@
 // The port's fault-injection stage (dataplane/service/fault.h) on test
 // frames: every action, its counter, its order, replay by seed, and that
 // nothing is lost track of (each frame is delivered or freed exactly once).
-#include "dataplane/service/fault.h"
-
 #include <gtest/gtest.h>
 
 #include <vector>
+
+#include "dataplane/service/fault.h"
 
 namespace urnic::service {
 namespace {
@@ -165,7 +165,8 @@ TEST_F(FaultStageTest, AReorderedFrameComesAfterGapLaterFrames) {
   stage_->push_st(pool_.make(100), 0);
   EXPECT_TRUE(stage_->pending());
   std::vector<Frame*> late;
-  stage_->pop_st(Stage::kReorderHoldNs - 1, [&](Frame* f) { late.push_back(f); });
+  stage_->pop_st(Stage::kReorderHoldNs - 1,
+                 [&](Frame* f) { late.push_back(f); });
   EXPECT_TRUE(late.empty());
   stage_->pop_st(Stage::kReorderHoldNs, [&](Frame* f) {
     late.push_back(f);

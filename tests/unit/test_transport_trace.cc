@@ -908,6 +908,82 @@ TEST_F(TransportTrace, SharedWindowLimitsAQpToItsShare) {
   EXPECT_EQ(engine_->cc_active_qps(), 0u);
 }
 
+// ECN, requester side: RC data leaves ECT(0); a CNP (Annex A17.9) halves
+// the window once per window of data and resends nothing.
+TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
+  EngineConfig ec;
+  ec.cc.init_window = 16;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  for (uint64_t i = 0; i < 40; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 16u);
+  for (const auto& x : p) EXPECT_EQ(x.f.tclass & 0x3, 0x2) << "ECT(0)";
+  // Peer: two CNPs (its path marked CE twice within one window).
+  wire::RoceFields cnp = pkt(op::kCnp, 0);
+  cnp.becn = true;
+  inject(cnp);
+  inject(cnp);
+  poll(10 * kUs);
+  // Expect: no packet at all (16 in flight, window 16 -> 8), one cut.
+  EXPECT_TRUE(sent().empty());
+  EXPECT_EQ(ctr(ECtr::cnps_rx), 2u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
+  EXPECT_EQ(ctr(ECtr::retransmits), 0u);
+  EXPECT_EQ(qp_->counters().cc_window.get(), 8u);
+  // Peer: ACK all 16. Expect: new data, not a resend: P+16 on.
+  inject(ack(kSqPsn + 15, 16));
+  poll(20 * kUs);
+  EXPECT_EQ(cq_poll().size(), 16u);
+  p = sent();
+  ASSERT_FALSE(p.empty());
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 16);
+}
+
+// ECN, responder side: a CE-marked request is answered with a CNP to the
+// sending QP (BECN set, not ECN-capable itself), at most one per interval.
+TEST_F(TransportTrace, CeMarkedRequestIsAnsweredWithOneCnpPerInterval) {
+  EngineConfig ec;
+  ec.cc.cnp_interval_ns = 50 * kUs;
+  use_engine(ec);
+  QpOpts o;
+  o.access = IBV_ACCESS_REMOTE_WRITE;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  auto ce_write = [&](uint32_t i) {
+    wire::RoceFields f =
+        write_req(op::kRcWriteOnly, kRqPsn + i, false, addr(0), 8);
+    f.tclass = 0x3;  // CE
+    inject(f, std::vector<uint8_t>(8, 1));
+  };
+  now_ = 1 * kUs;
+  ce_write(0);
+  ce_write(1);
+  poll(2 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kCnp);
+  EXPECT_EQ(p[0].f.dqpn, kPeerQpn);
+  EXPECT_TRUE(p[0].f.becn);
+  EXPECT_EQ(p[0].f.tclass & 0x3, 0);
+  // 20 us later: still inside the interval. 60 us later: a new CNP.
+  now_ = 21 * kUs;
+  ce_write(2);
+  poll(22 * kUs);
+  EXPECT_TRUE(sent().empty());
+  now_ = 61 * kUs;
+  ce_write(3);
+  poll(62 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kCnp);
+  EXPECT_EQ(ctr(ECtr::cnps_tx), 2u);
+  EXPECT_EQ(qp_->counters().cnps_tx.get(), 2u);
+  // The writes themselves were executed as usual.
+  EXPECT_EQ(ctr(ECtr::rx_out_of_seq), 0u);
+}
+
 // A sequence NAK: go-back-N from the NAKed PSN as before, but the window is
 // halved first, so only half as many packets are resent at once; a second
 // NAK inside the same window of data is the same congestion event.
