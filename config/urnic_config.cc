@@ -65,7 +65,7 @@ using Member = std::variant<
     Ipv4Cidr S::*, Ipv6Cidr S::*, EalConfig S::*, PortConfig S::*,
     MempoolConfig S::*, LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
     StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*, TransportConfig S::*,
-    CcConfig S::*, FaultConfig S::*, FaultDirConfig S::*>;
+    CcConfig S::*, DcqcnConfig S::*, FaultConfig S::*, FaultDirConfig S::*>;
 
 template <class S>
 struct Field {
@@ -243,6 +243,43 @@ struct Schema<LimitsConfig> {
 };
 
 template <>
+struct Schema<DcqcnConfig> {
+  using S = DcqcnConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "rpg_max_rate", .member = &S::rpg_max_rate, .max = 400000},
+      {.key = "rpg_min_rate",
+       .member = &S::rpg_min_rate,
+       .min = 1,
+       .max = 400000},
+      {.key = "rate_to_set_on_first_cnp",
+       .member = &S::rate_to_set_on_first_cnp,
+       .max = 400000},
+      {.key = "rpg_min_dec_fac", .member = &S::rpg_min_dec_fac, .max = 100},
+      {.key = "rpg_gd", .member = &S::rpg_gd, .min = 10, .max = 20},
+      {.key = "dce_tcp_g", .member = &S::dce_tcp_g, .max = 1024},
+      {.key = "dce_tcp_rtt",
+       .member = &S::dce_tcp_rtt,
+       .min = 1,
+       .max = 131071},
+      {.key = "initial_alpha_value",
+       .member = &S::initial_alpha_value,
+       .min = 1,
+       .max = 1024},
+      {.key = "rate_reduce_monitor_period",
+       .member = &S::rate_reduce_monitor_period,
+       .max = 1000000},
+      {.key = "rpg_time_reset",
+       .member = &S::rpg_time_reset,
+       .min = 1,
+       .max = 1000000},
+      {.key = "rpg_byte_reset", .member = &S::rpg_byte_reset, .max = 1u << 30},
+      {.key = "rpg_threshold", .member = &S::rpg_threshold, .max = 31},
+      {.key = "rpg_ai_rate", .member = &S::rpg_ai_rate, .max = 400000},
+      {.key = "rpg_hai_rate", .member = &S::rpg_hai_rate, .max = 400000},
+  };
+};
+
+template <>
 struct Schema<CcConfig> {
   using S = CcConfig;
   static constexpr Field<S> kFields[] = {
@@ -264,6 +301,7 @@ struct Schema<CcConfig> {
        .max = 1048576},
       {.key = "ecn", .member = &S::ecn},
       {.key = "cnp_interval_us", .member = &S::cnp_interval_us, .max = 1000000},
+      {.key = "dcqcn", .member = &S::dcqcn},
   };
 };
 
@@ -575,8 +613,8 @@ std::string check_log_level(std::string& v) {
 }
 
 std::string check_cc_algorithm(std::string& v) {
-  if (v == "window" || v == "off") return {};
-  return "expected window or off, got " + quote(v);
+  if (v == "window" || v == "dcqcn" || v == "off") return {};
+  return "expected window, dcqcn or off, got " + quote(v);
 }
 
 std::string check_file_prefix(std::string& v) {

@@ -119,9 +119,31 @@ struct LimitsConfig {
   uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
 };
 
+// DCQCN reaction point (transport/congestion.h DcqcnParams): the names and
+// defaults of NVIDIA ConnectX firmware. Rates Mb/s, times microseconds.
+struct DcqcnConfig {
+  uint32_t rpg_max_rate = 0;  // 0: the port's link speed
+  uint32_t rpg_min_rate = 1;
+  uint32_t rate_to_set_on_first_cnp = 0;
+  uint32_t rpg_min_dec_fac = 50;
+  uint32_t rpg_gd = 11;
+  uint32_t dce_tcp_g = 1019;
+  uint32_t dce_tcp_rtt = 1;
+  uint32_t initial_alpha_value = 1023;
+  uint32_t rate_reduce_monitor_period = 4;
+  uint32_t rpg_time_reset = 300;
+  uint32_t rpg_byte_reset = 32767;
+  uint32_t rpg_threshold = 1;
+  uint32_t rpg_ai_rate = 5;
+  uint32_t rpg_hai_rate = 50;
+};
+
 // Congestion control of RC requesters (transport/congestion.h).
 //   window: a loss-driven window per QP (AIMD in packets: halved once per
-//           window on a loss, minimum after a timeout, +1 per window ACKed)
+//           window on a loss, minimum after a timeout, +1 per window ACKed);
+//           a CNP cuts the windows as a loss would
+//   dcqcn:  the same windows for losses; a CNP cuts the QP's rate (DCQCN),
+//           and the QP is paced at that rate
 //   off:    every QP may have max_unacked packets in flight
 struct CcConfig {
   std::string algorithm = "window";
@@ -135,6 +157,7 @@ struct CcConfig {
   // (at most one per QP per cnp_interval_us); a CNP cuts the windows.
   bool ecn = true;
   uint32_t cnp_interval_us = 50;
+  DcqcnConfig dcqcn;
 };
 
 // Transport engine tuning (transport::EngineConfig and the timer wheel).

@@ -35,7 +35,17 @@ namespace {
 constexpr uint32_t kMaxSegs = 32;
 constexpr uint32_t kZeroCopyMin = 512;  // bytes: below this a copy is cheaper
 
-transport::EngineConfig engine_config(const config::Config& cfg) {
+// DCQCN's line rate when rpg_max_rate is 0: the port's link speed, or
+// 100 Gb/s where the port reports none.
+uint64_t line_rate_mbps(const PortInfo& port) {
+  stats::PortSnapshot ps;
+  port_read_link(port, ps);
+  const uint32_t s = ps.link_speed_mbps;
+  return s && s != RTE_ETH_SPEED_NUM_UNKNOWN ? s : 100'000;
+}
+
+transport::EngineConfig engine_config(const config::Config& cfg,
+                                      const PortInfo& port) {
   transport::EngineConfig ec;
   ec.ack_req_every = cfg.transport.ack_req_every;
   ec.max_unacked = cfg.transport.max_unacked;
@@ -43,13 +53,33 @@ transport::EngineConfig engine_config(const config::Config& cfg) {
   ec.tx_quantum = cfg.transport.tx_quantum;
   ec.poll_budget = cfg.transport.poll_budget;
   ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
-  ec.cc.window = cfg.transport.cc.algorithm == "window";
+  const config::CcConfig& cc = cfg.transport.cc;
+  ec.cc.window = cc.algorithm == "window" || cc.algorithm == "dcqcn";
+  ec.cc.dcqcn = cc.algorithm == "dcqcn";
   ec.cc.init_window = cfg.transport.cc.init_window;
   ec.cc.min_window = cfg.transport.cc.min_window;
   ec.cc.shared_init_window = cfg.transport.cc.shared_init_window;
   ec.cc.shared_min_window = cfg.transport.cc.shared_min_window;
   ec.cc.ecn = cfg.transport.cc.ecn;
   ec.cc.cnp_interval_ns = uint64_t{cfg.transport.cc.cnp_interval_us} * 1000;
+  const config::DcqcnConfig& d = cc.dcqcn;
+  ec.cc.dcqcn_params = {
+      .rpg_max_rate = d.rpg_max_rate,
+      .rpg_min_rate = d.rpg_min_rate,
+      .rate_to_set_on_first_cnp = d.rate_to_set_on_first_cnp,
+      .rpg_min_dec_fac = d.rpg_min_dec_fac,
+      .rpg_gd = d.rpg_gd,
+      .dce_tcp_g = d.dce_tcp_g,
+      .dce_tcp_rtt = d.dce_tcp_rtt,
+      .initial_alpha_value = d.initial_alpha_value,
+      .rate_reduce_monitor_period = d.rate_reduce_monitor_period,
+      .rpg_time_reset = d.rpg_time_reset,
+      .rpg_byte_reset = d.rpg_byte_reset,
+      .rpg_threshold = d.rpg_threshold,
+      .rpg_ai_rate = d.rpg_ai_rate,
+      .rpg_hai_rate = d.rpg_hai_rate,
+  };
+  ec.cc.line_rate_mbps = line_rate_mbps(port);
   return ec;
 }
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period
@@ -68,7 +98,7 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
       burst_(cfg.lcores.burst),
       vlan_tci_(cfg.port.vlan),
       pending_(cfg.arp.queue_len),
-      engine_(dev, *this, engine_config(cfg), now_ns()),
+      engine_(dev, *this, engine_config(cfg, port), now_ns()),
       rx_fault_(MbufFaultOps{port.pool}, ctr_, kRxFaultCtrs),
       tx_fault_(MbufFaultOps{port.pool}, ctr_, kTxFaultCtrs) {
   const std::string name = "urnic_cmd_" + std::to_string(lcore);

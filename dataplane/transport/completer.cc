@@ -281,6 +281,15 @@ void Completer::cnp_st(Engine& e, Qp& qp) {
   ++qp.ctr_.cnps_rx;
   const CcParams& p = e.config().cc;
   if (!p.window || !p.ecn) return;
+  if (p.dcqcn) {
+    // DCQCN reaction point: the rate, not the windows.
+    if (qp.rate_.on_cnp(p, e.now_)) {
+      e.ctr_.inc(ECtr::cc_rate_cuts);
+      ++qp.ctr_.cc_rate_cuts;
+    }
+    qp.ctr_.cc_rate_mbps.set(static_cast<uint64_t>(qp.rate_.rate_mbps()));
+    return;
+  }
   // As a loss (RFC 3168 6.1.2: once per window of data), minus the resend.
   if (qp.cc_.on_loss(p, qp.comp_.psn, qp.req_.max_psn)) {
     e.ctr_.inc(ECtr::cc_window_cuts);

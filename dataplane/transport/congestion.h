@@ -9,11 +9,33 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "dataplane/transport/psn.h"
 
 namespace urnic::transport {
+
+// DCQCN reaction point (Zhu et al., "Congestion Control for Large-Scale
+// RDMA Deployments", SIGCOMM 2015), parameters under the names and with the
+// defaults of NVIDIA ConnectX firmware (mlxconfig / mlx5 roce_rp). Rates in
+// Mb/s, times in microseconds, alpha and g in 1/1024.
+struct DcqcnParams {
+  uint32_t rpg_max_rate = 0;  // line rate; 0: the port's link speed
+  uint32_t rpg_min_rate = 1;
+  uint32_t rate_to_set_on_first_cnp = 0;  // 0: cut from rpg_max_rate
+  uint32_t rpg_min_dec_fac = 50;  // %: one cut leaves at least this share
+  uint32_t rpg_gd = 11;           // a cut is Rc * alpha / 2^(rpg_gd - 10)
+  uint32_t dce_tcp_g = 1019;      // alpha = alpha * g (+ (1 - g) on a CNP)
+  uint32_t dce_tcp_rtt = 1;       // alpha update period
+  uint32_t initial_alpha_value = 1023;
+  uint32_t rate_reduce_monitor_period = 4;  // at most one cut per period
+  uint32_t rpg_time_reset = 300;            // rate-increase timer
+  uint32_t rpg_byte_reset = 32767;          // rate-increase byte counter, bytes
+  uint32_t rpg_threshold = 1;  // F: events per stage before advancing
+  uint32_t rpg_ai_rate = 5;    // additive increase of the target
+  uint32_t rpg_hai_rate = 50;  // hyper increase of the target
+};
 
 struct CcParams {
   bool window = true;         // false: max_unacked alone limits a QP
@@ -30,6 +52,11 @@ struct CcParams {
   // loss would (once per window of data), without resending anything.
   bool ecn = true;
   uint64_t cnp_interval_ns = 50'000;
+  // dcqcn: a CNP cuts the QP's rate (DcqcnRate) instead of its windows;
+  // the windows still react to losses.
+  bool dcqcn = false;
+  DcqcnParams dcqcn_params;
+  uint64_t line_rate_mbps = 100'000;  // rpg_max_rate when that is 0
 };
 
 class LossWindow {
@@ -101,6 +128,165 @@ class LossWindow {
   uint32_t acked_psn_ = 0;  // oldest unacknowledged PSN last seen
   uint32_t recover_psn_ = 0;
   bool recovering_ = false;
+};
+
+// The DCQCN reaction point of one QP with its pacer. A QP starts unlimited
+// (no pacing, no cost); its first CNP sets the current rate Rc and the
+// target Rt to the line rate and cuts Rc by alpha/2 (at most one cut per
+// rate_reduce_monitor_period); alpha follows the CNPs of each dce_tcp_rtt
+// period. Without CNPs, every rpg_time_reset and every rpg_byte_reset bytes
+// sent is a rate-increase event: fast recovery (Rc halfway to Rt) for the
+// first rpg_threshold events of both counters, then additive increase of
+// Rt by rpg_ai_rate, hyper increase by i * rpg_hai_rate once both counters
+// passed the threshold; Rc goes halfway to the new Rt. At the line rate
+// the QP is unlimited again. Time is passed in (ns), nothing here sleeps:
+// the pacer says when the QP may send next and the engine revisits it then.
+// Timer events are taken lazily, when the QP sends or gets a CNP, which is
+// when the hardware's timer events would show.
+class DcqcnRate {
+ public:
+  // Frames may leave in bursts of this many bytes at the paced rate.
+  static constexpr double kBurstBytes = 16384;
+
+  void reset() { limited_ = false; }
+  bool limited() const { return limited_; }
+  double rate_mbps() const { return rc_; }
+  double target_mbps() const { return rt_; }
+  double alpha() const { return alpha_; }
+
+  // A CNP for this QP. Returns true if the rate was cut.
+  bool on_cnp(const CcParams& cc, uint64_t now) {
+    const DcqcnParams& p = cc.dcqcn_params;
+    const double line = line_rate(cc);
+    if (!limited_) {
+      limited_ = true;
+      alpha_ = std::min(p.initial_alpha_value, 1024u) / 1024.0;
+      alpha_ns_ = now;
+      cnp_in_period_ = true;
+      tokens_ = kBurstBytes;
+      tokens_ns_ = now;
+      if (p.rate_to_set_on_first_cnp) {
+        rc_ = rt_ =
+            std::clamp(double(p.rate_to_set_on_first_cnp), min_rate(cc), line);
+        restart(now);
+        return true;
+      }
+      rc_ = rt_ = line;
+    } else {
+      update_alpha(p, now);
+      cnp_in_period_ = true;
+      if (now - cut_ns_ < uint64_t{p.rate_reduce_monitor_period} * 1000)
+        return false;
+    }
+    rt_ = rc_;
+    const uint32_t shift = std::clamp(p.rpg_gd, 10u, 20u) - 10;
+    const double cut = rc_ * alpha_ / double(1u << shift);
+    rc_ = std::max({rc_ - cut, rc_ * std::min(p.rpg_min_dec_fac, 100u) / 100.0,
+                    min_rate(cc)});
+    restart(now);
+    return true;
+  }
+
+  // Rate-increase events up to `now` and `bytes` just sent.
+  void on_sent(const CcParams& cc, uint64_t now, uint32_t bytes) {
+    if (!limited_) return;
+    const DcqcnParams& p = cc.dcqcn_params;
+    tokens_ -= bytes;
+    if (p.rpg_byte_reset) {
+      bytes_ += bytes;
+      while (limited_ && bytes_ >= p.rpg_byte_reset) {
+        bytes_ -= p.rpg_byte_reset;
+        increase(cc, &bc_);
+      }
+    }
+    advance(cc, now);
+  }
+
+  // Timer events up to `now`, then: may the QP send a frame now? If not,
+  // *at is when it may.
+  bool may_send(const CcParams& cc, uint64_t now, uint64_t* at) {
+    if (!limited_) return true;
+    advance(cc, now);
+    if (!limited_) return true;
+    // Mb/s = bits per microsecond: rc_ / 8000 bytes per nanosecond.
+    tokens_ = std::min(tokens_ + double(now - tokens_ns_) * rc_ / 8000.0,
+                       kBurstBytes);
+    tokens_ns_ = now;
+    if (tokens_ > 0) return true;
+    *at = now + static_cast<uint64_t>(-tokens_ * 8000.0 / rc_) + 1;
+    return false;
+  }
+
+ private:
+  static double line_rate(const CcParams& cc) {
+    const uint32_t m = cc.dcqcn_params.rpg_max_rate;
+    return double(m ? m : cc.line_rate_mbps);
+  }
+  static double min_rate(const CcParams& cc) {
+    return std::clamp(double(cc.dcqcn_params.rpg_min_rate), 1.0, line_rate(cc));
+  }
+  // After a cut: both increase counters and their stages start over.
+  void restart(uint64_t now) {
+    cut_ns_ = now;
+    timer_ns_ = now;
+    bytes_ = 0;
+    t_ = bc_ = 0;
+  }
+  // Closes the alpha periods that ended before `now`: the one a CNP came
+  // in raises alpha, the rest decay it.
+  void update_alpha(const DcqcnParams& p, uint64_t now) {
+    const uint64_t period = uint64_t{std::max(p.dce_tcp_rtt, 1u)} * 1000;
+    if (now - alpha_ns_ < period) return;
+    const uint64_t n = (now - alpha_ns_) / period;
+    const double g = std::min(p.dce_tcp_g, 1024u) / 1024.0;
+    alpha_ = cnp_in_period_ ? g * alpha_ + (1 - g) : g * alpha_;
+    if (n > 1) alpha_ *= std::pow(g, double(n - 1));
+    alpha_ns_ += n * period;
+    cnp_in_period_ = false;
+  }
+  void advance(const CcParams& cc, uint64_t now) {
+    const uint64_t period =
+        uint64_t{std::max(cc.dcqcn_params.rpg_time_reset, 1u)} * 1000;
+    // A long quiet spell takes the QP back to the line rate at once, not
+    // through thousands of additive steps on one poll.
+    if (now - timer_ns_ > 100'000 * period) limited_ = false;
+    while (limited_ && now - timer_ns_ >= period) {
+      timer_ns_ += period;
+      increase(cc, &t_);
+    }
+  }
+  // One increase event of the timer (t_) or byte counter (bc_) stage.
+  void increase(const CcParams& cc, uint32_t* stage) {
+    const DcqcnParams& p = cc.dcqcn_params;
+    const uint32_t f = p.rpg_threshold;
+    if (std::max(t_, bc_) < f) {
+      // fast recovery: towards the rate before the last cut
+    } else if (std::min(t_, bc_) < f) {
+      rt_ += p.rpg_ai_rate;
+    } else {
+      rt_ += double(p.rpg_hai_rate) * (std::min(t_, bc_) - f + 1);
+    }
+    ++*stage;
+    const double line = line_rate(cc);
+    rt_ = std::min(rt_, line);
+    rc_ = (rt_ + rc_) / 2;
+    // Within 1 Mb/s of the line rate (halving never quite gets there).
+    if (rc_ >= line - 1) limited_ = false;
+  }
+
+  bool limited_ = false;
+  double rc_ = 0;  // current rate, Mb/s
+  double rt_ = 0;  // target rate, Mb/s
+  double alpha_ = 1;
+  uint64_t alpha_ns_ = 0;  // start of the open alpha period
+  bool cnp_in_period_ = false;
+  uint64_t cut_ns_ = 0;    // last cut
+  uint64_t timer_ns_ = 0;  // last timer event (or cut)
+  uint64_t bytes_ = 0;     // sent since the last byte-counter event
+  uint32_t t_ = 0;         // timer events since the last cut
+  uint32_t bc_ = 0;        // byte-counter events since the last cut
+  double tokens_ = 0;      // pacer: bytes that may leave now
+  uint64_t tokens_ns_ = 0;
 };
 
 // One AIMD window over the packets in flight of all RC QPs of an engine

@@ -134,6 +134,7 @@ Engine::~Engine() {
     if (!q) continue;
     timers_.cancel(q->retrans_timer_);
     timers_.cancel(q->rnr_timer_);
+    timers_.cancel(q->pace_timer_);
   }
 }
 
@@ -198,6 +199,8 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   qp->retrans_timer_.kind = kRetransTimer;
   qp->rnr_timer_.owner = qp.get();
   qp->rnr_timer_.kind = kRnrTimer;
+  qp->pace_timer_.owner = qp.get();
+  qp->pace_timer_.kind = kPaceTimer;
   qp->res_.resize(1);
   Device::hold(a.pd);
   Device::hold(a.send_cq);
@@ -223,6 +226,7 @@ int Engine::destroy_qp(Qp* qp) {
   cc_sync(*qp);
   timers_.cancel(qp->retrans_timer_);
   timers_.cancel(qp->rnr_timer_);
+  timers_.cancel(qp->pace_timer_);
   unlink_ready(*qp);
   Device::release(qp->pd_);
   Device::release(qp->send_cq_);
@@ -238,6 +242,7 @@ int Engine::destroy_qp(Qp* qp) {
 void Engine::reset_qp(Qp& qp) {
   timers_.cancel(qp.retrans_timer_);
   timers_.cancel(qp.rnr_timer_);
+  timers_.cancel(qp.pace_timer_);
   unlink_ready(qp);
   qp.sq_head_ = qp.sq_next_ = qp.sq_tail_ = 0;
   qp.rq_head_ = qp.rq_tail_ = 0;
@@ -248,6 +253,8 @@ void Engine::reset_qp(Qp& qp) {
   qp.comp_ = {};
   qp.cc_.reset(cfg_.cc, 0);
   qp.ctr_.cc_window.set(qp.cc_.window());
+  qp.rate_.reset();
+  qp.ctr_.cc_rate_mbps.set(0);
   cc_sync(qp);
   qp.resp_ = {};
   for (RespResource& r : qp.res_) r = {};
@@ -316,6 +323,8 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     qp->req_.max_psn = qp->req_.psn;
     qp->cc_.reset(cfg_.cc, qp->req_.psn);
     qp->ctr_.cc_window.set(qp->cc_.window());
+    qp->rate_.reset();
+    qp->ctr_.cc_rate_mbps.set(0);
   }
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
     qp->sqd_notify_ = attr.en_sqd_async_notify;
@@ -541,8 +550,13 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
 }
 
 void Engine::fire_timer(TimerNode& t) {
-  Completer::timer_st(*this, *static_cast<Qp*>(t.owner),
-                      static_cast<TimerKind>(t.kind));
+  Qp& qp = *static_cast<Qp*>(t.owner);
+  if (t.kind == kPaceTimer) {
+    // The pacer has tokens again; send_st re-checks everything else.
+    if (qp.sq_next_ != qp.sq_tail_) make_ready(qp);
+    return;
+  }
+  Completer::timer_st(*this, qp, static_cast<TimerKind>(t.kind));
 }
 
 uint32_t Engine::poll(uint64_t now_ns) {
@@ -646,6 +660,7 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
     return false;
   }
   const uint32_t flen = tf.frame_len();
+  last_tx_len_ = flen;
   ctr_.inc(ECtr::tx_packets);
   ctr_.inc(ECtr::tx_bytes, flen);
   turn_left_ -= flen;
@@ -698,6 +713,7 @@ void Engine::to_error(Qp& qp) {
   cc_sync(qp);
   timers_.cancel(qp.retrans_timer_);
   timers_.cancel(qp.rnr_timer_);
+  timers_.cancel(qp.pace_timer_);
   unlink_ready(qp);
   // Every WR still on the send queue completes with a flush error, in order
   // (IBTA 10.3.1, C10-? "Error state"), signaled or not.

@@ -61,7 +61,7 @@ class PacketIo {
   X(rnr_waits)       X(read_replays)    X(atomic_replays)  X(cq_overflows)   \
   X(wqes_flushed)    X(send_wqes)       X(recv_wqes)       X(completions)    \
   X(rx_no_recv)      X(rx_bad_length)   X(local_errors)    X(cc_window_cuts) \
-  X(cc_shared_cuts)  X(cnps_tx)         X(cnps_rx)
+  X(cc_shared_cuts)  X(cnps_tx)         X(cnps_rx)         X(cc_rate_cuts)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -96,8 +96,8 @@ struct EngineConfig {
   uint32_t poll_budget = 256;
   uint16_t udp_sport_base = 0xc000;
   uint32_t timer_tick_ns = 1000;  // timer wheel resolution
-  // Loss-driven congestion window per RC QP (congestion.h); its
-  // max_window is max_unacked.
+  // Congestion control of RC QPs (congestion.h): loss-driven windows (their
+  // max_window is max_unacked), ECN and DCQCN.
   CcParams cc;
 };
 
@@ -217,6 +217,7 @@ class Engine {
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
   bool tx_refused_ = false;         // the PacketIo refused a frame this turn
+  uint32_t last_tx_len_ = 0;        // bytes of the last frame sent
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
   QpList<&Qp::ack_link_> ack_;  // QPs with an ACK-sized response pending
   SharedWindow cc_shared_;

@@ -28,10 +28,11 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(acks_rx)         X(naks_seq_rx)     X(naks_rnr_rx)     X(naks_access_rx) \
   X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
   X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)  \
-  X(cc_window_cuts)  X(cc_window)       X(cnps_tx)         X(cnps_rx)
+  X(cc_window_cuts)  X(cc_window)       X(cnps_tx)         X(cnps_rx)        \
+  X(cc_rate_cuts)    X(cc_rate_mbps)
 // clang-format on
-// cc_window is a gauge (the current congestion window, packets), the rest
-// count events.
+// cc_window (the current congestion window, packets) and cc_rate_mbps (the
+// DCQCN rate, 0 while unlimited) are gauges, the rest count events.
 
 constexpr const char* kQpCtrNames[] = {
 #define URNIC_QCTR_NAME(n) #n,
@@ -218,8 +219,10 @@ class Qp {
   uint32_t cc_out_ = 0;       // its packets in flight as the engine counts them
   uint64_t cnp_sent_ns_ = 0;  // responder: when it last sent a CNP
   bool cnp_sent_ = false;
+  DcqcnRate rate_;  // DCQCN reaction point and pacer (congestion.h)
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;
+  TimerNode pace_timer_;  // the pacer lets the QP send again
 
   // Responder.
   struct Resp {

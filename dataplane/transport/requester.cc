@@ -209,10 +209,21 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
                                 ? w.npkts - qp.req_.offset / qp.mtu_
                                 : 1;
       if (out > 0 && static_cast<uint32_t>(out) + need > window(e, qp)) break;
+      // DCQCN pacing: the pace timer puts the QP back on the ready list.
+      uint64_t at = 0;
+      if (!qp.rate_.may_send(e.config().cc, e.now_, &at)) {
+        e.timers_.arm(qp.pace_timer_, at);
+        break;
+      }
     }
     if (!send_one(e, qp, w)) {
       *more = true;
       break;
+    }
+    if (rc && qp.rate_.limited()) {
+      qp.rate_.on_sent(e.config().cc, e.now_, e.last_tx_len_);
+      qp.ctr_.cc_rate_mbps.set(
+          qp.rate_.limited() ? static_cast<uint64_t>(qp.rate_.rate_mbps()) : 0);
     }
     ++sent;
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ

@@ -17,7 +17,7 @@ struct RxPkt {
   std::span<const wire::ConstBuf> segs;
 };
 
-enum TimerKind : uint8_t { kRetransTimer, kRnrTimer };
+enum TimerKind : uint8_t { kRetransTimer, kRnrTimer, kPaceTimer };
 
 // Builds packets from the send queue (IBTA 9.5, 9.7.1).
 class Requester {

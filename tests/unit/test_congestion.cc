@@ -128,5 +128,127 @@ TEST(SharedWindow, GrowsWithEveryQpsAcksAndCutsOncePerWindow) {
   EXPECT_EQ(s.window(), p.shared_max_window);
 }
 
+// DCQCN reaction point: a reference trace worked out by hand from the
+// algorithm (SIGCOMM 2015, ConnectX parameter semantics) with the firmware
+// defaults: g = 1019/1024, alpha period 1 us, first alpha 1023/1024, cuts by
+// alpha/2 at most every 4 us, increase events every 300 us or 32767 bytes,
+// one event of fast recovery, AI 5 Mb/s, HAI 50 Mb/s.
+constexpr uint64_t kUs = 1000;
+
+CcParams dcqcn_params() {
+  CcParams p;
+  p.dcqcn = true;
+  p.line_rate_mbps = 10000;
+  return p;
+}
+
+TEST(DcqcnRate, StartsUnlimitedAndTheFirstCnpHalvesTheLineRate) {
+  const CcParams p = dcqcn_params();
+  DcqcnRate r;
+  uint64_t at = 0;
+  EXPECT_FALSE(r.limited());
+  EXPECT_TRUE(r.may_send(p, 0, &at));
+  ASSERT_TRUE(r.on_cnp(p, 0));
+  EXPECT_TRUE(r.limited());
+  // Rt = line; Rc = 10000 * (1 - (1023/1024) / 2).
+  EXPECT_DOUBLE_EQ(r.target_mbps(), 10000.0);
+  EXPECT_DOUBLE_EQ(r.rate_mbps(), 5004.8828125);
+}
+
+TEST(DcqcnRate, OneCutPerMonitorPeriodAlphaFollowsTheCnps) {
+  const CcParams p = dcqcn_params();
+  DcqcnRate r;
+  ASSERT_TRUE(r.on_cnp(p, 0));
+  // 2 us later: alpha rises for the period [0, 1 us) that had a CNP and
+  // decays for [1, 2 us); no cut inside rate_reduce_monitor_period.
+  EXPECT_FALSE(r.on_cnp(p, 2 * kUs));
+  EXPECT_NEAR(r.alpha(), 0.99415014, 1e-8);
+  EXPECT_DOUBLE_EQ(r.rate_mbps(), 5004.8828125);
+  // 10 us: a cut. Alpha: up for [2, 3 us), down for the 7 periods after.
+  // Rt = the rate before the cut, Rc = Rc * (1 - alpha / 2).
+  EXPECT_TRUE(r.on_cnp(p, 10 * kUs));
+  EXPECT_NEAR(r.alpha(), 0.96069172, 1e-8);
+  EXPECT_DOUBLE_EQ(r.target_mbps(), 5004.8828125);
+  EXPECT_NEAR(r.rate_mbps(), 2600.80808, 1e-4);
+}
+
+TEST(DcqcnRate, FastRecoveryThenAdditiveThenHyperIncrease) {
+  const CcParams p = dcqcn_params();
+  DcqcnRate r;
+  ASSERT_TRUE(r.on_cnp(p, 0));
+  ASSERT_FALSE(r.on_cnp(p, 2 * kUs));
+  ASSERT_TRUE(r.on_cnp(p, 10 * kUs));
+  uint64_t at = 0;
+  // 310 us: the first timer event after the cut is fast recovery: Rc goes
+  // halfway to Rt, Rt stays.
+  r.may_send(p, 310 * kUs, &at);
+  EXPECT_NEAR(r.target_mbps(), 5004.8828125, 1e-9);
+  EXPECT_NEAR(r.rate_mbps(), 3802.84545, 1e-4);
+  // 610 us: the timer stage passed rpg_threshold: additive increase.
+  r.may_send(p, 610 * kUs, &at);
+  EXPECT_NEAR(r.target_mbps(), 5009.8828125, 1e-9);
+  EXPECT_NEAR(r.rate_mbps(), 4406.36413, 1e-4);
+  // rpg_byte_reset bytes sent: a byte-counter event, still additive (the
+  // byte stage has not passed the threshold yet).
+  r.on_sent(p, 620 * kUs, 32767);
+  EXPECT_NEAR(r.target_mbps(), 5014.8828125, 1e-9);
+  EXPECT_NEAR(r.rate_mbps(), 4710.62347, 1e-4);
+  // 910 us: both stages passed it: hyper increase, Rt += 1 * 50.
+  r.may_send(p, 910 * kUs, &at);
+  EXPECT_NEAR(r.target_mbps(), 5064.8828125, 1e-9);
+  EXPECT_NEAR(r.rate_mbps(), 4887.75314, 1e-4);
+}
+
+TEST(DcqcnRate, BackToUnlimitedAtTheLineRate) {
+  const CcParams p = dcqcn_params();
+  DcqcnRate r;
+  ASSERT_TRUE(r.on_cnp(p, 0));
+  uint64_t at = 0;
+  // Rt = line: every event halves the gap; 13 halvings of 4995 Mb/s leave
+  // less than 1 Mb/s.
+  r.may_send(p, 12 * 300 * kUs, &at);
+  EXPECT_TRUE(r.limited());
+  r.may_send(p, 13 * 300 * kUs, &at);
+  EXPECT_FALSE(r.limited());
+  // The next CNP starts over from the line rate.
+  ASSERT_TRUE(r.on_cnp(p, 14 * 300 * kUs));
+  EXPECT_DOUBLE_EQ(r.rate_mbps(), 5004.8828125);
+}
+
+TEST(DcqcnRate, RespectsMinDecFacMinRateAndRateOnFirstCnp) {
+  CcParams p = dcqcn_params();
+  p.dcqcn_params.rpg_min_dec_fac = 80;  // a cut keeps at least 80 %
+  DcqcnRate r;
+  ASSERT_TRUE(r.on_cnp(p, 0));
+  EXPECT_DOUBLE_EQ(r.rate_mbps(), 8000.0);
+  p.dcqcn_params.rpg_min_dec_fac = 0;
+  p.dcqcn_params.rpg_min_rate = 5000;  // 8000 * (1 - 0.96 / 2) is less
+  ASSERT_TRUE(r.on_cnp(p, 10 * kUs));
+  EXPECT_DOUBLE_EQ(r.rate_mbps(), 5000.0);
+  DcqcnRate first;
+  p.dcqcn_params.rate_to_set_on_first_cnp = 6000;
+  ASSERT_TRUE(first.on_cnp(p, 0));
+  EXPECT_DOUBLE_EQ(first.rate_mbps(), 6000.0);
+  EXPECT_DOUBLE_EQ(first.target_mbps(), 6000.0);
+}
+
+TEST(DcqcnRate, PacerSpendsItsBurstThenSaysWhenToSendAgain) {
+  CcParams p = dcqcn_params();
+  p.dcqcn_params.rate_to_set_on_first_cnp = 1000;  // 1 Gb/s: 8 ns per byte
+  DcqcnRate r;
+  ASSERT_TRUE(r.on_cnp(p, 0));
+  uint64_t at = 0;
+  ASSERT_TRUE(r.may_send(p, 0, &at));
+  r.on_sent(p, 0, 16384);  // the whole burst
+  EXPECT_FALSE(r.may_send(p, 0, &at));
+  EXPECT_EQ(at, 1u);  // tokens are exactly 0: as soon as any accrue
+  r.on_sent(p, 0, 0);
+  ASSERT_TRUE(r.may_send(p, 1, &at));
+  r.on_sent(p, 1, 1000);  // 1000 bytes in debt: 8 us at 1 Gb/s
+  EXPECT_FALSE(r.may_send(p, 1, &at));
+  EXPECT_NEAR(static_cast<double>(at), 1 + 8000, 2);
+  EXPECT_TRUE(r.may_send(p, at, &at));
+}
+
 }  // namespace
 }  // namespace urnic::transport

@@ -942,6 +942,47 @@ TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
   EXPECT_EQ(p[0].f.psn, kSqPsn + 16);
 }
 
+// DCQCN, reaction point: with cc.dcqcn a CNP cuts the QP's rate, not its
+// windows, and the requester then leaves at that rate: one burst of tokens,
+// then what the rate earns, put back on the wire by the pace timer.
+TEST_F(TransportTrace, CnpUnderDcqcnPacesTheQpAtTheCutRate) {
+  EngineConfig ec;
+  ec.cc.init_window = 16;
+  ec.cc.dcqcn = true;
+  ec.cc.line_rate_mbps = 10000;
+  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  for (uint64_t i = 0; i < 64; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 1024)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 16u);  // the window, unpaced
+  wire::RoceFields cnp = pkt(op::kCnp, 0);
+  cnp.becn = true;
+  now_ = 5 * kUs;
+  inject(cnp);
+  EXPECT_EQ(ctr(ECtr::cc_rate_cuts), 1u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 0u);
+  EXPECT_EQ(qp_->counters().cc_rate_mbps.get(), 100u);
+  // All 16 ACKed: the window (now 32) would let 32 more go; the pacer lets
+  // its 16 KiB burst go (15 frames of 1082 bytes and one on the rest).
+  now_ = 10 * kUs;
+  inject(ack(kSqPsn + 15, 16));
+  poll(10 * kUs);
+  auto p = sent();
+  EXPECT_EQ(p.size(), 16u) << dump(p);
+  EXPECT_TRUE(sent().empty());
+  poll(50 * kUs);
+  EXPECT_TRUE(sent().empty()) << "40 us earn 500 bytes: still in debt";
+  // 1 ms at 100 Mb/s is 12500 bytes: 11 or 12 frames, sent when the pace
+  // timer fires; nothing was resent.
+  poll(1010 * kUs);
+  p = sent();
+  EXPECT_GE(p.size(), 10u) << dump(p);
+  EXPECT_LE(p.size(), 13u) << dump(p);
+  EXPECT_EQ(ctr(ECtr::retransmits), 0u);
+}
+
 // ECN, responder side: a CE-marked request is answered with a CNP to the
 // sending QP (BECN set, not ECN-capable itself), at most one per interval.
 TEST_F(TransportTrace, CeMarkedRequestIsAnsweredWithOneCnpPerInterval) {
