@@ -301,6 +301,10 @@ struct Schema<CcConfig> {
        .max = 1048576},
       {.key = "ecn", .member = &S::ecn},
       {.key = "cnp_interval_us", .member = &S::cnp_interval_us, .max = 1000000},
+      {.key = "pace_burst_kb",
+       .member = &S::pace_burst_kb,
+       .min = 1,
+       .max = 1024},
       {.key = "dcqcn", .member = &S::dcqcn},
   };
 };

@@ -119,8 +119,9 @@ struct LimitsConfig {
   uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
 };
 
-// DCQCN reaction point (transport/congestion.h DcqcnParams): the names and
-// defaults of NVIDIA ConnectX firmware. Rates Mb/s, times microseconds.
+// DCQCN reaction point (transport/congestion.h DcqcnParams): the names of
+// NVIDIA ConnectX firmware and its defaults but for four time and event
+// scales (congestion.h says why). Rates Mb/s, times microseconds.
 struct DcqcnConfig {
   uint32_t rpg_max_rate = 0;  // 0: the port's link speed
   uint32_t rpg_min_rate = 1;
@@ -128,12 +129,12 @@ struct DcqcnConfig {
   uint32_t rpg_min_dec_fac = 50;
   uint32_t rpg_gd = 11;
   uint32_t dce_tcp_g = 1019;
-  uint32_t dce_tcp_rtt = 1;
+  uint32_t dce_tcp_rtt = 100;  // ConnectX: 1
   uint32_t initial_alpha_value = 1023;
   uint32_t rate_reduce_monitor_period = 4;
-  uint32_t rpg_time_reset = 300;
-  uint32_t rpg_byte_reset = 32767;
-  uint32_t rpg_threshold = 1;
+  uint32_t rpg_time_reset = 1000;    // ConnectX: 300
+  uint32_t rpg_byte_reset = 524288;  // ConnectX: 32767
+  uint32_t rpg_threshold = 5;        // ConnectX: 1
   uint32_t rpg_ai_rate = 5;
   uint32_t rpg_hai_rate = 50;
 };
@@ -146,7 +147,7 @@ struct DcqcnConfig {
 //           and the QP is paced at that rate
 //   off:    every QP may have max_unacked packets in flight
 struct CcConfig {
-  std::string algorithm = "window";
+  std::string algorithm = "dcqcn";
   uint32_t init_window = 32;  // packets in flight a QP starts with
   uint32_t min_window = 2;    // packets, after a timeout (and the floor)
   // The window all RC QPs of a worker lcore share: each QP may use its
@@ -157,6 +158,7 @@ struct CcConfig {
   // (at most one per QP per cnp_interval_us); a CNP cuts the windows.
   bool ecn = true;
   uint32_t cnp_interval_us = 50;
+  uint32_t pace_burst_kb = 4;  // depth of a paced QP's token bucket
   DcqcnConfig dcqcn;
 };
 

@@ -80,6 +80,7 @@ transport::EngineConfig engine_config(const config::Config& cfg,
       .rpg_hai_rate = d.rpg_hai_rate,
   };
   ec.cc.line_rate_mbps = line_rate_mbps(port);
+  ec.cc.pace_burst_bytes = cc.pace_burst_kb * 1024;
   return ec;
 }
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period

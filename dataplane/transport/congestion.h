@@ -17,9 +17,14 @@
 namespace urnic::transport {
 
 // DCQCN reaction point (Zhu et al., "Congestion Control for Large-Scale
-// RDMA Deployments", SIGCOMM 2015), parameters under the names and with the
-// defaults of NVIDIA ConnectX firmware (mlxconfig / mlx5 roce_rp). Rates in
-// Mb/s, times in microseconds, alpha and g in 1/1024.
+// RDMA Deployments", SIGCOMM 2015), parameters under the names of NVIDIA
+// ConnectX firmware (mlxconfig / mlx5 roce_rp). Rates in Mb/s, times in
+// microseconds, alpha and g in 1/1024. The defaults are ConnectX's except
+// four time and event scales: a software NIC on shared cores hears a CNP
+// every 0.1-1 ms, not every few microseconds, and with alpha decaying every
+// 1 us and rate increases every 300 us or 32 KiB, alpha was near 0 at
+// each CNP, the cuts were ~1 % and the increases won (perf/README.md,
+// "bottleneck"). kConnectXDcqcn below has the firmware's values.
 struct DcqcnParams {
   uint32_t rpg_max_rate = 0;  // line rate; 0: the port's link speed
   uint32_t rpg_min_rate = 1;
@@ -27,14 +32,34 @@ struct DcqcnParams {
   uint32_t rpg_min_dec_fac = 50;  // %: one cut leaves at least this share
   uint32_t rpg_gd = 11;           // a cut is Rc * alpha / 2^(rpg_gd - 10)
   uint32_t dce_tcp_g = 1019;      // alpha = alpha * g (+ (1 - g) on a CNP)
-  uint32_t dce_tcp_rtt = 1;       // alpha update period
+  uint32_t dce_tcp_rtt = 100;     // alpha update period (ConnectX: 1)
   uint32_t initial_alpha_value = 1023;
   uint32_t rate_reduce_monitor_period = 4;  // at most one cut per period
-  uint32_t rpg_time_reset = 300;            // rate-increase timer
-  uint32_t rpg_byte_reset = 32767;          // rate-increase byte counter, bytes
-  uint32_t rpg_threshold = 1;  // F: events per stage before advancing
+  uint32_t rpg_time_reset = 1000;  // rate-increase timer (ConnectX: 300)
+  // Rate-increase byte counter, bytes (ConnectX: 32767).
+  uint32_t rpg_byte_reset = 524288;
+  // F: events per stage before advancing (ConnectX: 1; DCQCN's paper: 5).
+  uint32_t rpg_threshold = 5;
   uint32_t rpg_ai_rate = 5;    // additive increase of the target
   uint32_t rpg_hai_rate = 50;  // hyper increase of the target
+};
+
+// ConnectX-4 and later firmware defaults (mlxconfig).
+constexpr DcqcnParams kConnectXDcqcn = {
+    .rpg_max_rate = 0,
+    .rpg_min_rate = 1,
+    .rate_to_set_on_first_cnp = 0,
+    .rpg_min_dec_fac = 50,
+    .rpg_gd = 11,
+    .dce_tcp_g = 1019,
+    .dce_tcp_rtt = 1,
+    .initial_alpha_value = 1023,
+    .rate_reduce_monitor_period = 4,
+    .rpg_time_reset = 300,
+    .rpg_byte_reset = 32767,
+    .rpg_threshold = 1,
+    .rpg_ai_rate = 5,
+    .rpg_hai_rate = 50,
 };
 
 struct CcParams {
@@ -54,8 +79,12 @@ struct CcParams {
   uint64_t cnp_interval_ns = 50'000;
   // dcqcn: a CNP cuts the QP's rate (DcqcnRate) instead of its windows;
   // the windows still react to losses.
-  bool dcqcn = false;
+  bool dcqcn = true;
   DcqcnParams dcqcn_params;
+  // A paced QP may send this many bytes at once after a pause (its token
+  // bucket's depth): small enough that many QPs' bursts do not overrun a
+  // switch buffer together, large enough for an lcore that was off the CPU.
+  uint32_t pace_burst_bytes = 4096;
   uint64_t line_rate_mbps = 100'000;  // rpg_max_rate when that is 0
 };
 
@@ -145,9 +174,6 @@ class LossWindow {
 // when the hardware's timer events would show.
 class DcqcnRate {
  public:
-  // Frames may leave in bursts of this many bytes at the paced rate.
-  static constexpr double kBurstBytes = 16384;
-
   void reset() { limited_ = false; }
   bool limited() const { return limited_; }
   double rate_mbps() const { return rc_; }
@@ -163,7 +189,7 @@ class DcqcnRate {
       alpha_ = std::min(p.initial_alpha_value, 1024u) / 1024.0;
       alpha_ns_ = now;
       cnp_in_period_ = true;
-      tokens_ = kBurstBytes;
+      tokens_ = cc.pace_burst_bytes;
       tokens_ns_ = now;
       if (p.rate_to_set_on_first_cnp) {
         rc_ = rt_ =
@@ -210,7 +236,7 @@ class DcqcnRate {
     if (!limited_) return true;
     // Mb/s = bits per microsecond: rc_ / 8000 bytes per nanosecond.
     tokens_ = std::min(tokens_ + double(now - tokens_ns_) * rc_ / 8000.0,
-                       kBurstBytes);
+                       double(cc.pace_burst_bytes));
     tokens_ns_ = now;
     if (tokens_ > 0) return true;
     *at = now + static_cast<uint64_t>(-tokens_ * 8000.0 / rc_) + 1;

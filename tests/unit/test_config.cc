@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/urnic_config.h"
+#include "dataplane/transport/congestion.h"
 #include "dataplane/transport/types.h"
 
 #ifndef URNIC_SOURCE_DIR
@@ -156,9 +157,27 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.tx_quantum, 16384u);
   EXPECT_EQ(t.timer_tick_us, 1u);
   EXPECT_TRUE(t.zero_copy_tx);
-  EXPECT_EQ(t.cc.algorithm, "window");
+  EXPECT_EQ(t.cc.algorithm, "dcqcn");
   EXPECT_EQ(t.cc.init_window, 32u);
   EXPECT_EQ(t.cc.min_window, 2u);
+  // The config's DCQCN defaults are the engine's (congestion.h).
+  const transport::DcqcnParams e;
+  const DcqcnConfig& d = t.cc.dcqcn;
+  EXPECT_EQ(d.rpg_max_rate, e.rpg_max_rate);
+  EXPECT_EQ(d.rpg_min_rate, e.rpg_min_rate);
+  EXPECT_EQ(d.rate_to_set_on_first_cnp, e.rate_to_set_on_first_cnp);
+  EXPECT_EQ(d.rpg_min_dec_fac, e.rpg_min_dec_fac);
+  EXPECT_EQ(d.rpg_gd, e.rpg_gd);
+  EXPECT_EQ(d.dce_tcp_g, e.dce_tcp_g);
+  EXPECT_EQ(d.dce_tcp_rtt, e.dce_tcp_rtt);
+  EXPECT_EQ(d.initial_alpha_value, e.initial_alpha_value);
+  EXPECT_EQ(d.rate_reduce_monitor_period, e.rate_reduce_monitor_period);
+  EXPECT_EQ(d.rpg_time_reset, e.rpg_time_reset);
+  EXPECT_EQ(d.rpg_byte_reset, e.rpg_byte_reset);
+  EXPECT_EQ(d.rpg_threshold, e.rpg_threshold);
+  EXPECT_EQ(d.rpg_ai_rate, e.rpg_ai_rate);
+  EXPECT_EQ(d.rpg_hai_rate, e.rpg_hai_rate);
+  EXPECT_EQ(t.cc.pace_burst_kb * 1024, transport::CcParams{}.pace_burst_bytes);
 }
 
 TEST(ConfigDefaults, EmbeddedDefaultHasLimitsAndTransportDefaults) {
@@ -361,6 +380,8 @@ field_mutations() {
           {"transport.cc.ecn", [](Config& c) { c.transport.cc.ecn = false; }},
           {"transport.cc.cnp_interval_us",
            [](Config& c) { c.transport.cc.cnp_interval_us = 4; }},
+          {"transport.cc.pace_burst_kb",
+           [](Config& c) { c.transport.cc.pace_burst_kb = 8; }},
           {"transport.cc.dcqcn.rpg_max_rate",
            [](Config& c) { c.transport.cc.dcqcn.rpg_max_rate = 25000; }},
           {"transport.cc.dcqcn.rpg_min_rate",
@@ -388,7 +409,7 @@ field_mutations() {
           {"transport.cc.dcqcn.rpg_byte_reset",
            [](Config& c) { c.transport.cc.dcqcn.rpg_byte_reset = 0; }},
           {"transport.cc.dcqcn.rpg_threshold",
-           [](Config& c) { c.transport.cc.dcqcn.rpg_threshold = 5; }},
+           [](Config& c) { c.transport.cc.dcqcn.rpg_threshold = 2; }},
           {"transport.cc.dcqcn.rpg_ai_rate",
            [](Config& c) { c.transport.cc.dcqcn.rpg_ai_rate = 40; }},
           {"transport.cc.dcqcn.rpg_hai_rate",

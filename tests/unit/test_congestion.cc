@@ -138,7 +138,9 @@ constexpr uint64_t kUs = 1000;
 CcParams dcqcn_params() {
   CcParams p;
   p.dcqcn = true;
+  p.dcqcn_params = kConnectXDcqcn;
   p.line_rate_mbps = 10000;
+  p.pace_burst_bytes = 16384;
   return p;
 }
 

@@ -913,6 +913,7 @@ TEST_F(TransportTrace, SharedWindowLimitsAQpToItsShare) {
 TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
   EngineConfig ec;
   ec.cc.init_window = 16;
+  ec.cc.dcqcn = false;  // algorithm window: a CNP cuts the windows
   use_engine(ec);
   ASSERT_TRUE(up());
   for (uint64_t i = 0; i < 40; ++i)
@@ -942,15 +943,16 @@ TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
   EXPECT_EQ(p[0].f.psn, kSqPsn + 16);
 }
 
-// DCQCN, reaction point: with cc.dcqcn a CNP cuts the QP's rate, not its
-// windows, and the requester then leaves at that rate: one burst of tokens,
-// then what the rate earns, put back on the wire by the pace timer.
+// DCQCN, reaction point: with cc.dcqcn (the default) a CNP cuts the QP's rate,
+// not its windows, and the requester then leaves at that rate: one burst of
+// tokens, then what the rate earns, put back on the wire by the pace timer.
 TEST_F(TransportTrace, CnpUnderDcqcnPacesTheQpAtTheCutRate) {
   EngineConfig ec;
   ec.cc.init_window = 16;
   ec.cc.dcqcn = true;
   ec.cc.line_rate_mbps = 10000;
   ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
+  ec.cc.pace_burst_bytes = 16384;
   use_engine(ec);
   ASSERT_TRUE(up());
   for (uint64_t i = 0; i < 64; ++i)
