@@ -331,6 +331,7 @@ struct Schema<TransportConfig> {
        .member = &S::timer_tick_us,
        .min = 1,
        .max = 1000},
+      {.key = "tail_probe_us", .member = &S::tail_probe_us, .max = 1000000},
       {.key = "zero_copy_tx", .member = &S::zero_copy_tx},
       {.key = "cc", .member = &S::cc},
   };

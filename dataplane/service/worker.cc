@@ -53,6 +53,7 @@ transport::EngineConfig engine_config(const config::Config& cfg,
   ec.tx_quantum = cfg.transport.tx_quantum;
   ec.poll_budget = cfg.transport.poll_budget;
   ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
+  ec.tail_probe_ns = uint64_t{cfg.transport.tail_probe_us} * 1000;
   const config::CcConfig& cc = cfg.transport.cc;
   ec.cc.window = cc.algorithm == "window" || cc.algorithm == "dcqcn";
   ec.cc.dcqcn = cc.algorithm == "dcqcn";

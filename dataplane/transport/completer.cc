@@ -45,11 +45,12 @@ void cc_progress(Engine& e, Qp& qp) {
 
 void progress(Engine& e, Qp& qp) {
   cc_progress(e, qp);
+  e.rtt_progress(qp);
   qp.comp_.retries_left = qp.retry_cnt_;
   qp.comp_.rnr_left = qp.rnr_retry_;
   qp.comp_.went_back = false;
   // Restart the timer for what is still outstanding.
-  e.timers_.cancel(qp.retrans_timer_);
+  e.cancel_retrans(qp);
   if (qp.comp_.psn != qp.req_.max_psn) e.arm_retrans(qp);
   // The requester may be behind an ACK for packets it sent before a
   // go-back-N: move it forward.
@@ -62,11 +63,7 @@ void progress(Engine& e, Qp& qp) {
 // covers timeouts and sequence NAKs alike; 7 is not infinite, C9-140). The
 // congestion window is cut first, so the resend is one window, not all of
 // max_unacked.
-void retry(Engine& e, Qp& qp, bool timeout) {
-  if (qp.comp_.retries_left == 0) {
-    e.fail_head(qp, IBV_WC_RETRY_EXC_ERR);
-    return;
-  }
+void cut_windows(Engine& e, Qp& qp, bool timeout) {
   if (e.config().cc.window) {
     bool cut = true;
     if (timeout)
@@ -80,6 +77,14 @@ void retry(Engine& e, Qp& qp, bool timeout) {
     if (e.cc_shared_.on_loss(e.config().cc)) e.ctr_.inc(ECtr::cc_shared_cuts);
     qp.ctr_.cc_window.set(qp.cc_.window());
   }
+}
+
+void retry(Engine& e, Qp& qp, bool timeout) {
+  if (qp.comp_.retries_left == 0) {
+    e.fail_head(qp, IBV_WC_RETRY_EXC_ERR);
+    return;
+  }
+  cut_windows(e, qp, timeout);
   --qp.comp_.retries_left;
   qp.comp_.went_back = true;
   qp.comp_.went_back_psn = qp.comp_.psn;
@@ -159,7 +164,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
     ++qp.ctr_.rnr_waits;
     qp.comp_.rnr_wait = true;
     qp.comp_.rnr_psn = psn;
-    e.timers_.cancel(qp.retrans_timer_);
+    e.cancel_retrans(qp);
     e.timers_.arm(qp.rnr_timer_, e.now_ + rnr_timer_ns(code));
     return;
   }
@@ -310,6 +315,45 @@ void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   e.ctr_.inc(ECtr::timeouts);
   ++qp.ctr_.timeouts;
   retry(e, qp, true);
+}
+
+void Completer::probe_st(Engine& e, Qp& qp) {
+  if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return;
+  if (qp.comp_.psn == qp.req_.max_psn || qp.comp_.rnr_wait) return;
+  // Nothing of the current pass (a go-back may have started one) is out:
+  // the requester sends next, and that arms the probe again.
+  if (!psn_after(qp.req_.psn, qp.comp_.psn)) return;
+  e.ctr_.inc(ECtr::tail_probes);
+  ++qp.ctr_.tail_probes;
+  // Neither probe spends a retry; the Local ACK Timeout keeps running from
+  // the last progress.
+  const bool timer = qp.retrans_timer_.armed();
+  const uint64_t expiry = qp.retrans_timer_.expire_tick;
+  // The first two probes are one packet each: cheap when the peer is only
+  // slow (its lcore off the CPU), which on shared cores is the usual case.
+  if (qp.probes_++ < 2) {
+    // The last packet sent (of a go-back's resend, if one is under way:
+    // it may be window-bound and its ACKs lost), again, with AckReq
+    // (go_to_st sets it): a
+    // responder that has it answers with an ACK (a duplicate, 9.7.5.1.1),
+    // one that misses an earlier packet and whose NAK is still to come
+    // with a sequence NAK. A NAK for the PSN of an earlier go-back is news
+    // now: that resend was lost too.
+    qp.comp_.went_back = false;
+    qp.probe_due_ = true;
+    Requester::go_to_st(e, qp, psn_add(qp.req_.psn, kPsnMask));
+  } else {
+    // Still nothing after two probes: the responder misses an earlier
+    // packet and its NAK was lost (a responder NAKs a gap once, 9.7.5.2.2),
+    // so it drops the probes. Go back N from the oldest unacknowledged PSN,
+    // as the timeout will, but now.
+    cut_windows(e, qp, false);
+    qp.comp_.went_back = true;
+    qp.comp_.went_back_psn = qp.comp_.psn;
+    Requester::go_to_st(e, qp, qp.comp_.psn);
+  }
+  if (timer)
+    e.timers_.arm(qp.retrans_timer_, expiry * e.config().timer_tick_ns);
 }
 
 void Completer::check_head_st(Engine& e, Qp& qp) {

@@ -132,7 +132,7 @@ uint32_t Engine::make_qpn(uint32_t slot) const {
 Engine::~Engine() {
   for (auto& q : qps_) {
     if (!q) continue;
-    timers_.cancel(q->retrans_timer_);
+    cancel_retrans(*q);
     timers_.cancel(q->rnr_timer_);
     timers_.cancel(q->pace_timer_);
   }
@@ -201,6 +201,8 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   qp->rnr_timer_.kind = kRnrTimer;
   qp->pace_timer_.owner = qp.get();
   qp->pace_timer_.kind = kPaceTimer;
+  qp->probe_timer_.owner = qp.get();
+  qp->probe_timer_.kind = kProbeTimer;
   qp->res_.resize(1);
   Device::hold(a.pd);
   Device::hold(a.send_cq);
@@ -224,7 +226,7 @@ int Engine::destroy_qp(Qp* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   qp->state_ = IBV_QPS_RESET;  // out of the shared window's count
   cc_sync(*qp);
-  timers_.cancel(qp->retrans_timer_);
+  cancel_retrans(*qp);
   timers_.cancel(qp->rnr_timer_);
   timers_.cancel(qp->pace_timer_);
   unlink_ready(*qp);
@@ -240,7 +242,7 @@ int Engine::destroy_qp(Qp* qp) {
 }
 
 void Engine::reset_qp(Qp& qp) {
-  timers_.cancel(qp.retrans_timer_);
+  cancel_retrans(qp);
   timers_.cancel(qp.rnr_timer_);
   timers_.cancel(qp.pace_timer_);
   unlink_ready(qp);
@@ -255,6 +257,11 @@ void Engine::reset_qp(Qp& qp) {
   qp.ctr_.cc_window.set(qp.cc_.window());
   qp.rate_.reset();
   qp.ctr_.cc_rate_mbps.set(0);
+  qp.probes_ = 0;
+  qp.probe_due_ = false;
+  qp.srtt_ns_ = 0;
+  qp.rttvar_ns_ = 0;
+  qp.rtt_timing_ = false;
   cc_sync(qp);
   qp.resp_ = {};
   for (RespResource& r : qp.res_) r = {};
@@ -556,6 +563,10 @@ void Engine::fire_timer(TimerNode& t) {
     if (qp.sq_next_ != qp.sq_tail_) make_ready(qp);
     return;
   }
+  if (t.kind == kProbeTimer) {
+    Completer::probe_st(*this, qp);
+    return;
+  }
   Completer::timer_st(*this, qp, static_cast<TimerKind>(t.kind));
 }
 
@@ -711,7 +722,7 @@ void Engine::to_error(Qp& qp) {
   if (qp.state_ == IBV_QPS_ERR) return;
   qp.set_state(IBV_QPS_ERR);
   cc_sync(qp);
-  timers_.cancel(qp.retrans_timer_);
+  cancel_retrans(qp);
   timers_.cancel(qp.rnr_timer_);
   timers_.cancel(qp.pace_timer_);
   unlink_ready(qp);
@@ -768,6 +779,37 @@ void Engine::to_error(Qp& qp) {
 void Engine::arm_retrans(Qp& qp) {
   if (qp.timeout_ns_ && !qp.retrans_timer_.armed())
     timers_.arm(qp.retrans_timer_, now_ + qp.timeout_ns_);
+  if (!cfg_.tail_probe_ns || qp.probe_timer_.armed()) return;
+  // RFC 8985's 2 x SRTT, and RFC 6298's SRTT + 4 x RTTVAR: on shared cores
+  // the round trip jumps when a peer's lcore is descheduled, and a probe
+  // then would only resend what is on its way.
+  const uint64_t pto = std::max({cfg_.tail_probe_ns, 2 * qp.srtt_ns_,
+                                 qp.srtt_ns_ + 4 * qp.rttvar_ns_})
+                       << std::min(qp.probes_, 16u);
+  // Only ahead of the timeout: at that point the timeout's retry is due.
+  if (qp.timeout_ns_ && pto >= qp.timeout_ns_) return;
+  timers_.arm(qp.probe_timer_, now_ + pto);
+}
+
+void Engine::cancel_retrans(Qp& qp) {
+  timers_.cancel(qp.retrans_timer_);
+  timers_.cancel(qp.probe_timer_);
+}
+
+void Engine::rtt_progress(Qp& qp) {
+  qp.probes_ = 0;
+  if (!qp.rtt_timing_ || !psn_after(qp.comp_.psn, qp.rtt_psn_)) return;
+  qp.rtt_timing_ = false;
+  const uint64_t sample = now_ - qp.rtt_sent_ns_;
+  if (!qp.srtt_ns_) {  // RFC 6298 2.2, 2.3
+    qp.srtt_ns_ = sample;
+    qp.rttvar_ns_ = sample / 2;
+    return;
+  }
+  const uint64_t dev =
+      sample > qp.srtt_ns_ ? sample - qp.srtt_ns_ : qp.srtt_ns_ - sample;
+  qp.rttvar_ns_ = (3 * qp.rttvar_ns_ + dev) / 4;
+  qp.srtt_ns_ = (7 * qp.srtt_ns_ + sample) / 8;
 }
 
 // --- payload helpers --------------------------------------------------------

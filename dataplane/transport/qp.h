@@ -29,7 +29,7 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
   X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)  \
   X(cc_window_cuts)  X(cc_window)       X(cnps_tx)         X(cnps_rx)        \
-  X(cc_rate_cuts)    X(cc_rate_mbps)
+  X(cc_rate_cuts)    X(cc_rate_mbps)      X(tail_probes)
 // clang-format on
 // cc_window (the current congestion window, packets) and cc_rate_mbps (the
 // DCQCN rate, 0 while unlimited) are gauges, the rest count events.
@@ -222,7 +222,17 @@ class Qp {
   DcqcnRate rate_;  // DCQCN reaction point and pacer (congestion.h)
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;
-  TimerNode pace_timer_;  // the pacer lets the QP send again
+  TimerNode pace_timer_;    // the pacer lets the QP send again
+  TimerNode probe_timer_;   // tail-loss probe (EngineConfig::tail_probe_ns)
+  uint32_t probes_ = 0;     // probes since the last progress
+  bool probe_due_ = false;  // the next packet is a probe: past the window
+  // Round trip of the QP: one AckReq packet timed at a time (rtt_psn_),
+  // not a resent one (Karn); srtt_ns_ 0 until the first sample.
+  uint64_t srtt_ns_ = 0;
+  uint64_t rttvar_ns_ = 0;
+  uint64_t rtt_sent_ns_ = 0;
+  uint32_t rtt_psn_ = 0;
+  bool rtt_timing_ = false;
 
   // Responder.
   struct Resp {

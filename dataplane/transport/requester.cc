@@ -138,6 +138,11 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
     f.deth_src_qp = qp.qpn_;
   }
   if (!e.send_packet(qp, f, {pieces, npieces})) return false;
+  if (f.ack_req && !qp.rtt_timing_ && qp.req_.psn == qp.req_.max_psn) {
+    qp.rtt_timing_ = true;  // a first transmission: time its ACK
+    qp.rtt_psn_ = qp.req_.psn;
+    qp.rtt_sent_ns_ = e.now_;
+  }
 
   qp.req_.pkts_since_ackreq = f.ack_req ? 0 : qp.req_.pkts_since_ackreq + 1;
   qp.req_.ackreq_next = false;
@@ -208,7 +213,12 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       const uint32_t need = w.wr.opcode == IBV_WR_RDMA_READ
                                 ? w.npkts - qp.req_.offset / qp.mtu_
                                 : 1;
-      if (out > 0 && static_cast<uint32_t>(out) + need > window(e, qp)) break;
+      // A tail-loss probe goes even when the window is full (a window cut
+      // after a loss can leave more in flight than it allows): waiting for
+      // ACKs that were lost would leave only the timeout.
+      if (out > 0 && static_cast<uint32_t>(out) + need > window(e, qp) &&
+          !qp.probe_due_)
+        break;
       // DCQCN pacing: the pace timer puts the QP back on the ready list.
       uint64_t at = 0;
       if (!qp.rate_.may_send(e.config().cc, e.now_, &at)) {
@@ -220,6 +230,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       *more = true;
       break;
     }
+    qp.probe_due_ = false;
     if (rc && qp.rate_.limited()) {
       qp.rate_.on_sent(e.config().cc, e.now_, e.last_tx_len_);
       qp.ctr_.cc_rate_mbps.set(
@@ -259,9 +270,10 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
   }
   qp.req_.psn = psn;
   e.cc_sync(qp);
+  qp.rtt_timing_ = false;  // Karn: an ACK now may answer either copy
   qp.req_.pkts_since_ackreq = 0;
   qp.req_.ackreq_next = true;
-  e.timers_.cancel(qp.retrans_timer_);
+  e.cancel_retrans(qp);
   if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
 }
 

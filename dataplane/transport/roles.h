@@ -17,7 +17,7 @@ struct RxPkt {
   std::span<const wire::ConstBuf> segs;
 };
 
-enum TimerKind : uint8_t { kRetransTimer, kRnrTimer, kPaceTimer };
+enum TimerKind : uint8_t { kRetransTimer, kRnrTimer, kPaceTimer, kProbeTimer };
 
 // Builds packets from the send queue (IBTA 9.5, 9.7.1).
 class Requester {
@@ -37,6 +37,8 @@ class Completer {
   static void timer_st(Engine& e, Qp& qp, TimerKind kind);
   // A CNP for this QP: the path is congested (ECN), nothing was lost.
   static void cnp_st(Engine& e, Qp& qp);
+  // The tail-loss probe timer: nothing was acknowledged for a while.
+  static void probe_st(Engine& e, Qp& qp);
   // Completes WRs that need no more acknowledgement (head error, UC/UD).
   static void check_head_st(Engine& e, Qp& qp);
 };

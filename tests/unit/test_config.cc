@@ -156,6 +156,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.tx_budget, 64u);
   EXPECT_EQ(t.tx_quantum, 16384u);
   EXPECT_EQ(t.timer_tick_us, 1u);
+  EXPECT_EQ(t.tail_probe_us, 0u);
   EXPECT_TRUE(t.zero_copy_tx);
   EXPECT_EQ(t.cc.algorithm, "dcqcn");
   EXPECT_EQ(t.cc.init_window, 32u);
@@ -365,6 +366,8 @@ field_mutations() {
            [](Config& c) { c.transport.poll_budget = 64; }},
           {"transport.timer_tick_us",
            [](Config& c) { c.transport.timer_tick_us = 1000; }},
+          {"transport.tail_probe_us",
+           [](Config& c) { c.transport.tail_probe_us = 500; }},
           {"transport.zero_copy_tx",
            [](Config& c) { c.transport.zero_copy_tx = false; }},
           {"transport.cc.algorithm",
