@@ -54,8 +54,10 @@ void progress(Engine& e, Qp& qp) {
   if (qp.comp_.psn != qp.req_.max_psn) e.arm_retrans(qp);
   // The requester may be behind an ACK for packets it sent before a
   // go-back-N: move it forward.
-  if (psn_before(qp.req_.psn, qp.comp_.psn))
+  if (psn_before(qp.req_.psn, qp.comp_.psn)) {
+    e.cancel_retrans(qp);  // armed again when the resend leaves
     Requester::go_to_st(e, qp, qp.comp_.psn);
+  }
   if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
 }
 
@@ -88,6 +90,7 @@ void retry(Engine& e, Qp& qp, bool timeout) {
   --qp.comp_.retries_left;
   qp.comp_.went_back = true;
   qp.comp_.went_back_psn = qp.comp_.psn;
+  e.cancel_retrans(qp);  // the timer runs again from the resend
   Requester::go_to_st(e, qp, qp.comp_.psn);
 }
 
@@ -292,22 +295,18 @@ void Completer::cnp_st(Engine& e, Qp& qp) {
       e.ctr_.inc(ECtr::cc_rate_cuts);
       ++qp.ctr_.cc_rate_cuts;
     }
-    qp.ctr_.cc_rate_mbps.set(static_cast<uint64_t>(qp.rate_.rate_mbps()));
+    qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
     return;
   }
   // As a loss (RFC 3168 6.1.2: once per window of data), minus the resend.
-  if (qp.cc_.on_loss(p, qp.comp_.psn, qp.req_.max_psn)) {
-    e.ctr_.inc(ECtr::cc_window_cuts);
-    ++qp.ctr_.cc_window_cuts;
-  }
-  if (e.cc_shared_.on_loss(p)) e.ctr_.inc(ECtr::cc_shared_cuts);
-  qp.ctr_.cc_window.set(qp.cc_.window());
+  cut_windows(e, qp, false);
 }
 
 void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return;
   if (kind == kRnrTimer) {
     qp.comp_.rnr_wait = false;
+    e.cancel_retrans(qp);
     Requester::go_to_st(e, qp, qp.comp_.rnr_psn);
     return;
   }
@@ -325,20 +324,18 @@ void Completer::probe_st(Engine& e, Qp& qp) {
   if (!psn_after(qp.req_.psn, qp.comp_.psn)) return;
   e.ctr_.inc(ECtr::tail_probes);
   ++qp.ctr_.tail_probes;
-  // Neither probe spends a retry; the Local ACK Timeout keeps running from
-  // the last progress.
-  const bool timer = qp.retrans_timer_.armed();
-  const uint64_t expiry = qp.retrans_timer_.expire_tick;
+  // Neither probe spends a retry, and the Local ACK Timeout keeps running
+  // from the last progress (go_to_st leaves the timers alone); the probe
+  // timer fired, and the resend arms it again, backed off.
   // The first two probes are one packet each: cheap when the peer is only
   // slow (its lcore off the CPU), which on shared cores is the usual case.
   if (qp.probes_++ < 2) {
     // The last packet sent (of a go-back's resend, if one is under way:
     // it may be window-bound and its ACKs lost), again, with AckReq
-    // (go_to_st sets it): a
-    // responder that has it answers with an ACK (a duplicate, 9.7.5.1.1),
-    // one that misses an earlier packet and whose NAK is still to come
-    // with a sequence NAK. A NAK for the PSN of an earlier go-back is news
-    // now: that resend was lost too.
+    // (go_to_st sets it): a responder that has it answers with an ACK (a
+    // duplicate, 9.7.5.1.1), one that misses an earlier packet and whose
+    // NAK is still to come with a sequence NAK. A NAK for the PSN of an earlier
+    // go-back is news now: that resend was lost too.
     qp.comp_.went_back = false;
     qp.probe_due_ = true;
     Requester::go_to_st(e, qp, psn_add(qp.req_.psn, kPsnMask));
@@ -352,8 +349,6 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     qp.comp_.went_back_psn = qp.comp_.psn;
     Requester::go_to_st(e, qp, qp.comp_.psn);
   }
-  if (timer)
-    e.timers_.arm(qp.retrans_timer_, expiry * e.config().timer_tick_ns);
 }
 
 void Completer::check_head_st(Engine& e, Qp& qp) {

@@ -177,6 +177,10 @@ class DcqcnRate {
   void reset() { limited_ = false; }
   bool limited() const { return limited_; }
   double rate_mbps() const { return rc_; }
+  // For the cc_rate_mbps counter: 0 while unlimited.
+  uint64_t gauge_mbps() const {
+    return limited_ ? static_cast<uint64_t>(rc_) : 0;
+  }
   double target_mbps() const { return rt_; }
   double alpha() const { return alpha_; }
 

@@ -131,10 +131,7 @@ uint32_t Engine::make_qpn(uint32_t slot) const {
 
 Engine::~Engine() {
   for (auto& q : qps_) {
-    if (!q) continue;
-    cancel_retrans(*q);
-    timers_.cancel(q->rnr_timer_);
-    timers_.cancel(q->pace_timer_);
+    if (q) cancel_timers(*q);
   }
 }
 
@@ -226,9 +223,7 @@ int Engine::destroy_qp(Qp* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   qp->state_ = IBV_QPS_RESET;  // out of the shared window's count
   cc_sync(*qp);
-  cancel_retrans(*qp);
-  timers_.cancel(qp->rnr_timer_);
-  timers_.cancel(qp->pace_timer_);
+  cancel_timers(*qp);
   unlink_ready(*qp);
   Device::release(qp->pd_);
   Device::release(qp->send_cq_);
@@ -242,9 +237,7 @@ int Engine::destroy_qp(Qp* qp) {
 }
 
 void Engine::reset_qp(Qp& qp) {
-  cancel_retrans(qp);
-  timers_.cancel(qp.rnr_timer_);
-  timers_.cancel(qp.pace_timer_);
+  cancel_timers(qp);
   unlink_ready(qp);
   qp.sq_head_ = qp.sq_next_ = qp.sq_tail_ = 0;
   qp.rq_head_ = qp.rq_tail_ = 0;
@@ -722,9 +715,7 @@ void Engine::to_error(Qp& qp) {
   if (qp.state_ == IBV_QPS_ERR) return;
   qp.set_state(IBV_QPS_ERR);
   cc_sync(qp);
-  cancel_retrans(qp);
-  timers_.cancel(qp.rnr_timer_);
-  timers_.cancel(qp.pace_timer_);
+  cancel_timers(qp);
   unlink_ready(qp);
   // Every WR still on the send queue completes with a flush error, in order
   // (IBTA 10.3.1, C10-? "Error state"), signaled or not.
@@ -794,6 +785,12 @@ void Engine::arm_retrans(Qp& qp) {
 void Engine::cancel_retrans(Qp& qp) {
   timers_.cancel(qp.retrans_timer_);
   timers_.cancel(qp.probe_timer_);
+}
+
+void Engine::cancel_timers(Qp& qp) {
+  cancel_retrans(qp);
+  timers_.cancel(qp.rnr_timer_);
+  timers_.cancel(qp.pace_timer_);
 }
 
 void Engine::rtt_progress(Qp& qp) {

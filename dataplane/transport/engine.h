@@ -203,6 +203,7 @@ class Engine {
   // probe that runs ahead of it; armed while packets are outstanding.
   void arm_retrans(Qp& qp);
   void cancel_retrans(Qp& qp);
+  void cancel_timers(Qp& qp);  // every timer of the QP (reset, error, destroy)
   // Round-trip sample for the tail-loss probe: comp_.psn moved on.
   void rtt_progress(Qp& qp);
   void fire_timer(TimerNode& t);

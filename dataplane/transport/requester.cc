@@ -233,8 +233,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     qp.probe_due_ = false;
     if (rc && qp.rate_.limited()) {
       qp.rate_.on_sent(e.config().cc, e.now_, e.last_tx_len_);
-      qp.ctr_.cc_rate_mbps.set(
-          qp.rate_.limited() ? static_cast<uint64_t>(qp.rate_.rate_mbps()) : 0);
+      qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
     }
     ++sent;
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
@@ -273,7 +272,6 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
   qp.rtt_timing_ = false;  // Karn: an ACK now may answer either copy
   qp.req_.pkts_since_ackreq = 0;
   qp.req_.ackreq_next = true;
-  e.cancel_retrans(qp);
   if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
 }
 

@@ -25,7 +25,8 @@ class Requester {
   // Sends up to `budget` packets; *more: stopped by the budget or full TX.
   static uint32_t send_st(Engine& e, Qp& qp, uint32_t budget, bool* more);
   // Repositions the requester at `psn` (go-back-N, or forward after an ACK
-  // overtook it).
+  // overtook it). The retransmit and probe timers are the caller's: a
+  // retry restarts them, a tail-loss probe must not.
   static void go_to_st(Engine& e, Qp& qp, uint32_t psn);
 };
 
