@@ -8,6 +8,20 @@
 #   memif_start ROLE MAC IP SOCK [urnicd options]   LAST_PID = the service
 #   wait_sock SOCK      until a service answers there (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"shim" counter of stats --json
+#   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
+#                       needs in a sanitized build) and CLIENT_ENV for the
+#                       clients started with it
+
+shim_preload() {
+  PRELOAD=$1
+  for rt in $(ldd "$1" | awk '/lib(asan|ubsan)\.so/ {print $3}'); do
+    PRELOAD="$rt $PRELOAD"
+  done
+  CLIENT_ENV=URNIC_PLAIN_BUILD=1
+  if [ "$PRELOAD" != "$1" ]; then
+    CLIENT_ENV=ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+  fi
+}
 
 lib_init() {
   TMP=$(mktemp -d "/tmp/urnic-${ID:-it}.XXXXXX")

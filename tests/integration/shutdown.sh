@@ -22,13 +22,7 @@ ID=sd-$$
 . "$(dirname "$0")/lib.sh"
 
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
-PRELOAD=$SHIM
-for rt in $(ldd "$SHIM" | awk '/lib(asan|ubsan)\.so/ {print $3}'); do
-  PRELOAD="$rt $PRELOAD"
-done
-CLIENT_ENV=URNIC_PLAIN_BUILD=1
-[ "$PRELOAD" != "$SHIM" ] &&
-  CLIENT_ENV=ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
+shim_preload "$SHIM"
 lib_init
 # Under the sanitizers 16384 QPs take minutes to set up: the list stops at
 # 1024 there unless URNIC_SHUTDOWN_QPS says otherwise.

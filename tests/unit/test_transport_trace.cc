@@ -176,6 +176,19 @@ class TransportTrace : public ::testing::Test {
     ec.tail_probe_ns = 0;  // the timeout traces pin IBTA's timer alone
     return ec;
   }
+  // The tail-loss probe traces: no_cc() with a 200 us probe floor.
+  static EngineConfig with_probe() {
+    EngineConfig ec = no_cc();
+    ec.tail_probe_ns = 200 * 1000;
+    return ec;
+  }
+  // Posts n 8-byte SENDs and sends them at time 0 (one packet each).
+  void send_burst(uint32_t n) {
+    for (uint64_t i = 0; i < n; ++i)
+      ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
+    poll(0);
+    ASSERT_EQ(sent().size(), n);
+  }
   void use_engine(const EngineConfig& ec) {
     engine_.reset();
     engine_ = std::make_unique<Engine>(*dev_, io_, ec, 0);
@@ -1994,14 +2007,9 @@ TEST_F(TransportTrace, RetransmitTimerResendsSamePacketAfterTimeout) {
 // sample yet), the last packet goes again with AckReq; the ACK it draws
 // completes everything. No timeout, no retry spent.
 TEST_F(TransportTrace, TailProbeResendsTheLastPacketAndItsAckCompletes) {
-  EngineConfig ec = no_cc();
-  ec.tail_probe_ns = 200 * kUs;
-  use_engine(ec);
+  use_engine(with_probe());
   ASSERT_TRUE(up());
-  for (uint64_t i = 0; i < 4; ++i)
-    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
-  poll(0);
-  ASSERT_EQ(sent().size(), 4u);
+  ASSERT_NO_FATAL_FAILURE(send_burst(4));
   poll(199 * kUs);
   EXPECT_TRUE(sent().empty());
   poll(201 * kUs);
@@ -2023,14 +2031,9 @@ TEST_F(TransportTrace, TailProbeResendsTheLastPacketAndItsAckCompletes) {
 // A probe that finds an earlier packet missing draws a sequence NAK and
 // the usual go-back from there.
 TEST_F(TransportTrace, TailProbeAnsweredByASequenceNakGoesBack) {
-  EngineConfig ec = no_cc();
-  ec.tail_probe_ns = 200 * kUs;
-  use_engine(ec);
+  use_engine(with_probe());
   ASSERT_TRUE(up());
-  for (uint64_t i = 0; i < 4; ++i)
-    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
-  poll(0);
-  ASSERT_EQ(sent().size(), 4u);
+  ASSERT_NO_FATAL_FAILURE(send_burst(4));
   poll(201 * kUs);
   ASSERT_EQ(sent().size(), 1u);
   inject(nak(kSqPsn + 1, kNakSeq));  // P arrived, P+1 did not
@@ -2053,10 +2056,7 @@ TEST_F(TransportTrace, TailProbeCoversAWindowBoundGoBack) {
   ec.tail_probe_ns = 200 * kUs;
   use_engine(ec);
   ASSERT_TRUE(up());
-  for (uint64_t i = 0; i < 16; ++i)
-    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
-  poll(0);
-  ASSERT_EQ(sent().size(), 16u);
+  ASSERT_NO_FATAL_FAILURE(send_burst(16));
   // Peer: P..P+2 arrived, P+3 did not: ACK P+2, NAK P+3. Slow start made
   // the window 19, the loss halves it to 9: the go-back resends P+3..P+11
   // and stops there, short of P+16.
@@ -2081,17 +2081,12 @@ TEST_F(TransportTrace, TailProbeCoversAWindowBoundGoBack) {
 // they back off x2, and the Local ACK Timeout still fires when it would
 // have without them.
 TEST_F(TransportTrace, TailProbesBackOffAndTheTimeoutKeepsItsTime) {
-  EngineConfig ec = no_cc();
-  ec.tail_probe_ns = 200 * kUs;
-  use_engine(ec);
+  use_engine(with_probe());
   QpOpts o;
   o.timeout = 10;  // 4.194304 ms
   ASSERT_TRUE(up(IBV_QPT_RC, o));
   const uint64_t T = ack_timeout_ns(10);
-  for (uint64_t i = 0; i < 4; ++i)
-    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 8)})), 0);
-  poll(0);
-  ASSERT_EQ(sent().size(), 4u);
+  ASSERT_NO_FATAL_FAILURE(send_burst(4));
   // Probes at 201 us, then 400, 800 and 1600 us after each: two of the
   // last packet, then go-back-N.
   for (uint64_t at : {201u, 602u, 1403u, 3004u}) {
