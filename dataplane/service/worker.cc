@@ -157,36 +157,8 @@ uint32_t Worker::local_rx_st(uint64_t now) {
 }
 
 namespace {
-// The IP header of a RoCEv2 frame (UDP to 4791) in the first segment, or
-// null; *v6 says which version.
 uint8_t* roce_ip(rte_mbuf* m, bool* v6) {
-  uint8_t* p = rte_pktmbuf_mtod(m, uint8_t*);
-  const uint32_t len = m->data_len;
-  uint32_t off = sizeof(wire::EthHdr);
-  if (len < off + 2) return nullptr;
-  uint16_t type = static_cast<uint16_t>(p[12] << 8 | p[13]);
-  if (type == wire::kEtherTypeVlan) {
-    off += sizeof(wire::VlanTag);
-    if (len < off) return nullptr;
-    type = static_cast<uint16_t>(p[16] << 8 | p[17]);
-  }
-  uint8_t* ip = p + off;
-  uint32_t udp;
-  if (type == wire::kEtherTypeIpv4 && len >= off + sizeof(wire::Ipv4Hdr)) {
-    if (ip[9] != IPPROTO_UDP) return nullptr;
-    udp = off + (ip[0] & 0xfu) * 4;
-    *v6 = false;
-  } else if (type == wire::kEtherTypeIpv6 &&
-             len >= off + sizeof(wire::Ipv6Hdr)) {
-    if (ip[6] != IPPROTO_UDP) return nullptr;
-    udp = off + sizeof(wire::Ipv6Hdr);
-    *v6 = true;
-  } else {
-    return nullptr;
-  }
-  if (len < udp + sizeof(wire::UdpHdr)) return nullptr;
-  const uint16_t dport = static_cast<uint16_t>(p[udp + 2] << 8 | p[udp + 3]);
-  return dport == wire::kRoceV2Port ? ip : nullptr;
+  return wire::roce_ip(rte_pktmbuf_mtod(m, uint8_t*), m->data_len, v6);
 }
 }  // namespace
 
@@ -198,23 +170,7 @@ void MbufFaultOps::corrupt(rte_mbuf* m, uint64_t random) const {
 }
 
 bool MbufFaultOps::mark_ce(rte_mbuf* m) const {
-  // RFC 3168: only ECN-capable (ECT(0) 10, ECT(1) 01) packets are marked
-  // CE (11). The ICRC masks the ECN bits (Annex A17.4.1), so it stays valid.
-  bool v6 = false;
-  uint8_t* ip = roce_ip(m, &v6);
-  if (!ip) return false;
-  if (v6) {
-    if (((ip[1] >> 4) & 3) == 0) return false;
-    ip[1] |= 0x30;
-    return true;
-  }
-  auto* h = reinterpret_cast<wire::Ipv4Hdr*>(ip);
-  if ((h->tos & 3) == 0) return false;
-  h->tos |= 3;
-  h->checksum.set(0);
-  h->checksum.set(static_cast<uint16_t>(
-      ~wire::csum_fold(wire::csum_partial(ip, (ip[0] & 0xfu) * 4))));
-  return true;
+  return wire::mark_ce(rte_pktmbuf_mtod(m, uint8_t*), m->data_len);
 }
 
 void Worker::set_fault(const config::FaultConfig& f, uint64_t seed) {

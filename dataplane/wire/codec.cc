@@ -188,6 +188,51 @@ const char* malformed_name(Malformed m) {
   return i < std::size(kMalformedNames) ? kMalformedNames[i] : "?";
 }
 
+uint8_t* roce_ip(uint8_t* p, uint32_t len, bool* v6) {
+  uint32_t off = sizeof(EthHdr);
+  if (len < off) return nullptr;
+  uint16_t type = static_cast<uint16_t>(p[12] << 8 | p[13]);
+  if (type == kEtherTypeVlan) {
+    off += sizeof(VlanTag);
+    if (len < off) return nullptr;
+    type = static_cast<uint16_t>(p[16] << 8 | p[17]);
+  }
+  uint8_t* ip = p + off;
+  uint32_t udp;
+  if (type == kEtherTypeIpv4 && len >= off + sizeof(Ipv4Hdr)) {
+    if (ip[9] != kIpProtoUdp) return nullptr;
+    udp = off + (ip[0] & 0xfu) * 4;
+    *v6 = false;
+  } else if (type == kEtherTypeIpv6 && len >= off + sizeof(Ipv6Hdr)) {
+    if (ip[6] != kIpProtoUdp) return nullptr;
+    udp = off + sizeof(Ipv6Hdr);
+    *v6 = true;
+  } else {
+    return nullptr;
+  }
+  if (len < udp + sizeof(UdpHdr)) return nullptr;
+  const uint16_t dport = static_cast<uint16_t>(p[udp + 2] << 8 | p[udp + 3]);
+  return dport == kRoceV2Port ? ip : nullptr;
+}
+
+bool mark_ce(uint8_t* frame, uint32_t len) {
+  bool v6 = false;
+  uint8_t* ip = roce_ip(frame, len, &v6);
+  if (!ip) return false;
+  if (v6) {  // traffic class: version(4) TC(8) flow label(20)
+    if (((ip[1] >> 4) & 3) == 0) return false;
+    ip[1] |= 0x30;
+    return true;
+  }
+  auto* h = reinterpret_cast<Ipv4Hdr*>(ip);
+  if ((h->tos & 3) == 0) return false;
+  h->tos |= 3;
+  h->checksum.set(0);
+  h->checksum.set(
+      static_cast<uint16_t>(~csum_fold(csum_partial(ip, (ip[0] & 0xfu) * 4))));
+  return true;
+}
+
 uint32_t csum_partial(const uint8_t* p, size_t n, uint32_t sum) {
   // 32-bit big-endian words into a 64-bit accumulator: the one's-complement
   // sum of 32-bit words folds to the same 16-bit sum (RFC 1071 2.(B)).

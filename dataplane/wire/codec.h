@@ -150,6 +150,16 @@ uint32_t encode_frame(const RoceFields& f, const uint8_t* payload, uint8_t* buf,
 uint32_t csum_partial(const uint8_t* p, size_t n, uint32_t sum = 0);
 uint16_t csum_fold(uint32_t sum);
 
+// The IP header of a RoCEv2 frame (UDP to 4791) within its first `len`
+// bytes, or null; *v6 says which IP version. Reads only what is there.
+uint8_t* roce_ip(uint8_t* frame, uint32_t len, bool* v6);
+
+// Marks an ECN-capable (ECT(0) or ECT(1)) RoCEv2 frame Congestion
+// Experienced, as a switch queue would (RFC 3168 5), fixing the IPv4 header
+// checksum. False if it is not ECN-capable or not RoCEv2. The ICRC masks the
+// ECN bits (Annex A17.4.1), so it stays valid.
+bool mark_ce(uint8_t* frame, uint32_t len);
+
 // IPv4-mapped GID helpers.
 void gid_from_ipv4(uint32_t addr, uint8_t gid[16]);
 bool gid_is_ipv4(const uint8_t gid[16]);

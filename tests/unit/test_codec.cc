@@ -317,3 +317,39 @@ TEST(Codec, MalformedNamesAreDistinct) {
       EXPECT_STRNE(malformed_name(static_cast<Malformed>(a)),
                    malformed_name(static_cast<Malformed>(b)));
 }
+
+// A switch's CE mark (what the fault stage and the simulated link do): only
+// ECN-capable RoCEv2 frames, IPv4 checksum fixed, ICRC still valid.
+TEST(Codec, MarkCe) {
+  std::mt19937_64 rng(11);
+  for (bool v6 : {false, true}) {
+    for (bool vlan : {false, true}) {
+      for (uint8_t ecn : {0, 1, 2, 3}) {
+        SCOPED_TRACE(testing::Message()
+                     << "v6 " << v6 << " vlan " << vlan << " ecn " << int{ecn});
+        RoceFields f = random_fields(rng, opcode::kRcWriteOnly, v6, vlan, 64);
+        f.tclass = static_cast<uint8_t>(0x68 | ecn);  // DSCP 26
+        std::vector<uint8_t> frame = encode(f);
+        const std::vector<uint8_t> before = frame;
+        const uint32_t len = static_cast<uint32_t>(frame.size());
+        EXPECT_EQ(mark_ce(frame.data(), len), ecn != 0);
+        FrameInfo fi;
+        decode(frame.data(), len, fi);
+        ASSERT_EQ(fi.kind, FrameKind::kRoce) << malformed_name(fi.why);
+        EXPECT_EQ(fi.roce.tclass, ecn ? 0x6b : 0x68);
+        if (!ecn) {
+          EXPECT_EQ(frame, before);
+        }
+        // Cut short before the UDP header: not touched.
+        std::vector<uint8_t> cut = before;
+        EXPECT_FALSE(mark_ce(cut.data(), v6 ? 14 + 40 : 14 + 20));
+        EXPECT_EQ(cut, before);
+      }
+    }
+  }
+  // Another UDP port is not RoCEv2.
+  std::vector<uint8_t> other = sample();
+  other[14 + 20 + 2] = 0x13;  // destination port 4791 -> 5047
+  other[15] = 0x02;
+  EXPECT_FALSE(mark_ce(other.data(), static_cast<uint32_t>(other.size())));
+}
