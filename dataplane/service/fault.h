@@ -16,6 +16,7 @@
 
 #include "config/urnic_config.h"
 #include "dataplane/stats/counters.h"
+#include "dataplane/transport/bottleneck.h"
 
 namespace urnic::service {
 
@@ -61,7 +62,8 @@ class FaultStage {
     on_ = fault_on(d);
     rng_ = seed;
     burst_left_ = 0;
-    ns_per_kb_ = d.rate_mbps ? 8'192'000.0 / d.rate_mbps : 0;  // 1 KiB
+    link_.set(d.rate_mbps, uint64_t{d.queue_kb} * 1024,
+              uint64_t{d.ecn_kb} * 1024);
   }
   bool on() const { return on_; }
   // Frames waiting (queued, delayed or held back).
@@ -144,17 +146,14 @@ class FaultStage {
   // Bottleneck (rate, buffer, ECN), then delay; FIFO so `due` only grows.
   void enqueue(Pkt p, uint64_t now) {
     uint64_t depart = now;
-    if (d_.rate_mbps) {
-      const uint64_t start = std::max(link_free_, now);
-      // Bytes the bottleneck holds ahead of this frame.
-      const double queued_kb = static_cast<double>(start - now) / ns_per_kb_;
-      const uint32_t len = ops_.len(p);
-      if (queued_kb + len / 1024.0 > d_.queue_kb)
+    switch (link_.admit(now, ops_.len(p), &depart)) {
+      case transport::Bottleneck::Verdict::kDrop:
         return lose(p, names_.queue_drop);
-      if (d_.ecn_kb && queued_kb > d_.ecn_kb && ops_.mark_ce(p))
-        ctr_.inc(names_.ce);
-      link_free_ = start + static_cast<uint64_t>(len * ns_per_kb_ / 1024.0);
-      depart = link_free_;
+      case transport::Bottleneck::Verdict::kMark:
+        if (ops_.mark_ce(p)) ctr_.inc(names_.ce);
+        break;
+      case transport::Bottleneck::Verdict::kPass:
+        break;
     }
     const uint64_t due =
         std::max(depart + uint64_t{d_.delay_us} * 1000, last_due_);
@@ -177,8 +176,7 @@ class FaultStage {
   bool on_ = false;
   uint64_t rng_ = 0;
   uint32_t burst_left_ = 0;
-  double ns_per_kb_ = 0;
-  uint64_t link_free_ = 0;  // when the bottleneck has sent what it holds
+  transport::Bottleneck link_;
   uint64_t last_due_ = 0;
   std::unique_ptr<Slot[]> q_;
   uint32_t head_ = 0, n_ = 0;

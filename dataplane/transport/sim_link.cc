@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "dataplane/wire/codec.h"
+
 namespace urnic::transport {
 
 uint64_t SimLink::delay() {
@@ -28,18 +30,31 @@ void SimLink::send(int from, std::span<const uint8_t> frame, uint64_t now_ns) {
     return;
   }
   std::vector<uint8_t> bytes(frame.begin(), frame.end());
+  uint64_t depart = now_ns;
+  switch (queue_[from].admit(now_ns, static_cast<uint32_t>(bytes.size()),
+                             &depart)) {
+    case Bottleneck::Verdict::kDrop:
+      ++st.queue_drops;
+      return;
+    case Bottleneck::Verdict::kMark:
+      if (wire::mark_ce(bytes.data(), static_cast<uint32_t>(bytes.size())))
+        ++st.ce_marked;
+      break;
+    case Bottleneck::Verdict::kPass:
+      break;
+  }
   if (flip && !bytes.empty()) {
     ++st.corrupted;
     bytes[(bit >> 3) % bytes.size()] ^= static_cast<uint8_t>(1u << (bit & 7));
   }
-  uint64_t at = now_ns + d1;
+  uint64_t at = depart + d1;
   if (hold) {
     ++st.reordered;
     at += p_.reorder_hold_ns;
   }
   if (dup) {
     ++st.duplicated;
-    q.push({now_ns + d2 + (hold ? 0 : p_.reorder_hold_ns / 2), seq_++, bytes});
+    q.push({depart + d2 + (hold ? 0 : p_.reorder_hold_ns / 2), seq_++, bytes});
   }
   q.push({at, seq_++, std::move(bytes)});
 }

@@ -1,7 +1,9 @@
 // A deterministic simulated link between two endpoints for transport tests
 // and benchmarks: seeded loss, duplication, reordering, bit corruption and
-// delay with jitter. Same seed, same sends -> same deliveries, so a failing
-// seed replays exactly. Test-side code: it allocates freely.
+// delay with jitter, and a switch queue in each direction (a bottleneck
+// rate, tail drop, ECN CE marking above a threshold). Same seed, same sends ->
+// same deliveries, so a failing seed replays exactly. Test-side code: it
+// allocates freely.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,8 @@
 #include <random>
 #include <span>
 #include <vector>
+
+#include "dataplane/transport/bottleneck.h"
 
 namespace urnic::transport {
 
@@ -21,16 +25,23 @@ struct SimLinkParams {
   uint64_t delay_ns = 1000;
   uint64_t jitter_ns = 0;            // uniform extra delay
   uint64_t reorder_hold_ns = 20000;  // extra delay of a held-back frame
+  // The switch queue (Bottleneck) a frame passes before the impairments
+  // above; rate 0: none.
+  uint64_t rate_mbps = 0;
+  uint64_t queue_bytes = 0;
+  uint64_t ecn_bytes = 0;  // 0: no marking
 };
 
 struct SimLinkStats {
   uint64_t sent = 0, lost = 0, duplicated = 0, reordered = 0, corrupted = 0,
-           delivered = 0;
+           delivered = 0, queue_drops = 0, ce_marked = 0;
 };
 
 class SimLink {
  public:
-  explicit SimLink(const SimLinkParams& p) : p_(p), rng_(p.seed) {}
+  explicit SimLink(const SimLinkParams& p) : p_(p), rng_(p.seed) {
+    for (Bottleneck& b : queue_) b.set(p.rate_mbps, p.queue_bytes, p.ecn_bytes);
+  }
 
   // Endpoint `from` (0 or 1) sends a frame to the other one at `now_ns`.
   void send(int from, std::span<const uint8_t> frame, uint64_t now_ns);
@@ -41,6 +52,8 @@ class SimLink {
   // Arrival time of the next frame for `to`; UINT64_MAX if none in flight.
   uint64_t next_arrival(int to) const;
   const SimLinkStats& stats(int from) const { return stats_[from]; }
+  // The switch queue frames from `from` pass.
+  const Bottleneck& queue(int from) const { return queue_[from]; }
 
  private:
   struct InFlight {
@@ -61,6 +74,7 @@ class SimLink {
   uint64_t seq_ = 0;
   std::priority_queue<InFlight, std::vector<InFlight>, std::greater<>> q_[2];
   SimLinkStats stats_[2];
+  Bottleneck queue_[2];
 };
 
 }  // namespace urnic::transport

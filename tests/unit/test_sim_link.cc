@@ -13,8 +13,9 @@ using namespace urnic::transport;
 
 namespace {
 
-std::vector<uint8_t> roce_frame(uint32_t psn) {
+std::vector<uint8_t> roce_frame(uint32_t psn, uint8_t tclass = 0) {
   wire::RoceFields f;
+  f.tclass = tclass;
   wire::gid_from_ipv4(0x0a000001, f.sgid);
   wire::gid_from_ipv4(0x0a000002, f.dgid);
   f.opcode = wire::opcode::kRcSendOnly;
@@ -127,4 +128,45 @@ TEST(SimLink, ImpairmentsHappenAtTheirRates) {
   EXPECT_GE(bad, static_cast<int64_t>(st.corrupted) * 85 / 100);
   EXPECT_LE(bad, static_cast<int64_t>(st.corrupted + st.duplicated));
   EXPECT_GT(out_of_order, 0);
+}
+
+// The switch queue: frames leave at the bottleneck rate, those arriving
+// above the ECN threshold are marked CE (ECT ones only), a full buffer
+// drops, and the queue never holds more than its buffer.
+TEST(SimLink, BottleneckPacesMarksAndDrops) {
+  SimLinkParams p;
+  p.delay_ns = 0;
+  p.rate_mbps = 1000;  // 8 ns a byte
+  p.queue_bytes = 10 * 1024;
+  p.ecn_bytes = 2 * 1024;
+  SimLink link(p);
+  const uint32_t len = static_cast<uint32_t>(roce_frame(0).size());
+  // 200 frames at once, alternately ECT(0) and not ECN-capable.
+  const uint32_t n = 200, fit = p.queue_bytes / len;  // the buffer holds
+  ASSERT_LT(fit, n);
+  for (uint32_t i = 0; i < n; ++i)
+    link.send(0, roce_frame(i, i % 2 ? 0x02 : 0x00), 0);
+  const SimLinkStats& st = link.stats(0);
+  EXPECT_EQ(st.queue_drops, n - fit);
+  EXPECT_LE(link.queue(0).peak_bytes(), static_cast<double>(p.queue_bytes));
+  // Frames that found more than 2 KiB ahead, and ECT: every other one.
+  uint32_t marks = 0;
+  for (uint32_t i = 0; i < fit; ++i)
+    if (i % 2 && i * len > p.ecn_bytes) ++marks;
+  EXPECT_EQ(st.ce_marked, marks);
+  // Departures are one frame time apart; CE survives the ICRC.
+  std::vector<std::vector<uint8_t>> got;
+  for (uint32_t i = 1; i <= fit; ++i) {
+    const uint64_t done = uint64_t{i} * len * 8;
+    EXPECT_EQ(link.receive(1, done - 1, got), 0u) << "frame " << i;
+    ASSERT_EQ(link.receive(1, done, got), 1u) << "frame " << i;
+  }
+  uint32_t ce = 0;
+  for (auto& f : got) {
+    wire::FrameInfo fi;
+    wire::decode(f.data(), static_cast<uint32_t>(f.size()), fi);
+    ASSERT_EQ(fi.kind, wire::FrameKind::kRoce);
+    if ((fi.roce.tclass & 3) == 3) ++ce;
+  }
+  EXPECT_EQ(ce, marks);
 }

@@ -544,6 +544,8 @@ struct SimParams {
   bool srq_pair = true, ud_pair = true, uc_pair = true;
   bool clean = false;  // no impairment: exact UC/UD, RNR by dry receive queues
   bool tiny = false;   // the many-QP run: smallest queues, small messages
+  // A switch queue on the link (SimLinkParams): rate, buffer, ECN threshold.
+  uint64_t rate_mbps = 0, queue_bytes = 0, ecn_bytes = 0;
 };
 
 std::string describe(const SimParams& p) {
@@ -656,6 +658,9 @@ SimLinkParams link_params(const SimParams& p) {
   l.delay_ns = 1000;
   l.jitter_ns = p.jitter_ns;
   l.reorder_hold_ns = 20000;
+  l.rate_mbps = p.rate_mbps;
+  l.queue_bytes = p.queue_bytes;
+  l.ecn_bytes = p.ecn_bytes;
   return l;
 }
 
@@ -2015,6 +2020,31 @@ void Sim::report() {
       sum(ECtr::rnr_waits), sum(ECtr::rx_dup), sum(ECtr::rx_out_of_seq),
       sum(ECtr::rx_uc_dropped), dry, static_cast<double>(now_) / kMs, wall,
       loop_iters_);
+  if (p_.rate_mbps) {
+    const double peak =
+        std::max(link_.queue(0).peak_bytes(), link_.queue(1).peak_bytes());
+    std::printf("             bottleneck %" PRIu64 " Mb/s, %" PRIu64
+                " KiB buffer, ECN above %" PRIu64 " KiB: queue drops %" PRIu64
+                " CE marked %" PRIu64 " peak %.1f KiB | CNPs tx %" PRIu64
+                " rx %" PRIu64 " rate cuts %" PRIu64 " window cuts %" PRIu64
+                "\n",
+                p_.rate_mbps, p_.queue_bytes / 1024, p_.ecn_bytes / 1024,
+                s0.queue_drops + s1.queue_drops, s0.ce_marked + s1.ce_marked,
+                peak / 1024, sum(ECtr::cnps_tx), sum(ECtr::cnps_rx),
+                sum(ECtr::cc_rate_cuts), sum(ECtr::cc_window_cuts));
+    // What ECN is for: the queue marks, CNPs come back, rates are cut, and
+    // the buffer is never overrun.
+    if (p_.ecn_bytes) {
+      if (s0.ce_marked + s1.ce_marked == 0)
+        fail("the bottleneck marked nothing");
+      if (sum(ECtr::cnps_tx) == 0 || sum(ECtr::cnps_rx) == 0)
+        fail("no CNPs sent or received");
+      if (sum(ECtr::cc_rate_cuts) == 0) fail("no DCQCN rate cut");
+    }
+    if (peak > static_cast<double>(p_.queue_bytes))
+      fail(fmt("the queue held %.0f bytes, above its %" PRIu64, peak,
+               p_.queue_bytes));
+  }
   if (env_u64("URNIC_SIM_VERBOSE", 0)) {
     for (auto& d : dirs_) {
       if (d->id >= 64) break;
@@ -2077,6 +2107,27 @@ TEST(TransportSim, Loss1) {
 
 TEST(TransportSim, Loss10) {
   run_sim(impaired(params("Loss10", 0x5eed0004), 0.10));
+}
+
+// Every pair through a 10 Gb/s switch queue (the hosts send at 25 Gb/s)
+// that marks ECN above 32 KiB of its 256 KiB: congestion control (on by
+// default: DCQCN on CNPs, loss windows) keeps the data byte-exact while
+// the queue marks, CNPs flow back and rates are cut; with 1 % loss too.
+TEST(TransportSim, Bottleneck) {
+  SimParams p = params("Bottleneck", 0x5eed0006);
+  p.ud_pair = p.uc_pair = false;
+  p.rate_mbps = 10'000;
+  p.queue_bytes = 256 * 1024;
+  p.ecn_bytes = 32 * 1024;
+  run_sim(p);
+}
+
+TEST(TransportSim, BottleneckLoss1) {
+  SimParams p = impaired(params("BottleneckLoss1", 0x5eed0007), 0.01);
+  p.rate_mbps = 10'000;
+  p.queue_bytes = 256 * 1024;
+  p.ecn_bytes = 32 * 1024;
+  run_sim(p);
 }
 
 // 16384 RC QPs on each side (the default max_qp), smallest queues, a few
