@@ -280,6 +280,9 @@ void Completer::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   } else if (op == wire::opcode::kRcAtomicAck) {
     on_atomic_ack(e, qp, p);
   } else if (p.op.mask & wire::kRead) {
+    // READ data flows responder -> requester: here is its notification
+    // point (Annex A17.9), the responder's QP its reaction point.
+    if ((p.f.tclass & 0x3) == 0x3) e.send_cnp(qp);
     on_read_response(e, qp, p);
   }
 }

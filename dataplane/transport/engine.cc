@@ -553,7 +553,8 @@ void Engine::fire_timer(TimerNode& t) {
   Qp& qp = *static_cast<Qp*>(t.owner);
   if (t.kind == kPaceTimer) {
     // The pacer has tokens again; send_st re-checks everything else.
-    if (qp.sq_next_ != qp.sq_tail_) make_ready(qp);
+    if (qp.sq_next_ != qp.sq_tail_ || Responder::read_pending(qp))
+      make_ready(qp);
     return;
   }
   if (t.kind == kProbeTimer) {

@@ -555,10 +555,26 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
                                  : kRcReadRespMiddle;
         f.payload_len = len;
         piece = {s.tx_p, len};
+        // READ data is ECN-capable as request data is (the requester
+        // answers a CE mark with a CNP), and DCQCN paces it as it paces
+        // requests: the pace timer brings the QP back (the ACKs behind the
+        // responses wait too).
+        const CcParams& cc = e.config().cc;
+        if (cc.window && cc.ecn)
+          f.tclass = static_cast<uint8_t>((f.tclass & 0xfc) | 0x2);
+        uint64_t at = 0;
+        if (!qp.rate_.may_send(cc, e.now_, &at)) {
+          e.timers_.arm(qp.pace_timer_, at);
+          return sent;
+        }
       }
       if (!e.send_packet(qp, f, {&piece, len ? 1u : 0u})) {
         *more = true;
         return sent;
+      }
+      if (len && qp.rate_.limited()) {
+        qp.rate_.on_sent(e.config().cc, e.now_, e.last_tx_len_);
+        qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
       }
       ++sent;
       s.tx_psn = psn_add(s.tx_psn, 1);

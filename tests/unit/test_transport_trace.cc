@@ -966,6 +966,8 @@ TEST_F(TransportTrace, CnpUnderDcqcnPacesTheQpAtTheCutRate) {
   ec.cc.dcqcn = true;
   ec.cc.line_rate_mbps = 10000;
   ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
+  // No rate increase within the trace's millisecond.
+  ec.cc.dcqcn_params.rpg_time_reset = 2000;
   ec.cc.pace_burst_bytes = 16384;
   ec.tail_probe_ns = 0;  // no ACKs come in this trace: no probes either
   use_engine(ec);
@@ -1040,6 +1042,72 @@ TEST_F(TransportTrace, CeMarkedRequestIsAnsweredWithOneCnpPerInterval) {
   EXPECT_EQ(qp_->counters().cnps_tx.get(), 2u);
   // The writes themselves were executed as usual.
   EXPECT_EQ(ctr(ECtr::rx_out_of_seq), 0u);
+}
+
+// READ data flows responder -> requester, so ECN and DCQCN run the other
+// way: READ responses leave ECN-capable and are paced at the QP's DCQCN
+// rate (cut by a CNP like its requests), and a CE-marked READ response is
+// answered with a CNP by the requester. Without this a READ-heavy peer
+// filled a marking switch queue unchecked (TransportSim.BottleneckLoss1).
+TEST_F(TransportTrace, ReadResponsesAreEctPacedAndAnsweredWithCnps) {
+  EngineConfig ec;
+  ec.cc.dcqcn = true;
+  ec.cc.line_rate_mbps = 10000;
+  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
+  ec.cc.dcqcn_params.rpg_time_reset = 20000;  // no increase in this trace
+  ec.cc.pace_burst_bytes = 4096;
+  ec.tail_probe_ns = 0;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  put(0x60000, pattern(8192, 0x21));
+  // Responder side: a CNP cuts this QP to 100 Mb/s, then the peer READs
+  // 8 KiB (8 responses of 1 KiB): the 4 KiB burst goes, the rest waits for
+  // the pace timer.
+  wire::RoceFields cnp = pkt(op::kCnp, 0);
+  cnp.becn = true;
+  now_ = 1 * kUs;
+  inject(cnp);
+  EXPECT_EQ(ctr(ECtr::cc_rate_cuts), 1u);
+  inject(write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 8192));
+  poll(2 * kUs);
+  auto p = without_acks(sent());
+  ASSERT_GE(p.size(), 3u) << dump(p);
+  ASSERT_LE(p.size(), 5u) << dump(p);
+  for (const auto& x : p) EXPECT_EQ(x.f.tclass & 0x3, 0x2) << "ECT(0)";
+  // 8 KiB at 100 Mb/s: ~655 us for all. By 1 ms the timer sent the rest,
+  // in order.
+  size_t n = p.size();
+  uint32_t next = kRqPsn + static_cast<uint32_t>(n);
+  for (uint64_t t = 50; t <= 1000 && n < 8; t += 50) {
+    poll(t * kUs);
+    for (const auto& x : without_acks(sent())) {
+      EXPECT_EQ(x.f.psn, next++);
+      EXPECT_EQ(x.f.tclass & 0x3, 0x2);
+      ++n;
+    }
+  }
+  EXPECT_EQ(n, 8u);
+  // Requester side: our READ's response comes back CE-marked: a CNP to
+  // the responder's QP.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0, 100)}, kPeerVa)), 0);
+  poll(1100 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  const uint64_t cnps = ctr(ECtr::cnps_tx);
+  wire::RoceFields r = read_resp(op::kRcReadRespOnly, kSqPsn, 1);
+  r.tclass = 0x3;  // CE
+  now_ = 1110 * kUs;
+  inject(r, pattern(100, 7));
+  poll(1111 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kCnp);
+  EXPECT_EQ(p[0].f.dqpn, kPeerQpn);
+  EXPECT_EQ(ctr(ECtr::cnps_tx), cnps + 1);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
 }
 
 // A sequence NAK: go-back-N from the NAKed PSN as before, but the window is
