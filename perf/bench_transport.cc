@@ -11,6 +11,7 @@
 
 #include "dataplane/transport/engine.h"
 #include "dataplane/wire/codec.h"
+#include "tests/support/rc_connect.h"
 
 namespace {
 
@@ -101,39 +102,10 @@ struct Host {
 };
 
 void connect(Host& h, Qp* qp, uint32_t peer_qpn, uint8_t peer_id) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
-  h.eng->modify_qp(
-      qp, a,
-      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = peer_qpn;
-  a.rq_psn = 100;
-  a.max_dest_rd_atomic = 16;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.port_num = 1;
-  wire::gid_from_ipv4(0x0a000000u | peer_id, a.ah_attr.grh.dgid.raw);
-  h.eng->modify_qp(qp, a,
-                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                       IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = 100;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 16;
-  h.eng->modify_qp(qp, a,
-                   IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                       IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                       IBV_QP_MAX_QP_RD_ATOMIC);
+  test::RcPath p;
+  p.peer_qpn = peer_qpn;
+  wire::gid_from_ipv4(0x0a000000u | peer_id, p.peer_gid);
+  if (test::connect_rc(*h.eng, qp, p)) std::abort();
 }
 
 struct Pair {

@@ -1,0 +1,493 @@
+// Two competing RC flows through one switch queue, in virtual time: do
+// they converge to fair shares, how fast, and what happens to the queue?
+// Two transport engines (the real ones, as urnicd runs them) joined by the
+// simulated link (dataplane/transport/sim_link.h) whose A->B direction is
+// a bottleneck with a buffer and ECN marking. Host A sends RDMA WRITEs on
+// N QPs; flow k starts at k x stagger. B counts the payload that reaches
+// it per QP and per bin. Deterministic: the same arguments print the same
+// numbers, on any machine, however loaded (time is simulated, not
+// measured). Not a test: run by hand or by perf/run-suite.
+//
+//   build/perf/converge [cc=dcqcn|window|off] [flows=2] [stagger_ms=20]
+//       [ms=200] [bin_ms=2] [rate_mbps=10000] [line_mbps=25000]
+//       [queue_kb=256] [ecn_kb=32] [delay_us=2] [msg=65536] [depth=16]
+//       [fair=0.8] [timeline=1] [params=urnic|connectx] [dcqcn.NAME=N]
+//       [check_ms=N]
+//
+// check_ms: exit 1 unless the flows converged within N ms (a regression
+// check of the congestion control's defaults, deterministic).
+// "Converged": from some bin on, to the end of the run, every bin's
+// slowest flow gets at least `fair` of its fastest flow's bytes (0.8 is
+// Jain's index >= 0.988 for two flows). Printed as the time from the last
+// flow's start.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dataplane/transport/engine.h"
+#include "dataplane/transport/sim_link.h"
+#include "dataplane/wire/codec.h"
+#include "tests/support/rc_connect.h"
+
+namespace {
+
+using namespace urnic;
+using namespace urnic::transport;
+
+constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
+
+struct Args {
+  std::string cc = "dcqcn";
+  std::string params = "urnic";  // DCQCN parameters: urnic or connectx
+  uint64_t flows = 2, stagger_ms = 20, ms = 200, bin_ms = 2;
+  uint64_t rate_mbps = 10'000, line_mbps = 25'000;
+  uint64_t queue_kb = 256, ecn_kb = 32, delay_us = 2;
+  uint64_t msg = 65536, depth = 16;
+  double fair = 0.8;
+  uint64_t timeline = 1;
+  uint64_t check_ms = 0;  // exit 1 unless converged within this
+  std::map<std::string, uint32_t> dcqcn;  // dcqcn.NAME=N overrides
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "converge: %s\nusage: converge [cc=dcqcn|window|off] "
+               "[flows=N] [stagger_ms=N] [ms=N] [bin_ms=N] [rate_mbps=N] "
+               "[line_mbps=N] [queue_kb=N] [ecn_kb=N] [delay_us=N] [msg=N] "
+               "[depth=N] [fair=F] [timeline=0|1] [params=urnic|connectx] "
+               "[dcqcn.NAME=N] [check_ms=N]\n",
+               why);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  std::map<std::string, uint64_t*> u = {
+      {"flows", &a.flows},         {"stagger_ms", &a.stagger_ms},
+      {"ms", &a.ms},               {"bin_ms", &a.bin_ms},
+      {"rate_mbps", &a.rate_mbps}, {"line_mbps", &a.line_mbps},
+      {"queue_kb", &a.queue_kb},   {"ecn_kb", &a.ecn_kb},
+      {"delay_us", &a.delay_us},   {"msg", &a.msg},
+      {"depth", &a.depth},         {"timeline", &a.timeline},
+      {"check_ms", &a.check_ms}};
+  for (int i = 1; i < argc; ++i) {
+    const char* eq = std::strchr(argv[i], '=');
+    if (!eq) usage(argv[i]);
+    const std::string k(argv[i], static_cast<size_t>(eq - argv[i]));
+    const char* v = eq + 1;
+    char* end = nullptr;
+    if (k == "cc") {
+      a.cc = v;
+      if (a.cc != "dcqcn" && a.cc != "window" && a.cc != "off")
+        usage("cc is dcqcn, window or off");
+    } else if (k == "params") {
+      a.params = v;
+      if (a.params != "urnic" && a.params != "connectx")
+        usage("params is urnic or connectx");
+    } else if (k == "fair") {
+      a.fair = std::strtod(v, &end);
+      if (*end || a.fair <= 0 || a.fair > 1) usage("fair is in (0, 1]");
+    } else if (k.rfind("dcqcn.", 0) == 0) {
+      a.dcqcn[k.substr(6)] = static_cast<uint32_t>(std::strtoul(v, &end, 10));
+      if (!*v || *end) usage(argv[i]);
+    } else if (auto it = u.find(k); it != u.end()) {
+      *it->second = std::strtoull(v, &end, 10);
+      if (!*v || *end) usage(argv[i]);
+    } else {
+      usage(argv[i]);
+    }
+  }
+  if (a.flows < 1 || a.flows > 64) usage("flows is 1..64");
+  if (!a.bin_ms || !a.ms || !a.rate_mbps || !a.line_mbps || !a.depth)
+    usage("bin_ms, ms, rate_mbps, line_mbps and depth must be positive");
+  if (a.msg < 1 || a.msg > (1u << 20)) usage("msg is 1..1048576");
+  return a;
+}
+
+// A NIC transmit queue at line rate, a few µs deep, into the link.
+class LineIo final : public PacketIo {
+ public:
+  LineIo(SimLink& link, int ep, const uint64_t* now, uint64_t line_mbps)
+      : link_(link), ep_(ep), now_(now), ns_per_byte_(8000.0 / line_mbps) {}
+  bool transmit(const TxFrame& f) override {
+    const uint64_t now = *now_;
+    const uint64_t start = std::max(now, free_at_);
+    if (start - now > kQueueNs) return false;
+    buf_.resize(f.frame_len());
+    uint8_t* p = buf_.data();
+    std::memcpy(p, f.hdr, f.hdr_len);
+    p += f.hdr_len;
+    for (const wire::ConstBuf& b : f.payload) {
+      if (b.len) std::memcpy(p, b.data, b.len);
+      p += b.len;
+    }
+    if (f.trailer_len) std::memcpy(p, f.trailer, f.trailer_len);
+    free_at_ = start + static_cast<uint64_t>(buf_.size() * ns_per_byte_);
+    link_.send(ep_, buf_, free_at_);
+    return true;
+  }
+  uint64_t room_at() const {
+    return free_at_ > kQueueNs / 2 ? free_at_ - kQueueNs / 2 : 0;
+  }
+
+ private:
+  static constexpr uint64_t kQueueNs = 4 * kUs;
+  SimLink& link_;
+  int ep_;
+  const uint64_t* now_;
+  double ns_per_byte_;
+  uint64_t free_at_ = 0;
+  std::vector<uint8_t> buf_;
+};
+
+class OneMac : public Resolver {
+ public:
+  wire::MacAddr mac{};
+  int resolve(const uint8_t*, wire::MacAddr* out) override {
+    *out = mac;
+    return 0;
+  }
+};
+
+struct Host {
+  DeviceConfig dc;
+  OneMac res;
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<LineIo> io;
+  std::unique_ptr<Engine> eng;
+  Pd* pd = nullptr;
+  Cq* cq = nullptr;
+  Mr* mr = nullptr;
+  std::vector<uint8_t> mem;
+};
+
+EngineConfig engine_config(const Args& a) {
+  EngineConfig ec;
+  ec.cc.window = a.cc != "off";
+  ec.cc.dcqcn = a.cc == "dcqcn";
+  ec.cc.ecn = a.cc != "off";
+  ec.cc.line_rate_mbps = a.line_mbps;
+  if (a.params == "connectx") ec.cc.dcqcn_params = kConnectXDcqcn;
+  DcqcnParams& d = ec.cc.dcqcn_params;
+  const std::map<std::string, uint32_t*> fields = {
+      {"rpg_max_rate", &d.rpg_max_rate},
+      {"rpg_min_rate", &d.rpg_min_rate},
+      {"rate_to_set_on_first_cnp", &d.rate_to_set_on_first_cnp},
+      {"rpg_min_dec_fac", &d.rpg_min_dec_fac},
+      {"rpg_gd", &d.rpg_gd},
+      {"dce_tcp_g", &d.dce_tcp_g},
+      {"dce_tcp_rtt", &d.dce_tcp_rtt},
+      {"initial_alpha_value", &d.initial_alpha_value},
+      {"rate_reduce_monitor_period", &d.rate_reduce_monitor_period},
+      {"rpg_time_reset", &d.rpg_time_reset},
+      {"rpg_byte_reset", &d.rpg_byte_reset},
+      {"rpg_threshold", &d.rpg_threshold},
+      {"rpg_ai_rate", &d.rpg_ai_rate},
+      {"rpg_hai_rate", &d.rpg_hai_rate}};
+  for (const auto& [name, v] : a.dcqcn) {
+    auto it = fields.find(name);
+    if (it == fields.end()) usage(("no DCQCN parameter " + name).c_str());
+    *it->second = v;
+  }
+  return ec;
+}
+
+void make_host(Host& h, uint8_t id, uint8_t peer, SimLink& link,
+               const uint64_t* now, const Args& a) {
+  h.mem.assign(2 * a.msg * a.depth, id);
+  h.dc.mac = {{2, 0, 0, 0, 0, id}};
+  wire::gid_from_ipv4(0x0a000000u | id, h.dc.gids[0]);
+  h.dc.num_gids = 1;
+  h.dc.key_seed = id;
+  h.res.mac = {{2, 0, 0, 0, 0, peer}};
+  h.dev = std::make_unique<Device>(h.dc, &h.res);
+  h.io = std::make_unique<LineIo>(link, id - 1, now, a.line_mbps);
+  h.eng = std::make_unique<Engine>(*h.dev, *h.io, engine_config(a), 0);
+  if (h.dev->alloc_pd(&h.pd) || h.dev->create_cq(65536, &h.cq) ||
+      h.dev->reg_mr(h.pd, h.mem.data(), h.mem.size(),
+                    reinterpret_cast<uint64_t>(h.mem.data()),
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &h.mr))
+    usage("could not set up a host");
+}
+
+class Run {
+ public:
+  explicit Run(const Args& a)
+      : a_(a),
+        link_([&] {
+          SimLinkParams l;
+          l.delay_ns = a.delay_us * kUs;
+          l.rate_mbps = a.rate_mbps;  // A->B: the bottleneck
+          l.queue_bytes = a.queue_kb * 1024;
+          l.ecn_bytes = a.ecn_kb * 1024;
+          return l;
+        }()) {
+    make_host(a_host_, 1, 2, link_, &now_, a);
+    make_host(b_host_, 2, 1, link_, &now_, a);
+    bins_ = a.ms / a.bin_ms;
+    for (uint64_t k = 0; k < a.flows; ++k) {
+      Flow f;
+      QpInitAttr ia;
+      ia.pd = a_host_.pd;
+      ia.send_cq = ia.recv_cq = a_host_.cq;
+      ia.cap = {static_cast<uint32_t>(a.depth), 1, 1, 1, 0};
+      QpInitAttr ib = ia;
+      ib.pd = b_host_.pd;
+      ib.send_cq = ib.recv_cq = b_host_.cq;
+      if (a_host_.eng->create_qp(ia, &f.qa) ||
+          b_host_.eng->create_qp(ib, &f.qb))
+        usage("could not create the QPs");
+      test::RcPath pa, pb;
+      pa.peer_qpn = f.qb->qpn();
+      std::memcpy(pa.peer_gid, b_host_.dc.gids[0], 16);
+      pb.peer_qpn = f.qa->qpn();
+      std::memcpy(pb.peer_gid, a_host_.dc.gids[0], 16);
+      if (test::connect_rc(*a_host_.eng, f.qa, pa) ||
+          test::connect_rc(*b_host_.eng, f.qb, pb))
+        usage("could not connect the QPs");
+      f.start = k * a.stagger_ms * kMs;
+      f.bytes.assign(bins_, 0);
+      flows_.push_back(std::move(f));
+    }
+  }
+
+  void run();
+  int report() const;
+
+ private:
+  struct Flow {
+    Qp* qa = nullptr;
+    Qp* qb = nullptr;
+    uint64_t start = 0;
+    bool started = false;
+    uint64_t posted = 0, done = 0;
+    std::vector<uint64_t> bytes;  // payload B received, per bin
+  };
+
+  void post(Flow& f) {
+    const uint64_t slot = f.posted % a_.depth;
+    SendWr w;
+    w.wr_id = static_cast<uint64_t>(&f - flows_.data());
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.num_sge = 1;
+    w.sg_list[0] = {reinterpret_cast<uint64_t>(a_host_.mem.data()) +
+                        slot * a_.msg,
+                    static_cast<uint32_t>(a_.msg), a_host_.mr->lkey()};
+    w.remote_addr =
+        reinterpret_cast<uint64_t>(b_host_.mem.data()) + slot * a_.msg;
+    w.rkey = b_host_.mr->rkey();
+    if (a_host_.eng->post_send(f.qa, w)) usage("post_send failed");
+    ++f.posted;
+  }
+  uint32_t deliver(Host& to, int ep);
+  uint32_t completions();
+
+  Args a_;
+  SimLink link_;
+  uint64_t now_ = 0;
+  Host a_host_, b_host_;
+  uint64_t bins_ = 0;
+  std::vector<Flow> flows_;
+  std::vector<std::vector<uint8_t>> rx_;
+  // Per bin: the bytes arriving frames found queued ahead, and how many.
+  std::vector<double> queue_sum_;
+  std::vector<uint64_t> queue_n_;
+};
+
+uint32_t Run::deliver(Host& to, int ep) {
+  rx_.clear();
+  link_.receive(ep, now_, rx_);
+  const uint64_t bin = std::min(now_ / (a_.bin_ms * kMs), bins_ - 1);
+  for (std::vector<uint8_t>& f : rx_) {
+    wire::FrameInfo fi;
+    const uint32_t len = static_cast<uint32_t>(f.size());
+    wire::decode(f.data(), len, fi);
+    if (fi.kind != wire::FrameKind::kRoce) continue;
+    if (ep == 1) {  // A's data reaching B: credit its flow
+      for (Flow& fl : flows_)
+        if (fl.qb->qpn() == fi.roce.dqpn) fl.bytes[bin] += fi.roce.payload_len;
+    }
+    const wire::ConstBuf seg{f.data(), len};
+    to.eng->rx(fi, {&seg, 1}, now_);
+  }
+  return static_cast<uint32_t>(rx_.size());
+}
+
+uint32_t Run::completions() {
+  ibv_wc wc[64];
+  uint32_t n = 0;
+  for (int k; (k = a_host_.cq->poll(wc)) > 0;) {
+    for (int i = 0; i < k; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        std::fprintf(stderr, "converge: flow %" PRIu64 " failed: status %d\n",
+                     wc[i].wr_id, static_cast<int>(wc[i].status));
+        std::exit(1);
+      }
+      Flow& f = flows_[wc[i].wr_id];
+      ++f.done;
+      if (now_ < a_.ms * kMs) post(f);
+    }
+    n += static_cast<uint32_t>(k);
+  }
+  for (int k; (k = b_host_.cq->poll(wc)) > 0;) n += static_cast<uint32_t>(k);
+  return n;
+}
+
+void Run::run() {
+  queue_sum_.assign(bins_, 0);
+  queue_n_.assign(bins_, 0);
+  uint64_t bin = 0, admitted = 0;
+  double ahead = 0;
+  while (now_ < a_.ms * kMs) {
+    uint32_t work = 0;
+    for (Flow& f : flows_) {
+      if (!f.started && now_ >= f.start) {
+        f.started = true;
+        for (uint64_t i = 0; i < a_.depth; ++i) post(f);
+        ++work;
+      }
+    }
+    work += deliver(b_host_, 1) + deliver(a_host_, 0);
+    work += a_host_.eng->poll(now_) + b_host_.eng->poll(now_);
+    work += completions();
+    if (const uint64_t b = now_ / (a_.bin_ms * kMs); b != bin || !work) {
+      const Bottleneck& q = link_.queue(0);
+      queue_sum_[bin] += q.ahead_sum() - ahead;
+      queue_n_[bin] += q.admitted() - admitted;
+      ahead = q.ahead_sum();
+      admitted = q.admitted();
+      bin = std::min(b, bins_ - 1);
+    }
+    if (work) continue;
+    uint64_t next = std::min(
+        {now_ + kUs, link_.next_arrival(0), link_.next_arrival(1)});
+    for (Host* h : {&a_host_, &b_host_})
+      if (h->eng->busy()) next = std::min(next, h->io->room_at());
+    now_ = std::max(next, now_ + 1);
+  }
+}
+
+int Run::report() const {
+  const uint64_t n = flows_.size();
+  const double bin_s = static_cast<double>(a_.bin_ms) / 1000;
+  auto gbps = [&](uint64_t bytes) { return bytes * 8 / bin_s / 1e9; };
+  std::printf(
+      "converge: %" PRIu64 " flows (WRITE %" PRIu64 " B x %" PRIu64
+      "), cc=%s, %" PRIu64 " Mb/s bottleneck from %" PRIu64
+      " Mb/s hosts, %" PRIu64 " KiB buffer, ECN above %" PRIu64
+      " KiB, %" PRIu64 " us one-way, flow k starts at k x %" PRIu64
+      " ms, %" PRIu64 " ms simulated\n",
+      n, a_.msg, a_.depth, a_.cc.c_str(), a_.rate_mbps, a_.line_mbps,
+      a_.queue_kb, a_.ecn_kb, a_.delay_us, a_.stagger_ms, a_.ms);
+  const uint64_t last_start = flows_.back().start;
+  const uint64_t first_bin = last_start / (a_.bin_ms * kMs);
+  // From the last start on: the first bin after which every bin is fair.
+  uint64_t conv = bins_;
+  for (uint64_t b = bins_; b-- > first_bin;) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const Flow& f : flows_) {
+      lo = std::min(lo, f.bytes[b]);
+      hi = std::max(hi, f.bytes[b]);
+    }
+    if (hi == 0 || static_cast<double>(lo) < a_.fair * hi) break;
+    conv = b;
+  }
+  if (a_.timeline) {
+    std::printf("  %8s", "t ms");
+    for (uint64_t k = 0; k < n && k < 8; ++k)
+      std::printf("  flow%-2" PRIu64 "Gb/s", k);
+    std::printf("  %10s %9s\n", "Jain", "queue KiB");
+    for (uint64_t b = 0; b < bins_; ++b) {
+      double s = 0, s2 = 0;
+      std::printf("  %8" PRIu64, b * a_.bin_ms);
+      uint64_t active = 0;
+      for (uint64_t k = 0; k < n; ++k) {
+        const double r = gbps(flows_[k].bytes[b]);
+        if (k < 8) std::printf("  %10.3f", r);
+        if (flows_[k].start <= b * a_.bin_ms * kMs) {
+          s += r;
+          s2 += r * r;
+          ++active;
+        }
+      }
+      std::printf("  %10.3f %9.1f%s\n", s2 > 0 ? s * s / (active * s2) : 0.0,
+                  queue_n_[b] ? queue_sum_[b] / queue_n_[b] / 1024 : 0.0,
+                  b == conv ? "  <- converged" : "");
+    }
+  }
+  // Summary over the time all flows ran.
+  uint64_t total = 0;
+  std::vector<uint64_t> per(n, 0);
+  for (uint64_t k = 0; k < n; ++k)
+    for (uint64_t b = first_bin; b < bins_; ++b) per[k] += flows_[k].bytes[b];
+  double s = 0, s2 = 0;
+  for (uint64_t k = 0; k < n; ++k) {
+    total += per[k];
+    s += static_cast<double>(per[k]);
+    s2 += static_cast<double>(per[k]) * static_cast<double>(per[k]);
+  }
+  const double secs = static_cast<double>(bins_ - first_bin) * bin_s;
+  const SimLinkStats& st = link_.stats(0);
+  double q = 0;
+  uint64_t qn = 0;
+  for (uint64_t b = first_bin; b < bins_; ++b) {
+    q += queue_sum_[b];
+    qn += queue_n_[b];
+  }
+  const EngineCounters& ca = a_host_.eng->counters();
+  const EngineCounters& cb = b_host_.eng->counters();
+  const uint64_t data = ca.get(ECtr::tx_packets);
+  std::printf(
+      "  all flows on: %.3f Gb/s (%.1f %% of the bottleneck), Jain %.3f; "
+      "queue seen by arrivals: mean %.1f KiB, peak %.1f KiB; drops %" PRIu64 " CE %" PRIu64
+      " | A: tx %" PRIu64 " retx %" PRIu64 " (%.2f %%) timeouts %" PRIu64
+      " CNPs rx %" PRIu64 " rate cuts %" PRIu64 " window cuts %" PRIu64
+      " | B: CNPs tx %" PRIu64 "\n",
+      total * 8 / secs / 1e9,
+      100.0 * total * 8 / secs / 1e6 / static_cast<double>(a_.rate_mbps),
+      s2 > 0 ? s * s / (static_cast<double>(n) * s2) : 0.0,
+      qn ? q / qn / 1024 : 0.0, link_.queue(0).peak_bytes() / 1024,
+      st.queue_drops, st.ce_marked, data, ca.get(ECtr::retransmits),
+      data ? 100.0 * ca.get(ECtr::retransmits) / data : 0.0,
+      ca.get(ECtr::timeouts), ca.get(ECtr::cnps_rx), ca.get(ECtr::cc_rate_cuts),
+      ca.get(ECtr::cc_window_cuts), cb.get(ECtr::cnps_tx));
+  for (uint64_t k = 0; k < n && k < 8; ++k) {
+    const QpCounters& c = flows_[k].qa->counters();
+    std::printf("  flow %" PRIu64 ": %" PRIu64 " messages, tx %" PRIu64
+                " retx %" PRIu64 " CNPs rx %" PRIu64 " rate cuts %" PRIu64
+                " window %" PRIu64 " rate now %" PRIu64 " Mb/s\n",
+                k, flows_[k].done, c.tx_packets.get(), c.retransmits.get(),
+                c.cnps_rx.get(), c.cc_rate_cuts.get(), c.cc_window.get(),
+                c.cc_rate_mbps.get());
+  }
+  const uint64_t conv_ms = (conv - first_bin) * a_.bin_ms;
+  if (conv < bins_) {
+    std::printf("  converged (every %" PRIu64 " ms bin within %.0f %%) %" PRIu64
+                " ms after the last flow started\n",
+                a_.bin_ms, 100 * (1 - a_.fair), conv_ms);
+  } else {
+    std::printf("  not converged within %" PRIu64 " ms of the last start\n",
+                (bins_ - first_bin) * a_.bin_ms);
+  }
+  if (a_.check_ms && (conv >= bins_ || conv_ms > a_.check_ms)) {
+    std::printf("FAIL: not converged within %" PRIu64 " ms\n", a_.check_ms);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  Run r(a);
+  r.run();
+  return r.report();
+}
