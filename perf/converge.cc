@@ -51,7 +51,7 @@ struct Args {
   uint64_t msg = 65536, depth = 16;
   double fair = 0.8;
   uint64_t timeline = 1;
-  uint64_t check_ms = 0;  // exit 1 unless converged within this
+  uint64_t check_ms = 0;                  // exit 1 unless converged within this
   std::map<std::string, uint32_t> dcqcn;  // dcqcn.NAME=N overrides
 };
 
@@ -68,14 +68,19 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  std::map<std::string, uint64_t*> u = {
-      {"flows", &a.flows},         {"stagger_ms", &a.stagger_ms},
-      {"ms", &a.ms},               {"bin_ms", &a.bin_ms},
-      {"rate_mbps", &a.rate_mbps}, {"line_mbps", &a.line_mbps},
-      {"queue_kb", &a.queue_kb},   {"ecn_kb", &a.ecn_kb},
-      {"delay_us", &a.delay_us},   {"msg", &a.msg},
-      {"depth", &a.depth},         {"timeline", &a.timeline},
-      {"check_ms", &a.check_ms}};
+  std::map<std::string, uint64_t*> u = {{"flows", &a.flows},
+                                        {"stagger_ms", &a.stagger_ms},
+                                        {"ms", &a.ms},
+                                        {"bin_ms", &a.bin_ms},
+                                        {"rate_mbps", &a.rate_mbps},
+                                        {"line_mbps", &a.line_mbps},
+                                        {"queue_kb", &a.queue_kb},
+                                        {"ecn_kb", &a.ecn_kb},
+                                        {"delay_us", &a.delay_us},
+                                        {"msg", &a.msg},
+                                        {"depth", &a.depth},
+                                        {"timeline", &a.timeline},
+                                        {"check_ms", &a.check_ms}};
   for (int i = 1; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
     if (!eq) usage(argv[i]);
@@ -219,8 +224,7 @@ void make_host(Host& h, uint8_t id, uint8_t peer, SimLink& link,
 class Run {
  public:
   explicit Run(const Args& a)
-      : a_(a),
-        link_([&] {
+      : a_(a), link_([&] {
           SimLinkParams l;
           l.delay_ns = a.delay_us * kUs;
           l.rate_mbps = a.rate_mbps;  // A->B: the bottleneck
@@ -277,9 +281,9 @@ class Run {
     w.opcode = IBV_WR_RDMA_WRITE;
     w.send_flags = IBV_SEND_SIGNALED;
     w.num_sge = 1;
-    w.sg_list[0] = {reinterpret_cast<uint64_t>(a_host_.mem.data()) +
-                        slot * a_.msg,
-                    static_cast<uint32_t>(a_.msg), a_host_.mr->lkey()};
+    w.sg_list[0] = {
+        reinterpret_cast<uint64_t>(a_host_.mem.data()) + slot * a_.msg,
+        static_cast<uint32_t>(a_.msg), a_host_.mr->lkey()};
     w.remote_addr =
         reinterpret_cast<uint64_t>(b_host_.mem.data()) + slot * a_.msg;
     w.rkey = b_host_.mr->rkey();
@@ -366,8 +370,8 @@ void Run::run() {
       bin = std::min(b, bins_ - 1);
     }
     if (work) continue;
-    uint64_t next = std::min(
-        {now_ + kUs, link_.next_arrival(0), link_.next_arrival(1)});
+    uint64_t next =
+        std::min({now_ + kUs, link_.next_arrival(0), link_.next_arrival(1)});
     for (Host* h : {&a_host_, &b_host_})
       if (h->eng->busy()) next = std::min(next, h->io->room_at());
     now_ = std::max(next, now_ + 1);
@@ -378,14 +382,13 @@ int Run::report() const {
   const uint64_t n = flows_.size();
   const double bin_s = static_cast<double>(a_.bin_ms) / 1000;
   auto gbps = [&](uint64_t bytes) { return bytes * 8 / bin_s / 1e9; };
-  std::printf(
-      "converge: %" PRIu64 " flows (WRITE %" PRIu64 " B x %" PRIu64
-      "), cc=%s, %" PRIu64 " Mb/s bottleneck from %" PRIu64
-      " Mb/s hosts, %" PRIu64 " KiB buffer, ECN above %" PRIu64
-      " KiB, %" PRIu64 " us one-way, flow k starts at k x %" PRIu64
-      " ms, %" PRIu64 " ms simulated\n",
-      n, a_.msg, a_.depth, a_.cc.c_str(), a_.rate_mbps, a_.line_mbps,
-      a_.queue_kb, a_.ecn_kb, a_.delay_us, a_.stagger_ms, a_.ms);
+  std::printf("converge: %" PRIu64 " flows (WRITE %" PRIu64 " B x %" PRIu64
+              "), cc=%s, %" PRIu64 " Mb/s bottleneck from %" PRIu64
+              " Mb/s hosts, %" PRIu64 " KiB buffer, ECN above %" PRIu64
+              " KiB, %" PRIu64 " us one-way, flow k starts at k x %" PRIu64
+              " ms, %" PRIu64 " ms simulated\n",
+              n, a_.msg, a_.depth, a_.cc.c_str(), a_.rate_mbps, a_.line_mbps,
+              a_.queue_kb, a_.ecn_kb, a_.delay_us, a_.stagger_ms, a_.ms);
   const uint64_t last_start = flows_.back().start;
   const uint64_t first_bin = last_start / (a_.bin_ms * kMs);
   // From the last start on: the first bin after which every bin is fair.
@@ -446,10 +449,10 @@ int Run::report() const {
   const uint64_t data = ca.get(ECtr::tx_packets);
   std::printf(
       "  all flows on: %.3f Gb/s (%.1f %% of the bottleneck), Jain %.3f; "
-      "queue seen by arrivals: mean %.1f KiB, peak %.1f KiB; drops %" PRIu64 " CE %" PRIu64
-      " | A: tx %" PRIu64 " retx %" PRIu64 " (%.2f %%) timeouts %" PRIu64
-      " CNPs rx %" PRIu64 " rate cuts %" PRIu64 " window cuts %" PRIu64
-      " | B: CNPs tx %" PRIu64 "\n",
+      "queue seen by arrivals: mean %.1f KiB, peak %.1f KiB; drops %" PRIu64
+      " CE %" PRIu64 " | A: tx %" PRIu64 " retx %" PRIu64
+      " (%.2f %%) timeouts %" PRIu64 " CNPs rx %" PRIu64 " rate cuts %" PRIu64
+      " window cuts %" PRIu64 " | B: CNPs tx %" PRIu64 "\n",
       total * 8 / secs / 1e9,
       100.0 * total * 8 / secs / 1e6 / static_cast<double>(a_.rate_mbps),
       s2 > 0 ? s * s / (static_cast<double>(n) * s2) : 0.0,

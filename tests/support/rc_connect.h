@@ -31,9 +31,9 @@ inline int connect_rc(transport::Engine& e, transport::Qp* qp,
   a.port_num = 1;
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                       IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
-  if (int rc = e.modify_qp(qp, a,
-                           IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                               IBV_QP_ACCESS_FLAGS))
+  if (int rc = e.modify_qp(
+          qp, a,
+          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
     return rc;
   a = {};
   a.qp_state = IBV_QPS_RTR;
@@ -45,11 +45,10 @@ inline int connect_rc(transport::Engine& e, transport::Qp* qp,
   a.ah_attr.is_global = 1;
   a.ah_attr.port_num = 1;
   std::memcpy(a.ah_attr.grh.dgid.raw, p.peer_gid, 16);
-  if (int rc = e.modify_qp(qp, a,
-                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                               IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                               IBV_QP_MAX_DEST_RD_ATOMIC |
-                               IBV_QP_MIN_RNR_TIMER))
+  if (int rc = e.modify_qp(
+          qp, a,
+          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
     return rc;
   a = {};
   a.qp_state = IBV_QPS_RTS;
