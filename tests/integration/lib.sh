@@ -6,6 +6,10 @@
 #   check NAME CMD...   runs CMD, counts PASS/FAIL
 #   stop_pid PID        TERM, KILL after 5 s, reaped
 #   memif_start ROLE MAC IP SOCK [urnicd options]   LAST_PID = the service
+#   veth_pair           two network namespaces joined by a veth pair
+#                       (NS_A/IF_A, NS_B/IF_B), removed on exit
+#   afp_start ROLE NS IFACE IP SOCK [urnicd options]  urnicd in NS on
+#                       net_af_packet over IFACE; LAST_PID = the service
 #   wait_sock SOCK      until a service answers there (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"shim" counter of stats --json
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
@@ -26,6 +30,7 @@ shim_preload() {
 lib_init() {
   TMP=$(mktemp -d "/tmp/urnic-${ID:-it}.XXXXXX")
   PIDS=()
+  NETNS=()
   pass=0
   fail=0
   trap lib_cleanup EXIT INT TERM
@@ -41,6 +46,7 @@ stop_pid() {
 
 lib_cleanup() {
   for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && stop_pid "$p"; done
+  for ns in "${NETNS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
   if [ "$fail" -ne 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
     for f in "$TMP"/*.log "$TMP"/*.out; do
       [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }
@@ -72,6 +78,38 @@ memif_start() {
   local role=$1 mac=$2 ip=$3 sock=$4
   shift 4
   "$URNICD" -o "port.vdev=net_memif0,role=$role,socket=$TMP/memif.sock,id=0,mac=$mac" \
+    -o "port.ipv4=$ip/24" -o "control.socket=$sock" -o "eal.main_lcore=0" \
+    -o "eal.workers=[1]" -o "eal.file_prefix=${ID:-it}-$role" \
+    -o stats.period_ms=0 -o lcores.idle.yield=true "$@" \
+    >>"$TMP/urnicd-$role.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+veth_pair() {
+  local id=${ID:-it}-$$
+  NS_A=urnic-$id-a
+  NS_B=urnic-$id-b
+  IF_A=u$$a
+  IF_B=u$$b
+  ip netns add "$NS_A"
+  NETNS+=("$NS_A")
+  ip netns add "$NS_B"
+  NETNS+=("$NS_B")
+  ip link add "$IF_A" netns "$NS_A" type veth peer name "$IF_B" netns "$NS_B"
+  ip -n "$NS_A" link set lo up
+  ip -n "$NS_A" link set "$IF_A" up
+  ip -n "$NS_B" link set lo up
+  ip -n "$NS_B" link set "$IF_B" up
+}
+
+# afp_start ROLE NS IFACE IP SOCK [urnicd options]: URNICD in NS on
+# net_af_packet over IFACE, worker lcore 1, log $TMP/urnicd-ROLE.log.
+afp_start() {
+  local role=$1 ns=$2 ifc=$3 ip=$4 sock=$5
+  shift 5
+  ip netns exec "$ns" "$URNICD" \
+    -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=1" \
     -o "port.ipv4=$ip/24" -o "control.socket=$sock" -o "eal.main_lcore=0" \
     -o "eal.workers=[1]" -o "eal.file_prefix=${ID:-it}-$role" \
     -o stats.period_ms=0 -o lcores.idle.yield=true "$@" \
