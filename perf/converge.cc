@@ -12,7 +12,11 @@
 //       [ms=200] [bin_ms=2] [rate_mbps=10000] [line_mbps=25000]
 //       [queue_kb=256] [ecn_kb=32] [delay_us=2] [msg=65536] [depth=16]
 //       [fair=0.8] [timeline=1] [params=urnic|connectx] [dcqcn.NAME=N]
-//       [check_ms=N]
+//       [check_ms=N] [loss=P]
+//
+// probe_us: the tail-loss probe's floor (transport.tail_probe_us; 0 off).
+// rate_mbps=0: no switch queue (the hosts' line rate is the limit).
+// loss: the probability that the link loses a frame, each direction.
 //
 // check_ms: exit 1 unless the flows converged within N ms (a regression
 // check of the congestion control's defaults, deterministic).
@@ -49,7 +53,9 @@ struct Args {
   uint64_t rate_mbps = 10'000, line_mbps = 25'000;
   uint64_t queue_kb = 256, ecn_kb = 32, delay_us = 2;
   uint64_t msg = 65536, depth = 16;
+  uint64_t probe_us = 0;  // transport.tail_probe_us
   double fair = 0.8;
+  double loss = 0;  // random loss on the link, both directions
   uint64_t timeline = 1;
   uint64_t check_ms = 0;                  // exit 1 unless converged within this
   std::map<std::string, uint32_t> dcqcn;  // dcqcn.NAME=N overrides
@@ -61,7 +67,7 @@ struct Args {
                "[flows=N] [stagger_ms=N] [ms=N] [bin_ms=N] [rate_mbps=N] "
                "[line_mbps=N] [queue_kb=N] [ecn_kb=N] [delay_us=N] [msg=N] "
                "[depth=N] [fair=F] [timeline=0|1] [params=urnic|connectx] "
-               "[dcqcn.NAME=N] [check_ms=N]\n",
+               "[dcqcn.NAME=N] [check_ms=N] [loss=P] [probe_us=N]\n",
                why);
   std::exit(2);
 }
@@ -80,7 +86,8 @@ Args parse(int argc, char** argv) {
                                         {"msg", &a.msg},
                                         {"depth", &a.depth},
                                         {"timeline", &a.timeline},
-                                        {"check_ms", &a.check_ms}};
+                                        {"check_ms", &a.check_ms},
+                                        {"probe_us", &a.probe_us}};
   for (int i = 1; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
     if (!eq) usage(argv[i]);
@@ -95,6 +102,9 @@ Args parse(int argc, char** argv) {
       a.params = v;
       if (a.params != "urnic" && a.params != "connectx")
         usage("params is urnic or connectx");
+    } else if (k == "loss") {
+      a.loss = std::strtod(v, &end);
+      if (*end || a.loss < 0 || a.loss >= 1) usage("loss is in [0, 1)");
     } else if (k == "fair") {
       a.fair = std::strtod(v, &end);
       if (*end || a.fair <= 0 || a.fair > 1) usage("fair is in (0, 1]");
@@ -109,8 +119,8 @@ Args parse(int argc, char** argv) {
     }
   }
   if (a.flows < 1 || a.flows > 64) usage("flows is 1..64");
-  if (!a.bin_ms || !a.ms || !a.rate_mbps || !a.line_mbps || !a.depth)
-    usage("bin_ms, ms, rate_mbps, line_mbps and depth must be positive");
+  if (!a.bin_ms || !a.ms || !a.line_mbps || !a.depth)
+    usage("bin_ms, ms, line_mbps and depth must be positive");
   if (a.msg < 1 || a.msg > (1u << 20)) usage("msg is 1..1048576");
   return a;
 }
@@ -178,6 +188,7 @@ EngineConfig engine_config(const Args& a) {
   ec.cc.dcqcn = a.cc == "dcqcn";
   ec.cc.ecn = a.cc != "off";
   ec.cc.line_rate_mbps = a.line_mbps;
+  ec.tail_probe_ns = a.probe_us * kUs;
   if (a.params == "connectx") ec.cc.dcqcn_params = kConnectXDcqcn;
   DcqcnParams& d = ec.cc.dcqcn_params;
   const std::map<std::string, uint32_t*> fields = {
@@ -230,6 +241,7 @@ class Run {
           l.rate_mbps = a.rate_mbps;  // A->B: the bottleneck
           l.queue_bytes = a.queue_kb * 1024;
           l.ecn_bytes = a.ecn_kb * 1024;
+          l.loss = a.loss;
           return l;
         }()) {
     make_host(a_host_, 1, 2, link_, &now_, a);
@@ -454,7 +466,8 @@ int Run::report() const {
       " (%.2f %%) timeouts %" PRIu64 " CNPs rx %" PRIu64 " rate cuts %" PRIu64
       " window cuts %" PRIu64 " | B: CNPs tx %" PRIu64 "\n",
       total * 8 / secs / 1e9,
-      100.0 * total * 8 / secs / 1e6 / static_cast<double>(a_.rate_mbps),
+      100.0 * total * 8 / secs / 1e6 /
+          static_cast<double>(a_.rate_mbps ? a_.rate_mbps : a_.line_mbps),
       s2 > 0 ? s * s / (static_cast<double>(n) * s2) : 0.0,
       qn ? q / qn / 1024 : 0.0, link_.queue(0).peak_bytes() / 1024,
       st.queue_drops, st.ce_marked, data, ca.get(ECtr::retransmits),
