@@ -14,7 +14,8 @@
 //       [fair=0.8] [timeline=1] [params=urnic|connectx] [dcqcn.NAME=N]
 //       [check_ms=N] [loss=P]
 //
-// probe_us: the tail-loss probe's floor (transport.tail_probe_us; 0 off).
+// probe_us: the tail-loss probe's floor (transport.tail_probe_us, default
+// the engine's; 0 off).
 // rate_mbps=0: no switch queue (the hosts' line rate is the limit).
 // loss: the probability that the link loses a frame, each direction.
 //
@@ -53,7 +54,8 @@ struct Args {
   uint64_t rate_mbps = 10'000, line_mbps = 25'000;
   uint64_t queue_kb = 256, ecn_kb = 32, delay_us = 2;
   uint64_t msg = 65536, depth = 16;
-  uint64_t probe_us = 0;  // transport.tail_probe_us
+  // transport.tail_probe_us; the engine's default unless given
+  uint64_t probe_us = EngineConfig{}.tail_probe_ns / 1000;
   double fair = 0.8;
   double loss = 0;  // random loss on the link, both directions
   uint64_t timeline = 1;
