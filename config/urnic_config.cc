@@ -65,7 +65,8 @@ using Member = std::variant<
     Ipv4Cidr S::*, Ipv6Cidr S::*, EalConfig S::*, PortConfig S::*,
     MempoolConfig S::*, LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
     StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*, TransportConfig S::*,
-    CcConfig S::*, DcqcnConfig S::*, FaultConfig S::*, FaultDirConfig S::*>;
+    CcConfig S::*, DcqcnConfig S::*, FaultConfig S::*, FaultDirConfig S::*,
+    ClientLimitsConfig S::*>;
 
 template <class S>
 struct Field {
@@ -243,6 +244,23 @@ struct Schema<LimitsConfig> {
 };
 
 template <>
+struct Schema<ClientLimitsConfig> {
+  using S = ClientLimitsConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "max_pd", .member = &S::max_pd, .max = 1048576},
+      {.key = "max_cq", .member = &S::max_cq, .max = 1048576},
+      {.key = "max_qp", .member = &S::max_qp, .max = 1048576},
+      {.key = "max_srq", .member = &S::max_srq, .max = 1048576},
+      {.key = "max_mr", .member = &S::max_mr, .max = 16777215},
+      {.key = "max_mr_bytes",
+       .member = &S::max_mr_bytes,
+       .max = uint64_t{1} << 50},
+      {.key = "max_ah", .member = &S::max_ah, .max = 16777216},
+      {.key = "max_wr", .member = &S::max_wr, .max = 1u << 30},
+  };
+};
+
+template <>
 struct Schema<DcqcnConfig> {
   using S = DcqcnConfig;
   static constexpr Field<S> kFields[] = {
@@ -379,6 +397,7 @@ struct Schema<Config> {
       {.key = "stats", .member = &S::stats},
       {.key = "arp", .member = &S::arp},
       {.key = "limits", .member = &S::limits},
+      {.key = "client_limits", .member = &S::client_limits},
       {.key = "transport", .member = &S::transport},
       {.key = "fault", .member = &S::fault},
   };
@@ -437,6 +456,7 @@ static_assert(table_complete<ControlConfig>(0));
 static_assert(table_complete<StatsConfig>(0));
 static_assert(table_complete<ArpConfig>(0));
 static_assert(table_complete<LimitsConfig>(0));
+static_assert(table_complete<ClientLimitsConfig>(0));
 static_assert(table_complete<TransportConfig>(0));
 static_assert(table_complete<CcConfig>(0));
 static_assert(table_complete<FaultConfig>(0));
@@ -447,7 +467,7 @@ static_assert(ranges_fit<EalConfig>() && ranges_fit<PortConfig>() &&
               ranges_fit<StatsConfig>() && ranges_fit<ArpConfig>() &&
               ranges_fit<LimitsConfig>() && ranges_fit<TransportConfig>() &&
               ranges_fit<CcConfig>() && ranges_fit<FaultConfig>() &&
-              ranges_fit<FaultDirConfig>());
+              ranges_fit<FaultDirConfig>() && ranges_fit<ClientLimitsConfig>());
 
 // ---------------------------------------------------------------------------
 // Small text helpers.

@@ -119,9 +119,27 @@ struct LimitsConfig {
   uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
 };
 
+// Per-client limits: what one verbs context (one ibv_open_device through
+// the shim, one control connection) may hold. 0: only the device's limits
+// (`limits`) apply. Over a limit the verbs call fails with ENOMEM, as it
+// does when a device runs out of the object.
+struct ClientLimitsConfig {
+  uint32_t max_pd = 0;
+  uint32_t max_cq = 0;
+  uint32_t max_qp = 0;
+  uint32_t max_srq = 0;
+  uint32_t max_mr = 0;
+  uint64_t max_mr_bytes = 0;  // registered bytes, all its MRs together
+  uint32_t max_ah = 0;
+  // Work requests asked for: max_send_wr + max_recv_wr of its QPs (without
+  // the receive side of QPs on an SRQ) and max_wr of its SRQs.
+  uint32_t max_wr = 0;
+};
+
 // DCQCN reaction point (transport/congestion.h DcqcnParams): the names of
-// NVIDIA ConnectX firmware and its defaults but for four time and event
-// scales (congestion.h says why). Rates Mb/s, times microseconds.
+// NVIDIA ConnectX firmware and its defaults but for five time and event
+// scales (congestion.h and config/README.md say why). Rates Mb/s, times
+// microseconds.
 struct DcqcnConfig {
   uint32_t rpg_max_rate = 0;  // 0: the port's link speed
   uint32_t rpg_min_rate = 1;
@@ -214,6 +232,7 @@ struct Config {
   StatsConfig stats;
   ArpConfig arp;
   LimitsConfig limits;
+  ClientLimitsConfig client_limits;
   TransportConfig transport;
   FaultConfig fault;
 };

@@ -290,6 +290,7 @@ int run(const config::Config& cfg, char* prog) {
       env.engine = &workers[0]->engine();
       env.gate = &workers[0]->gate();
       env.info = shim_info(dc);
+      env.client_limits = cfg.client_limits;
       env.port_state = [&](ibv_port_attr& pa) {
         stats::PortSnapshot ps;
         port_read_link(port, ps);

@@ -148,6 +148,15 @@ uint32_t ShimServer::alloc_doorbell(Client& c) {
   return static_cast<uint32_t>(c.targets.size() - 1);
 }
 
+bool ShimServer::over_limit(const char* key, uint64_t have, uint64_t add,
+                            uint64_t max) {
+  if (!max || have + add <= max) return false;
+  why_ = std::string("over this client's limit: client_limits.") + key +
+         " is " + std::to_string(max) + ", " + std::to_string(have) + " in use";
+  ctr_.client_limit_refusals.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
   const auto op = static_cast<Op>(req.op);
   if (op == Op::kOpen) return op_open(c, req, rep);
@@ -167,6 +176,8 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       return 0;
     }
     case Op::kAllocPd: {
+      if (over_limit("max_pd", c.pds.size(), 1, env_.client_limits.max_pd))
+        return ENOMEM;
       transport::Pd* pd = nullptr;
       int rc;
       {
@@ -201,6 +212,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
         if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
       }
       retire_view(m.view);
+      c.mr_bytes -= m.bytes;
       c.mrs.erase(hr.handle);
       return 0;
     }
@@ -274,6 +286,8 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kCreateAh: {
       CreateAhReq a;
       if (!body_as(req, &a) || !c.pds.count(a.pd)) return EINVAL;
+      if (over_limit("max_ah", c.ahs.size(), 1, env_.client_limits.max_ah))
+        return ENOMEM;
       if (a.attr.is_global && env_.warm_neighbour) {
         const int rc = env_.warm_neighbour(a.attr.grh.dgid.raw);
         if (rc) {
@@ -395,6 +409,10 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     return EINVAL;
   }
   if (r.length > env_.dev->limits().max_mr_size) return EINVAL;
+  if (over_limit("max_mr", c.mrs.size(), 1, env_.client_limits.max_mr) ||
+      over_limit("max_mr_bytes", c.mr_bytes, r.length,
+                 env_.client_limits.max_mr_bytes))
+    return ENOMEM;
   // One contiguous view of the pieces, wherever the kernel puts it.
   void* base = mmap(nullptr, r.map_len, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -426,7 +444,8 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     return rc;
   }
   const uint32_t h = c.next_handle++;
-  c.mrs[h] = {mr, view};
+  c.mrs[h] = {mr, view, r.length};
+  c.mr_bytes += r.length;
   reply_with(rep, RegMrRep{h, mr->lkey(), mr->rkey()});
   return 0;
 }
@@ -435,6 +454,8 @@ int ShimServer::op_create_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   CreateCqReq r;
   if (!body_as(req, &r)) return EINVAL;
   if (r.cqe == 0 || r.cqe > env_.dev->limits().max_cqe) return EINVAL;
+  if (over_limit("max_cq", c.cqs.size(), 1, env_.client_limits.max_cq))
+    return ENOMEM;
   int notify = -1;
   if (r.channel != kNoHandle) {
     auto it = c.channels.find(r.channel);
@@ -477,6 +498,9 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
   if (r.max_wr == 0 || r.max_wr > lim.max_srq_wr || r.max_sge == 0 ||
       r.max_sge > lim.max_sge || r.srq_limit > r.max_wr)
     return EINVAL;
+  if (over_limit("max_srq", c.srqs.size(), 1, env_.client_limits.max_srq) ||
+      over_limit("max_wr", c.wrs, r.max_wr, env_.client_limits.max_wr))
+    return ENOMEM;
   const uint32_t slots = ring_slots(r.max_wr);
   Mapping m;
   const size_t len = srq_shared_len(slots);
@@ -519,6 +543,8 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
   }
   const uint32_t h = c.next_handle++;
   reply_with(rep, CreateSrqRep{h, slots, r.max_sge, s->doorbell, len});
+  s->wrs = r.max_wr;
+  c.wrs += s->wrs;
   c.srqs[h] = std::move(s);
   rep.fds.push_back(fd);
   return 0;
@@ -536,6 +562,7 @@ int ShimServer::destroy_srq(Client& c, uint32_t h) {
     c.free_doorbells.push_back(s.doorbell);
   }
   unmap(s.mem);
+  c.wrs -= s.wrs;
   c.srqs.erase(it);
   return 0;
 }
@@ -551,6 +578,11 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
     why_ = "urnic supports RC, UC and UD QPs";
     return EOPNOTSUPP;
   }
+  const uint64_t wrs = uint64_t{r.cap.max_send_wr} +
+                       (r.srq != kNoHandle ? 0 : r.cap.max_recv_wr);
+  if (over_limit("max_qp", c.qps.size(), 1, env_.client_limits.max_qp) ||
+      over_limit("max_wr", c.wrs, wrs, env_.client_limits.max_wr))
+    return ENOMEM;
   transport::QpInitAttr a;
   a.qp_type = static_cast<ibv_qp_type>(r.qp_type);
   a.pd = c.pds[r.pd];
@@ -612,6 +644,8 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   out.map_len = q->mem.len;
   reply_with(rep, out);
   rep.fds.push_back(fd);
+  q->wrs = static_cast<uint32_t>(wrs);
+  c.wrs += q->wrs;
   c.qps[h] = std::move(q);
   return 0;
 }
@@ -686,6 +720,7 @@ int ShimServer::destroy_qp(Client& c, uint32_t h) {
     c.free_doorbells.push_back(q.doorbell);
   }
   unmap(q.mem);
+  c.wrs -= q.wrs;
   c.qps.erase(it);
   return 0;
 }
@@ -777,6 +812,7 @@ std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
           {"bad_wqes", r(ctr_.bad_wqes)},
           {"async_events", r(ctr_.async_events)},
           {"async_dropped", r(ctr_.async_dropped)},
+          {"client_limit_refusals", r(ctr_.client_limit_refusals)},
           {"qps", env_.engine->qp_count()},
           {"mrs", d.num_mrs()},
           {"cqs", d.num_cqs()},

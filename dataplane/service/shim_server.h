@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "config/urnic_config.h"
 #include "dataplane/service/control.h"
 #include "dataplane/service/lcore_gate.h"
 #include "dataplane/transport/engine.h"
@@ -53,13 +54,14 @@ struct ShimEnv {
   shim::OpenRep info;  // device/port attributes and GIDs
   std::function<void(ibv_port_attr&)> port_state;  // live link state
   TxMemory* tx_memory = nullptr;  // null: the lcore copies every payload
+  config::ClientLimitsConfig client_limits;  // 0s: no per-client limit
 };
 
 // Counters the control thread keeps (read by stats).
 struct ShimCounters {
   std::atomic<uint64_t> clients{0}, clients_closed{0}, requests{0},
       request_errors{0}, doorbells{0}, bad_wqes{0}, async_events{0},
-      async_dropped{0};
+      async_dropped{0}, client_limit_refusals{0};
 };
 
 class ShimServer {
@@ -105,6 +107,7 @@ class ShimServer {
     uint32_t sq_seen = 0, rq_seen = 0;  // lcore: WQEs taken from the rings
     bool broken = false;                // the application corrupted a ring
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
+    uint32_t wrs = 0;  // charged to the client's client_limits.max_wr
   };
   struct SrqObj {
     transport::Srq* srq = nullptr;
@@ -116,6 +119,7 @@ class ShimServer {
     uint32_t seen = 0;
     bool broken = false;
     uint32_t pd = 0;
+    uint32_t wrs = 0;  // charged to the client's client_limits.max_wr
   };
   struct CqObj {
     transport::Cq* cq = nullptr;
@@ -125,6 +129,7 @@ class ShimServer {
   struct MrObj {
     transport::Mr* mr = nullptr;
     Mapping view;
+    uint64_t bytes = 0;  // registered length (client_limits.max_mr_bytes)
   };
   struct AhObj {
     transport::Ah* ah = nullptr;
@@ -150,9 +155,14 @@ class ShimServer {
     std::map<uint32_t, AhObj> ahs;
     std::vector<Target> targets;  // index = doorbell
     std::vector<uint32_t> free_doorbells;
+    uint64_t mr_bytes = 0;  // sums of MrObj::bytes and of QpObj/SrqObj::wrs
+    uint64_t wrs = 0;
   };
 
   int dispatch(Client& c, CtlRequest& req, CtlReply& rep);
+  // True (and why_ says which, the refusal counted) when adding `add` to
+  // `have` goes over a client limit `max` (0: none).
+  bool over_limit(const char* key, uint64_t have, uint64_t add, uint64_t max);
   int op_open(Client& c, CtlRequest& req, CtlReply& rep);
   int op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep);
   int op_create_cq(Client& c, CtlRequest& req, CtlReply& rep);

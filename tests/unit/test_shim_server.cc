@@ -52,7 +52,8 @@ struct Reply {
 };
 
 struct ShimServerTest : ::testing::Test {
-  ShimServerTest() : dev(device()), eng(dev, io), srv(env()) {
+  explicit ShimServerTest(config::ClientLimitsConfig l = {})
+      : limits(l), dev(device()), eng(dev, io), srv(env()) {
     ci.id = 7;
     ci.pid = getpid();
   }
@@ -74,6 +75,7 @@ struct ShimServerTest : ::testing::Test {
     e.engine = &eng;
     e.gate = &gate;  // never running: park() returns at once
     e.info.num_gids = 1;
+    e.client_limits = limits;
     return e;
   }
 
@@ -234,6 +236,14 @@ struct ShimServerTest : ::testing::Test {
     uint32_t h, lkey, rkey;
   };
   Buf reg(uint32_t pd, size_t len, bool seal = true) {
+    Buf b;
+    reg_reply(pd, len, seal, &b);
+    return b;
+  }
+  // The service's reply to a kRegMr of `len` fresh bytes; *out (if given)
+  // the buffer, with its handle and keys when registered.
+  Reply reg_reply(uint32_t pd, size_t len, bool seal = true,
+                  Buf* out = nullptr) {
     const int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(len)), 0);
     if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
@@ -248,9 +258,14 @@ struct ShimServerTest : ::testing::Test {
     r.npieces = 1;
     r.pieces[0] = {0, len};
     Reply rep = call(Op::kRegMr, r, {fd});
-    if (rep.status) return {p, 0, 0, 0};
-    const auto m = rep.as<RegMrRep>();
-    return {p, m.handle, m.lkey, m.rkey};
+    if (out) {
+      *out = {p, 0, 0, 0};
+      if (!rep.status) {
+        const auto m = rep.as<RegMrRep>();
+        *out = {p, m.handle, m.lkey, m.rkey};
+      }
+    }
+    return rep;
   }
 
   static ShmSendWqe write_wqe(const Buf& from, const Buf& to, uint32_t len) {
@@ -265,6 +280,7 @@ struct ShimServerTest : ::testing::Test {
     return w;
   }
 
+  config::ClientLimitsConfig limits;
   transport::Device dev;
   LoopIo io;
   transport::Engine eng;
@@ -537,6 +553,79 @@ TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
   EXPECT_EQ(dev.num_srqs(), 0u);
   EXPECT_EQ(dev.num_pds(), 0u);
   EXPECT_EQ(srv.counters().clients_closed.load(), 1u);
+}
+
+// Per-client limits (config client_limits): the object over the limit is
+// refused with ENOMEM and a message naming the limit, counted; what is
+// destroyed is given back; nothing else changes.
+struct ShimServerLimitTest : ShimServerTest {
+  static config::ClientLimitsConfig tight() {
+    config::ClientLimitsConfig l;
+    l.max_pd = 1;
+    l.max_cq = 2;
+    l.max_qp = 2;
+    l.max_mr = 2;
+    l.max_mr_bytes = 3 * 4096;
+    l.max_srq = 1;
+    l.max_wr = 16 + 16 + 16 + 16 + 8;  // two QPs of create_qp() and an SRQ
+    return l;
+  }
+  ShimServerLimitTest() : ShimServerTest(tight()) {}
+  uint64_t refusals() const {
+    return srv.counters().client_limit_refusals.load();
+  }
+};
+
+TEST_F(ShimServerLimitTest, EachLimitRefusesWithEnomemAndGivesBackOnDestroy) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Reply r = call_raw(Op::kAllocPd, "");
+  EXPECT_EQ(r.status, -ENOMEM);
+  EXPECT_NE(r.payload.find("client_limits.max_pd is 1"), std::string::npos)
+      << r.payload;
+  EXPECT_EQ(refusals(), 1u);
+
+  Cq cq = create_cq(16);
+  create_cq(16);
+  EXPECT_EQ(call(Op::kCreateCq, CreateCqReq{16, kNoHandle}).status, -ENOMEM);
+
+  // MRs: two of 4 KiB fit; a third MR is over max_mr, 8 KiB more over
+  // max_mr_bytes; after a dereg the bytes are back.
+  Buf m1 = reg(pd, 4096);
+  ASSERT_NE(m1.h, 0u);
+  Reply big = reg_reply(pd, 3 * 4096);
+  EXPECT_EQ(big.status, -ENOMEM);
+  EXPECT_NE(big.payload.find("max_mr_bytes"), std::string::npos) << big.payload;
+  ASSERT_NE(reg(pd, 4096).h, 0u);
+  EXPECT_EQ(reg_reply(pd, 4096).status, -ENOMEM);  // max_mr
+  EXPECT_EQ(call(Op::kDeregMr, HandleReq{m1.h}).status, 0);
+  ASSERT_NE(reg(pd, 8192).h, 0u);  // 4 KiB + 8 KiB <= 12 KiB
+
+  // QPs and work requests: two QPs of 16 + 16, then an SRQ of 8 fits
+  // max_wr exactly; a third QP is over max_qp, an SRQ of 1 more over
+  // max_wr (and max_srq).
+  Qp a = create_qp(pd, cq.h);
+  Qp b = create_qp(pd, cq.h);
+  CreateSrqReq s{pd, 8, 1, 0};
+  Reply sr = call(Op::kCreateSrq, s);
+  ASSERT_EQ(sr.status, 0) << sr.payload;
+  CreateQpReq q;
+  q.pd = pd;
+  q.send_cq = q.recv_cq = cq.h;
+  q.cap.max_send_wr = q.cap.max_recv_wr = 1;
+  q.cap.max_send_sge = q.cap.max_recv_sge = 1;
+  r = call(Op::kCreateQp, q);
+  EXPECT_EQ(r.status, -ENOMEM);
+  EXPECT_NE(r.payload.find("max_qp"), std::string::npos) << r.payload;
+  EXPECT_EQ(call(Op::kCreateSrq, CreateSrqReq{pd, 1, 1, 0}).status, -ENOMEM);
+  // Destroying a QP gives back its slot and its 32 WRs.
+  EXPECT_EQ(call(Op::kDestroyQp, HandleReq{a.h}).status, 0);
+  r = call(Op::kCreateQp, q);
+  EXPECT_EQ(r.status, 0) << r.payload;
+  EXPECT_EQ(eng.qp_count(), 2u);
+  (void)b;
+  // pd, cq, MR bytes, MR count, QP count, SRQ: six refusals.
+  EXPECT_EQ(refusals(), 6u);
 }
 
 }  // namespace
