@@ -49,15 +49,14 @@ void progress(Engine& e, Qp& qp) {
   qp.comp_.retries_left = qp.retry_cnt_;
   qp.comp_.rnr_left = qp.rnr_retry_;
   qp.comp_.went_back = false;
-  // Restart the timer for what is still outstanding.
+  // Restart the timer for what is still outstanding, unless the requester
+  // is behind an ACK for packets it sent before a go-back-N: then it moves
+  // forward, and the timer is armed again when the resend leaves.
   e.cancel_retrans(qp);
-  if (qp.comp_.psn != qp.req_.max_psn) e.arm_retrans(qp);
-  // The requester may be behind an ACK for packets it sent before a
-  // go-back-N: move it forward.
-  if (psn_before(qp.req_.psn, qp.comp_.psn)) {
-    e.cancel_retrans(qp);  // armed again when the resend leaves
+  if (psn_before(qp.req_.psn, qp.comp_.psn))
     Requester::go_to_st(e, qp, qp.comp_.psn);
-  }
+  else if (qp.comp_.psn != qp.req_.max_psn)
+    e.arm_retrans(qp);
   if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
 }
 
@@ -282,7 +281,7 @@ void Completer::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   } else if (p.op.mask & wire::kRead) {
     // READ data flows responder -> requester: here is its notification
     // point (Annex A17.9), the responder's QP its reaction point.
-    if ((p.f.tclass & 0x3) == 0x3) e.send_cnp(qp);
+    e.on_ce_st(qp, p.f.tclass);
     on_read_response(e, qp, p);
   }
 }

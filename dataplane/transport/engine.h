@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <random>
@@ -38,6 +39,20 @@ struct TxFrame {
     uint32_t n = hdr_len + trailer_len;
     for (const wire::ConstBuf& b : payload) n += b.len;
     return n;
+  }
+  // The whole frame into `out` (frame_len() bytes): a copying PacketIo's
+  // (tests, benchmarks). Returns its length.
+  uint32_t copy_to(uint8_t* out) const {
+    uint8_t* p = out;
+    std::memcpy(p, hdr, hdr_len);
+    p += hdr_len;
+    for (const wire::ConstBuf& b : payload) {
+      if (b.len) std::memcpy(p, b.data, b.len);
+      p += b.len;
+    }
+    if (trailer_len) std::memcpy(p, trailer, trailer_len);
+    p += trailer_len;
+    return static_cast<uint32_t>(p - out);
   }
 };
 
@@ -213,8 +228,23 @@ class Engine {
   // leaves RTS).
   void cc_sync(Qp& qp);
   uint32_t cc_window(const Qp& qp) const;
-  // Responder side of ECN: a CE-marked packet arrived for `qp`.
+  // ECN notification point: a CNP back to the sender of `tclass`'s packet
+  // if it was CE-marked (RFC 3168), at most one per QP per interval.
+  void on_ce_st(Qp& qp, uint8_t tclass) {
+    if ((tclass & 0x3) == 0x3) send_cnp(qp);
+  }
   void send_cnp(Qp& qp);
+  // RC data (requests, READ responses) leaves ECN-capable, ECT(0), where a
+  // CNP is acted on.
+  void set_ect(wire::RoceFields& f) const {
+    if (cfg_.cc.window && cfg_.cc.ecn)
+      f.tclass = static_cast<uint8_t>((f.tclass & 0xfc) | 0x2);
+  }
+  // DCQCN pacing of RC data, around send_packet: pace_ok is false (and the
+  // pace timer armed to bring the QP back) while the QP must wait;
+  // paced_sent charges the frame just sent.
+  bool pace_ok(Qp& qp);
+  void paced_sent(Qp& qp);
 
   Device& dev_;
   PacketIo& io_;

@@ -70,9 +70,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   } else {
     f = qp.tmpl_;
   }
-  // ECN-capable transport (ECT(0)) where a CNP would be acted on.
-  if (rc && e.config().cc.window && e.config().cc.ecn)
-    f.tclass = static_cast<uint8_t>((f.tclass & 0xfc) | 0x2);
+  if (rc) e.set_ect(f);
   f.psn = qp.req_.psn;
   const uint32_t mtu = qp.mtu_;
   const uint32_t off = qp.req_.offset;
@@ -219,22 +217,14 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       if (out > 0 && static_cast<uint32_t>(out) + need > window(e, qp) &&
           !qp.probe_due_)
         break;
-      // DCQCN pacing: the pace timer puts the QP back on the ready list.
-      uint64_t at = 0;
-      if (!qp.rate_.may_send(e.config().cc, e.now_, &at)) {
-        e.timers_.arm(qp.pace_timer_, at);
-        break;
-      }
+      if (!e.pace_ok(qp)) break;  // the pace timer makes it ready again
     }
     if (!send_one(e, qp, w)) {
       *more = true;
       break;
     }
     qp.probe_due_ = false;
-    if (rc && qp.rate_.limited()) {
-      qp.rate_.on_sent(e.config().cc, e.now_, e.last_tx_len_);
-      qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
-    }
+    if (rc) e.paced_sent(qp);
     ++sent;
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
   }

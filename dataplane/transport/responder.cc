@@ -502,8 +502,7 @@ void Responder::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   if (qp.resp_.fatal) return;  // going to ERR once the NAK is out
   switch (qp.type_) {
     case IBV_QPT_RC:
-      // Congestion Experienced (RFC 3168): tell the requester (a CNP).
-      if ((p.f.tclass & 0x3) == 0x3) e.send_cnp(qp);
+      e.on_ce_st(qp, p.f.tclass);  // CE-marked request: a CNP back
       rc_rx(e, qp, p);
       break;
     case IBV_QPT_UC:
@@ -555,27 +554,17 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
                                  : kRcReadRespMiddle;
         f.payload_len = len;
         piece = {s.tx_p, len};
-        // READ data is ECN-capable as request data is (the requester
-        // answers a CE mark with a CNP), and DCQCN paces it as it paces
-        // requests: the pace timer brings the QP back (the ACKs behind the
-        // responses wait too).
-        const CcParams& cc = e.config().cc;
-        if (cc.window && cc.ecn)
-          f.tclass = static_cast<uint8_t>((f.tclass & 0xfc) | 0x2);
-        uint64_t at = 0;
-        if (!qp.rate_.may_send(cc, e.now_, &at)) {
-          e.timers_.arm(qp.pace_timer_, at);
-          return sent;
-        }
+        // READ data is ECN-capable and paced as request data is (the
+        // requester answers a CE mark with a CNP); while paced, the ACKs
+        // behind the responses wait too.
+        e.set_ect(f);
+        if (!e.pace_ok(qp)) return sent;
       }
       if (!e.send_packet(qp, f, {&piece, len ? 1u : 0u})) {
         *more = true;
         return sent;
       }
-      if (len && qp.rate_.limited()) {
-        qp.rate_.on_sent(e.config().cc, e.now_, e.last_tx_len_);
-        qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
-      }
+      if (len) e.paced_sent(qp);
       ++sent;
       s.tx_psn = psn_add(s.tx_psn, 1);
       s.tx_p += len;
