@@ -11,7 +11,7 @@
 
 #include "dataplane/transport/engine.h"
 #include "dataplane/wire/codec.h"
-#include "tests/support/rc_connect.h"
+#include "tests/support/engine_host.h"
 
 namespace {
 
@@ -26,17 +26,7 @@ class Wire : public PacketIo {
   }
   bool transmit(const TxFrame& f) override {
     if (tail_ - head_ == buf_.size()) return false;
-    uint8_t* d = buf_[tail_ % buf_.size()].data();
-    uint32_t n = 0;
-    std::memcpy(d, f.hdr, f.hdr_len);
-    n += f.hdr_len;
-    for (const wire::ConstBuf& b : f.payload) {
-      std::memcpy(d + n, b.data, b.len);
-      n += b.len;
-    }
-    std::memcpy(d + n, f.trailer, f.trailer_len);
-    n += f.trailer_len;
-    len_[tail_ % buf_.size()] = n;
+    len_[tail_ % buf_.size()] = f.copy_to(buf_[tail_ % buf_.size()].data());
     ++tail_;
     return true;
   }
@@ -63,48 +53,18 @@ class Wire : public PacketIo {
   uint64_t head_ = 0, tail_ = 0;
 };
 
-class MapResolver : public Resolver {
- public:
-  wire::MacAddr mac{};
-  int resolve(const uint8_t*, wire::MacAddr* out) override {
-    *out = mac;
-    return 0;
-  }
-};
-
-struct Host {
-  DeviceConfig dc;
-  MapResolver res;
-  std::unique_ptr<Device> dev;
+// A host with its own wire out (test::EngineHost).
+struct Host : test::EngineHost {
   Wire out;
-  std::unique_ptr<Engine> eng;
-  Pd* pd = nullptr;
-  Cq* cq = nullptr;
-  Mr* mr = nullptr;
-  std::vector<uint8_t> mem;
-
-  Host(uint8_t id, uint8_t peer, size_t bytes) : mem(bytes, id) {
-    dc.mac = {{2, 0, 0, 0, 0, id}};
-    wire::gid_from_ipv4(0x0a000000u | id, dc.gids[0]);
-    dc.num_gids = 1;
-    dc.key_seed = id;
-    res.mac = {{2, 0, 0, 0, 0, peer}};
-    dev = std::make_unique<Device>(dc, &res);
-    eng = std::make_unique<Engine>(*dev, out);
-    dev->alloc_pd(&pd);
-    dev->create_cq(65536, &cq);
-    dev->reg_mr(pd, mem.data(), mem.size(),
-                reinterpret_cast<uint64_t>(mem.data()),
-                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC,
-                &mr);
+  Host(uint8_t id, uint8_t peer, size_t bytes) {
+    if (init(id, peer, bytes, out)) std::abort();
   }
 };
 
 void connect(Host& h, Qp* qp, uint32_t peer_qpn, uint8_t peer_id) {
   test::RcPath p;
   p.peer_qpn = peer_qpn;
-  wire::gid_from_ipv4(0x0a000000u | peer_id, p.peer_gid);
+  test::EngineHost::gid(peer_id, p.peer_gid);
   if (test::connect_rc(*h.eng, qp, p)) std::abort();
 }
 

@@ -8,19 +8,20 @@
 // numbers, on any machine, however loaded (time is simulated, not
 // measured). Not a test: run by hand or by perf/run-suite.
 //
-//   build/perf/converge [cc=dcqcn|window|off] [flows=2] [stagger_ms=20]
-//       [ms=200] [bin_ms=2] [rate_mbps=10000] [line_mbps=25000]
-//       [queue_kb=256] [ecn_kb=32] [delay_us=2] [msg=65536] [depth=16]
-//       [fair=0.8] [timeline=1] [params=urnic|connectx] [dcqcn.NAME=N]
-//       [check_ms=N] [loss=P]
+//   build/perf/converge [flows=2] [stagger_ms=20] [ms=200] [bin_ms=2]
+//       [rate_mbps=10000] [line_mbps=25000] [queue_kb=256] [ecn_kb=32]
+//       [delay_us=2] [loss=P] [msg=65536] [depth=16] [fair=0.8]
+//       [timeline=1] [check_ms=N] [transport.KEY=VALUE]...
 //
-// probe_us: the tail-loss probe's floor (transport.tail_probe_us, default
-// the engine's; 0 off).
+// transport.KEY=VALUE: urnicd's configuration keys (config/README.md),
+// e.g. transport.cc.algorithm=window or transport.cc.dcqcn.rpg_ai_rate=20;
+// the engines get exactly the settings urnicd would make of them
+// (service/engine_config.h), its defaults otherwise.
 // rate_mbps=0: no switch queue (the hosts' line rate is the limit).
 // loss: the probability that the link loses a frame, each direction.
 //
 // check_ms: exit 1 unless the flows converged within N ms (a regression
-// check of the congestion control's defaults, deterministic).
+// check of the congestion control, deterministic).
 // "Converged": from some bin on, to the end of the run, every bin's
 // slowest flow gets at least `fair` of its fastest flow's bytes (0.8 is
 // Jain's index >= 0.988 for two flows). Printed as the time from the last
@@ -35,10 +36,12 @@
 #include <string>
 #include <vector>
 
+#include "config/urnic_config.h"
+#include "dataplane/service/engine_config.h"
 #include "dataplane/transport/engine.h"
 #include "dataplane/transport/sim_link.h"
 #include "dataplane/wire/codec.h"
-#include "tests/support/rc_connect.h"
+#include "tests/support/engine_host.h"
 
 namespace {
 
@@ -48,28 +51,23 @@ using namespace urnic::transport;
 constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
 
 struct Args {
-  std::string cc = "dcqcn";
-  std::string params = "urnic";  // DCQCN parameters: urnic or connectx
   uint64_t flows = 2, stagger_ms = 20, ms = 200, bin_ms = 2;
   uint64_t rate_mbps = 10'000, line_mbps = 25'000;
   uint64_t queue_kb = 256, ecn_kb = 32, delay_us = 2;
   uint64_t msg = 65536, depth = 16;
-  // transport.tail_probe_us; the engine's default unless given
-  uint64_t probe_us = EngineConfig{}.tail_probe_ns / 1000;
   double fair = 0.8;
   double loss = 0;  // random loss on the link, both directions
   uint64_t timeline = 1;
-  uint64_t check_ms = 0;                  // exit 1 unless converged within this
-  std::map<std::string, uint32_t> dcqcn;  // dcqcn.NAME=N overrides
+  uint64_t check_ms = 0;  // exit 1 unless converged within this
+  config::Config cfg;     // urnicd's, with the transport.* arguments
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "converge: %s\nusage: converge [cc=dcqcn|window|off] "
-               "[flows=N] [stagger_ms=N] [ms=N] [bin_ms=N] [rate_mbps=N] "
-               "[line_mbps=N] [queue_kb=N] [ecn_kb=N] [delay_us=N] [msg=N] "
-               "[depth=N] [fair=F] [timeline=0|1] [params=urnic|connectx] "
-               "[dcqcn.NAME=N] [check_ms=N] [loss=P] [probe_us=N]\n",
+               "converge: %s\nusage: converge [flows=N] [stagger_ms=N] "
+               "[ms=N] [bin_ms=N] [rate_mbps=N] [line_mbps=N] [queue_kb=N] "
+               "[ecn_kb=N] [delay_us=N] [loss=P] [msg=N] [depth=N] [fair=F] "
+               "[timeline=0|1] [check_ms=N] [transport.KEY=VALUE]...\n",
                why);
   std::exit(2);
 }
@@ -88,31 +86,22 @@ Args parse(int argc, char** argv) {
                                         {"msg", &a.msg},
                                         {"depth", &a.depth},
                                         {"timeline", &a.timeline},
-                                        {"check_ms", &a.check_ms},
-                                        {"probe_us", &a.probe_us}};
+                                        {"check_ms", &a.check_ms}};
+  std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
     if (!eq) usage(argv[i]);
     const std::string k(argv[i], static_cast<size_t>(eq - argv[i]));
     const char* v = eq + 1;
     char* end = nullptr;
-    if (k == "cc") {
-      a.cc = v;
-      if (a.cc != "dcqcn" && a.cc != "window" && a.cc != "off")
-        usage("cc is dcqcn, window or off");
-    } else if (k == "params") {
-      a.params = v;
-      if (a.params != "urnic" && a.params != "connectx")
-        usage("params is urnic or connectx");
+    if (k.rfind("transport.", 0) == 0) {
+      overrides.push_back(argv[i]);
     } else if (k == "loss") {
       a.loss = std::strtod(v, &end);
       if (*end || a.loss < 0 || a.loss >= 1) usage("loss is in [0, 1)");
     } else if (k == "fair") {
       a.fair = std::strtod(v, &end);
       if (*end || a.fair <= 0 || a.fair > 1) usage("fair is in (0, 1]");
-    } else if (k.rfind("dcqcn.", 0) == 0) {
-      a.dcqcn[k.substr(6)] = static_cast<uint32_t>(std::strtoul(v, &end, 10));
-      if (!*v || *end) usage(argv[i]);
     } else if (auto it = u.find(k); it != u.end()) {
       *it->second = std::strtoull(v, &end, 10);
       if (!*v || *end) usage(argv[i]);
@@ -124,6 +113,11 @@ Args parse(int argc, char** argv) {
   if (!a.bin_ms || !a.ms || !a.line_mbps || !a.depth)
     usage("bin_ms, ms, line_mbps and depth must be positive");
   if (a.msg < 1 || a.msg > (1u << 20)) usage("msg is 1..1048576");
+  try {
+    a.cfg = config::parse(config::embedded_default(), "<converge>", overrides);
+  } catch (const config::ConfigError& e) {
+    usage(e.what());
+  }
   return a;
 }
 
@@ -137,14 +131,7 @@ class LineIo final : public PacketIo {
     const uint64_t start = std::max(now, free_at_);
     if (start - now > kQueueNs) return false;
     buf_.resize(f.frame_len());
-    uint8_t* p = buf_.data();
-    std::memcpy(p, f.hdr, f.hdr_len);
-    p += f.hdr_len;
-    for (const wire::ConstBuf& b : f.payload) {
-      if (b.len) std::memcpy(p, b.data, b.len);
-      p += b.len;
-    }
-    if (f.trailer_len) std::memcpy(p, f.trailer, f.trailer_len);
+    f.copy_to(buf_.data());
     free_at_ = start + static_cast<uint64_t>(buf_.size() * ns_per_byte_);
     link_.send(ep_, buf_, free_at_);
     return true;
@@ -163,81 +150,23 @@ class LineIo final : public PacketIo {
   std::vector<uint8_t> buf_;
 };
 
-class OneMac : public Resolver {
- public:
-  wire::MacAddr mac{};
-  int resolve(const uint8_t*, wire::MacAddr* out) override {
-    *out = mac;
-    return 0;
-  }
-};
-
-struct Host {
-  DeviceConfig dc;
-  OneMac res;
-  std::unique_ptr<Device> dev;
+// A host (test::EngineHost) whose NIC sends at line rate into the link.
+struct Host : test::EngineHost {
   std::unique_ptr<LineIo> io;
-  std::unique_ptr<Engine> eng;
-  Pd* pd = nullptr;
-  Cq* cq = nullptr;
-  Mr* mr = nullptr;
-  std::vector<uint8_t> mem;
-};
-
-EngineConfig engine_config(const Args& a) {
-  EngineConfig ec;
-  ec.cc.window = a.cc != "off";
-  ec.cc.dcqcn = a.cc == "dcqcn";
-  ec.cc.ecn = a.cc != "off";
-  ec.cc.line_rate_mbps = a.line_mbps;
-  ec.tail_probe_ns = a.probe_us * kUs;
-  if (a.params == "connectx") ec.cc.dcqcn_params = kConnectXDcqcn;
-  DcqcnParams& d = ec.cc.dcqcn_params;
-  const std::map<std::string, uint32_t*> fields = {
-      {"rpg_max_rate", &d.rpg_max_rate},
-      {"rpg_min_rate", &d.rpg_min_rate},
-      {"rate_to_set_on_first_cnp", &d.rate_to_set_on_first_cnp},
-      {"rpg_min_dec_fac", &d.rpg_min_dec_fac},
-      {"rpg_gd", &d.rpg_gd},
-      {"dce_tcp_g", &d.dce_tcp_g},
-      {"dce_tcp_rtt", &d.dce_tcp_rtt},
-      {"initial_alpha_value", &d.initial_alpha_value},
-      {"rate_reduce_monitor_period", &d.rate_reduce_monitor_period},
-      {"rpg_time_reset", &d.rpg_time_reset},
-      {"rpg_byte_reset", &d.rpg_byte_reset},
-      {"rpg_threshold", &d.rpg_threshold},
-      {"rpg_ai_rate", &d.rpg_ai_rate},
-      {"rpg_hai_rate", &d.rpg_hai_rate}};
-  for (const auto& [name, v] : a.dcqcn) {
-    auto it = fields.find(name);
-    if (it == fields.end()) usage(("no DCQCN parameter " + name).c_str());
-    *it->second = v;
+  Host(uint8_t id, uint8_t peer, SimLink& link, const uint64_t* now,
+       const Args& a)
+      : io(std::make_unique<LineIo>(link, id - 1, now, a.line_mbps)) {
+    if (init(id, peer, 2 * a.msg * a.depth, *io,
+             service::engine_config(a.cfg.transport, a.line_mbps)))
+      usage("could not set up a host");
   }
-  return ec;
-}
-
-void make_host(Host& h, uint8_t id, uint8_t peer, SimLink& link,
-               const uint64_t* now, const Args& a) {
-  h.mem.assign(2 * a.msg * a.depth, id);
-  h.dc.mac = {{2, 0, 0, 0, 0, id}};
-  wire::gid_from_ipv4(0x0a000000u | id, h.dc.gids[0]);
-  h.dc.num_gids = 1;
-  h.dc.key_seed = id;
-  h.res.mac = {{2, 0, 0, 0, 0, peer}};
-  h.dev = std::make_unique<Device>(h.dc, &h.res);
-  h.io = std::make_unique<LineIo>(link, id - 1, now, a.line_mbps);
-  h.eng = std::make_unique<Engine>(*h.dev, *h.io, engine_config(a), 0);
-  if (h.dev->alloc_pd(&h.pd) || h.dev->create_cq(65536, &h.cq) ||
-      h.dev->reg_mr(h.pd, h.mem.data(), h.mem.size(),
-                    reinterpret_cast<uint64_t>(h.mem.data()),
-                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &h.mr))
-    usage("could not set up a host");
-}
+};
 
 class Run {
  public:
   explicit Run(const Args& a)
-      : a_(a), link_([&] {
+      : a_(a),
+        link_([&] {
           SimLinkParams l;
           l.delay_ns = a.delay_us * kUs;
           l.rate_mbps = a.rate_mbps;  // A->B: the bottleneck
@@ -245,9 +174,9 @@ class Run {
           l.ecn_bytes = a.ecn_kb * 1024;
           l.loss = a.loss;
           return l;
-        }()) {
-    make_host(a_host_, 1, 2, link_, &now_, a);
-    make_host(b_host_, 2, 1, link_, &now_, a);
+        }()),
+        a_host_(1, 2, link_, &now_, a),
+        b_host_(2, 1, link_, &now_, a) {
     bins_ = a.ms / a.bin_ms;
     for (uint64_t k = 0; k < a.flows; ++k) {
       Flow f;
@@ -263,9 +192,9 @@ class Run {
         usage("could not create the QPs");
       test::RcPath pa, pb;
       pa.peer_qpn = f.qb->qpn();
-      std::memcpy(pa.peer_gid, b_host_.dc.gids[0], 16);
+      test::EngineHost::gid(2, pa.peer_gid);
       pb.peer_qpn = f.qa->qpn();
-      std::memcpy(pb.peer_gid, a_host_.dc.gids[0], 16);
+      test::EngineHost::gid(1, pb.peer_gid);
       if (test::connect_rc(*a_host_.eng, f.qa, pa) ||
           test::connect_rc(*b_host_.eng, f.qb, pb))
         usage("could not connect the QPs");
@@ -361,7 +290,7 @@ uint32_t Run::completions() {
 void Run::run() {
   queue_sum_.assign(bins_, 0);
   queue_n_.assign(bins_, 0);
-  uint64_t bin = 0, admitted = 0;
+  uint64_t admitted = 0;  // the queue's running sums, last read
   double ahead = 0;
   while (now_ < a_.ms * kMs) {
     uint32_t work = 0;
@@ -375,14 +304,13 @@ void Run::run() {
     work += deliver(b_host_, 1) + deliver(a_host_, 0);
     work += a_host_.eng->poll(now_) + b_host_.eng->poll(now_);
     work += completions();
-    if (const uint64_t b = now_ / (a_.bin_ms * kMs); b != bin || !work) {
-      const Bottleneck& q = link_.queue(0);
-      queue_sum_[bin] += q.ahead_sum() - ahead;
-      queue_n_[bin] += q.admitted() - admitted;
-      ahead = q.ahead_sum();
-      admitted = q.admitted();
-      bin = std::min(b, bins_ - 1);
-    }
+    // What the frames admitted since the last pass found queued ahead.
+    const Bottleneck& q = link_.queue(0);
+    const uint64_t bin = std::min(now_ / (a_.bin_ms * kMs), bins_ - 1);
+    queue_sum_[bin] += q.ahead_sum() - ahead;
+    queue_n_[bin] += q.admitted() - admitted;
+    ahead = q.ahead_sum();
+    admitted = q.admitted();
     if (work) continue;
     uint64_t next =
         std::min({now_ + kUs, link_.next_arrival(0), link_.next_arrival(1)});
@@ -401,8 +329,9 @@ int Run::report() const {
               " Mb/s hosts, %" PRIu64 " KiB buffer, ECN above %" PRIu64
               " KiB, %" PRIu64 " us one-way, flow k starts at k x %" PRIu64
               " ms, %" PRIu64 " ms simulated\n",
-              n, a_.msg, a_.depth, a_.cc.c_str(), a_.rate_mbps, a_.line_mbps,
-              a_.queue_kb, a_.ecn_kb, a_.delay_us, a_.stagger_ms, a_.ms);
+              n, a_.msg, a_.depth, a_.cfg.transport.cc.algorithm.c_str(),
+              a_.rate_mbps, a_.line_mbps, a_.queue_kb, a_.ecn_kb, a_.delay_us,
+              a_.stagger_ms, a_.ms);
   const uint64_t last_start = flows_.back().start;
   const uint64_t first_bin = last_start / (a_.bin_ms * kMs);
   // From the last start on: the first bin after which every bin is fair.

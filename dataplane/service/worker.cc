@@ -13,6 +13,7 @@
 #include <ctime>
 #include <stdexcept>
 
+#include "dataplane/service/engine_config.h"
 #include "dataplane/service/service.h"
 #include "dataplane/wire/codec.h"
 #include "dataplane/wire/headers.h"
@@ -44,46 +45,6 @@ uint64_t line_rate_mbps(const PortInfo& port) {
   return s && s != RTE_ETH_SPEED_NUM_UNKNOWN ? s : 100'000;
 }
 
-transport::EngineConfig engine_config(const config::Config& cfg,
-                                      const PortInfo& port) {
-  transport::EngineConfig ec;
-  ec.ack_req_every = cfg.transport.ack_req_every;
-  ec.max_unacked = cfg.transport.max_unacked;
-  ec.tx_budget = cfg.transport.tx_budget;
-  ec.tx_quantum = cfg.transport.tx_quantum;
-  ec.poll_budget = cfg.transport.poll_budget;
-  ec.timer_tick_ns = cfg.transport.timer_tick_us * 1000;
-  ec.tail_probe_ns = uint64_t{cfg.transport.tail_probe_us} * 1000;
-  const config::CcConfig& cc = cfg.transport.cc;
-  ec.cc.window = cc.algorithm == "window" || cc.algorithm == "dcqcn";
-  ec.cc.dcqcn = cc.algorithm == "dcqcn";
-  ec.cc.init_window = cfg.transport.cc.init_window;
-  ec.cc.min_window = cfg.transport.cc.min_window;
-  ec.cc.shared_init_window = cfg.transport.cc.shared_init_window;
-  ec.cc.shared_min_window = cfg.transport.cc.shared_min_window;
-  ec.cc.ecn = cfg.transport.cc.ecn;
-  ec.cc.cnp_interval_ns = uint64_t{cfg.transport.cc.cnp_interval_us} * 1000;
-  const config::DcqcnConfig& d = cc.dcqcn;
-  ec.cc.dcqcn_params = {
-      .rpg_max_rate = d.rpg_max_rate,
-      .rpg_min_rate = d.rpg_min_rate,
-      .rate_to_set_on_first_cnp = d.rate_to_set_on_first_cnp,
-      .rpg_min_dec_fac = d.rpg_min_dec_fac,
-      .rpg_gd = d.rpg_gd,
-      .dce_tcp_g = d.dce_tcp_g,
-      .dce_tcp_rtt = d.dce_tcp_rtt,
-      .initial_alpha_value = d.initial_alpha_value,
-      .rate_reduce_monitor_period = d.rate_reduce_monitor_period,
-      .rpg_time_reset = d.rpg_time_reset,
-      .rpg_byte_reset = d.rpg_byte_reset,
-      .rpg_threshold = d.rpg_threshold,
-      .rpg_ai_rate = d.rpg_ai_rate,
-      .rpg_hai_rate = d.rpg_hai_rate,
-  };
-  ec.cc.line_rate_mbps = line_rate_mbps(port);
-  ec.cc.pace_burst_bytes = cc.pace_burst_kb * 1024;
-  return ec;
-}
 constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period
 }  // namespace
 
@@ -100,7 +61,8 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
       burst_(cfg.lcores.burst),
       vlan_tci_(cfg.port.vlan),
       pending_(cfg.arp.queue_len),
-      engine_(dev, *this, engine_config(cfg, port), now_ns()),
+      engine_(dev, *this, engine_config(cfg.transport, line_rate_mbps(port)),
+              now_ns()),
       rx_fault_(MbufFaultOps{port.pool}, ctr_, kRxFaultCtrs),
       tx_fault_(MbufFaultOps{port.pool}, ctr_, kTxFaultCtrs) {
   const std::string name = "urnic_cmd_" + std::to_string(lcore);

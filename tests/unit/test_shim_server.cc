@@ -28,10 +28,8 @@ constexpr uint32_t kRemoteAll =
 class LoopIo : public transport::PacketIo {
  public:
   bool transmit(const transport::TxFrame& f) override {
-    std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
-    for (const wire::ConstBuf& p : f.payload)
-      b.insert(b.end(), p.data, p.data + p.len);
-    b.insert(b.end(), f.trailer, f.trailer + f.trailer_len);
+    std::vector<uint8_t> b(f.frame_len());
+    f.copy_to(b.data());
     frames.push_back(std::move(b));
     return true;
   }

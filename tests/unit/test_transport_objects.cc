@@ -351,10 +351,8 @@ class LoopIo : public PacketIo {
   bool transmit(const TxFrame& f) override {
     if (room == 0) return false;
     --room;
-    std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
-    for (const wire::ConstBuf& p : f.payload)
-      b.insert(b.end(), p.data, p.data + p.len);
-    b.insert(b.end(), f.trailer, f.trailer + f.trailer_len);
+    std::vector<uint8_t> b(f.frame_len());
+    f.copy_to(b.data());
     q.push_back(std::move(b));
     return true;
   }

@@ -119,11 +119,8 @@ class CaptureIo : public PacketIo {
   bool transmit(const TxFrame& f) override {
     if (room == 0) return false;  // TX queue full
     if (room > 0) --room;
-    std::vector<uint8_t> b(f.hdr, f.hdr + f.hdr_len);
-    for (const wire::ConstBuf& p : f.payload)
-      b.insert(b.end(), p.data, p.data + p.len);
-    b.insert(b.end(), f.trailer, f.trailer + f.trailer_len);
-    EXPECT_EQ(b.size(), f.frame_len());
+    std::vector<uint8_t> b(f.frame_len());
+    EXPECT_EQ(f.copy_to(b.data()), b.size());
     frames.push_back(std::move(b));
     return true;
   }
