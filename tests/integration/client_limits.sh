@@ -27,12 +27,8 @@ S=$TMP/s.sock
 ON_S=(env $CLIENT_ENV URNIC_SOCKET="$S" LD_PRELOAD="$PRELOAD")
 # 2 QPs and 64 MiB of registered memory per client (urnic-perf -q 2 -s 65536
 # registers 16 MiB per end, -s 8388608 1 GiB).
-"$URNICD" -o "port.vdev=net_tap0,iface=ucl$$" -o port.ipv4=10.94.0.1/24 \
-  -o "control.socket=$S" -o eal.main_lcore=0 -o "eal.workers=[1]" \
-  -o "eal.file_prefix=$ID" -o stats.period_ms=0 -o lcores.idle.yield=true \
-  -o client_limits.max_qp=2 -o client_limits.max_mr_bytes=67108864 \
-  >"$TMP/urnicd.log" 2>&1 &
-PIDS+=("$!")
+urnicd_start svc 10.94.0.1 "$S" -o "port.vdev=net_tap0,iface=ucl$$" \
+  -o client_limits.max_qp=2 -o client_limits.max_mr_bytes=67108864
 wait_sock "$S"
 
 port=18900

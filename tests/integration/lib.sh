@@ -5,6 +5,9 @@
 #   lib_init            TMP dir, PIDS, counters, the EXIT trap
 #   check NAME CMD...   runs CMD, counts PASS/FAIL
 #   stop_pid PID        TERM, KILL after 5 s, reaped
+#   urnicd_start ROLE IP SOCK [urnicd options]   URNICD with the options
+#                       every test service shares (IN_NS: in that netns);
+#                       LAST_PID = the service
 #   memif_start ROLE MAC IP SOCK [urnicd options]   LAST_PID = the service
 #   veth_pair           two network namespaces joined by a veth pair
 #                       (NS_A/IF_A, NS_B/IF_B), removed on exit
@@ -72,18 +75,30 @@ finish() {
   [ "$fail" = 0 ]
 }
 
-# memif_start ROLE MAC IP SOCK [urnicd options]: URNICD on the memif pair
-# in $TMP, worker lcore 1, log $TMP/urnicd-ROLE.log (appended).
+# urnicd_start ROLE IP SOCK [urnicd options]: URNICD (in network namespace
+# $IN_NS if set) at IP/24 with its control socket at SOCK, worker lcore 1,
+# yielding when idle, no periodic stats, log $TMP/urnicd-ROLE.log
+# (appended). The options given (the port first) come after these.
+urnicd_start() {
+  local role=$1 ip=$2 sock=$3 pre=()
+  shift 3
+  [ -n "${IN_NS:-}" ] && pre=(ip netns exec "$IN_NS")
+  "${pre[@]}" "$URNICD" -o "port.ipv4=$ip/24" -o "control.socket=$sock" \
+    -o "eal.main_lcore=0" -o "eal.workers=[1]" \
+    -o "eal.file_prefix=${ID:-it}-$role" -o stats.period_ms=0 \
+    -o lcores.idle.yield=true "$@" >>"$TMP/urnicd-$role.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+# memif_start ROLE MAC IP SOCK [urnicd options]: urnicd_start on the memif
+# pair in $TMP.
 memif_start() {
   local role=$1 mac=$2 ip=$3 sock=$4
   shift 4
-  "$URNICD" -o "port.vdev=net_memif0,role=$role,socket=$TMP/memif.sock,id=0,mac=$mac" \
-    -o "port.ipv4=$ip/24" -o "control.socket=$sock" -o "eal.main_lcore=0" \
-    -o "eal.workers=[1]" -o "eal.file_prefix=${ID:-it}-$role" \
-    -o stats.period_ms=0 -o lcores.idle.yield=true "$@" \
-    >>"$TMP/urnicd-$role.log" 2>&1 &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
+  urnicd_start "$role" "$ip" "$sock" \
+    -o "port.vdev=net_memif0,role=$role,socket=$TMP/memif.sock,id=0,mac=$mac" \
+    "$@"
 }
 
 veth_pair() {
@@ -103,19 +118,13 @@ veth_pair() {
   ip -n "$NS_B" link set "$IF_B" up
 }
 
-# afp_start ROLE NS IFACE IP SOCK [urnicd options]: URNICD in NS on
-# net_af_packet over IFACE, worker lcore 1, log $TMP/urnicd-ROLE.log.
+# afp_start ROLE NS IFACE IP SOCK [urnicd options]: urnicd_start in NS on
+# net_af_packet over IFACE.
 afp_start() {
   local role=$1 ns=$2 ifc=$3 ip=$4 sock=$5
   shift 5
-  ip netns exec "$ns" "$URNICD" \
-    -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=1" \
-    -o "port.ipv4=$ip/24" -o "control.socket=$sock" -o "eal.main_lcore=0" \
-    -o "eal.workers=[1]" -o "eal.file_prefix=${ID:-it}-$role" \
-    -o stats.period_ms=0 -o lcores.idle.yield=true "$@" \
-    >>"$TMP/urnicd-$role.log" 2>&1 &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
+  IN_NS=$ns urnicd_start "$role" "$ip" "$sock" \
+    -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=1" "$@"
 }
 
 wait_sock() {
