@@ -99,19 +99,6 @@ uint32_t Engine::cc_window(const Qp& qp) const {
                   cc_shared_.share(active, std::max(cfg_.cc.min_window, 1u)));
 }
 
-bool Engine::pace_ok(Qp& qp) {
-  uint64_t at = 0;
-  if (qp.rate_.may_send(cfg_.cc, now_, &at)) return true;
-  timers_.arm(qp.pace_timer_, at);
-  return false;
-}
-
-void Engine::paced_sent(Qp& qp) {
-  if (!qp.rate_.limited()) return;
-  qp.rate_.on_sent(cfg_.cc, now_, last_tx_len_);
-  qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
-}
-
 void Engine::send_cnp(Qp& qp) {
   if (!cfg_.cc.ecn || qp.type_ != IBV_QPT_RC) return;
   if (qp.cnp_sent_ && now_ - qp.cnp_sent_ns_ < cfg_.cc.cnp_interval_ns) return;

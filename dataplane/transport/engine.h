@@ -242,9 +242,19 @@ class Engine {
   }
   // DCQCN pacing of RC data, around send_packet: pace_ok is false (and the
   // pace timer armed to bring the QP back) while the QP must wait;
-  // paced_sent charges the frame just sent.
-  bool pace_ok(Qp& qp);
-  void paced_sent(Qp& qp);
+  // paced_sent charges the frame just sent. Inline: once per data packet,
+  // and nothing but a flag test for an unlimited QP.
+  bool pace_ok(Qp& qp) {
+    uint64_t at = 0;
+    if (qp.rate_.may_send(cfg_.cc, now_, &at)) return true;
+    timers_.arm(qp.pace_timer_, at);
+    return false;
+  }
+  void paced_sent(Qp& qp) {
+    if (!qp.rate_.limited()) return;
+    qp.rate_.on_sent(cfg_.cc, now_, last_tx_len_);
+    qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
+  }
 
   Device& dev_;
   PacketIo& io_;
