@@ -288,9 +288,8 @@ constexpr uint32_t lowest_bit(uint32_t m) {
   return m & (~m + 1);
 }
 
-constexpr uint32_t kMaxPsn = 0xffffff;       // 24-bit PSNs and QPNs
-constexpr uint32_t kMaxFlowLabel = 0xfffff;  // 20 bits
-constexpr uint8_t kPort1 = 1;                // urnic exposes one port
+constexpr uint32_t kMaxPsn = 0xffffff;  // 24-bit PSNs and QPNs
+constexpr uint8_t kPort1 = 1;           // urnic exposes one port
 // Remote access rights a QP can grant; MW binding, zero-based and ODM are
 // memory-region properties, not QP ones.
 constexpr unsigned kQpAccessFlags =
@@ -307,6 +306,8 @@ bool gid_is_zero(const ibv_gid& g) {
 // Address vector for RoCE: everything is routed on the GRH (the dgid gives
 // the IP destination), so dlid, src_path_bits and static_rate are not looked
 // at: there is no rate limiter, the rate is whatever the link gives.
+// grh.flow_label is not checked either: like the kernel's drivers, only its
+// low 20 bits are used (UCX passes 0xffffffff for "none").
 const char* check_av(const ibv_ah_attr& ah, const Limits& lim) {
   if (ah.is_global != 1) return "AV without GRH (is_global 0): RoCE needs one";
   if (ah.grh.sgid_index >= lim.gid_table_len) {
@@ -317,9 +318,6 @@ const char* check_av(const ibv_ah_attr& ah, const Limits& lim) {
     return "ah_attr.port_num out of range";
   }
   if (gid_is_zero(ah.grh.dgid)) return "ah_attr.grh.dgid is all zero";
-  if (ah.grh.flow_label > kMaxFlowLabel) {
-    return "ah_attr.grh.flow_label out of range";
-  }
   return nullptr;
 }
 

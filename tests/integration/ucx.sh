@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Integration: UCX and Open MPI, unmodified Debian 12 packages, on urnic
+# through the verbs shim.
+#  Two services in two namespaces (net_af_packet over a veth pair, urnicd at
+#  10.97.0.1 and .2; kernel addresses .11 and .12 on the same veth carry
+#  ucx_perftest's TCP exchange):
+#   - ucx_info -d lists urnic0:1 with rc_verbs and ud_verbs;
+#   - ucx_perftest across the services: UCP tag_lat and tag_bw with
+#     UCX_TLS=rc_v (rc_verbs, ud_verbs for wire-up) and with ud_v; UCT
+#     put_bw and am_lat on rc_verbs, am_lat on ud_verbs. Both ends exit 0
+#     and each service's RoCE counters moved.
+#  Two services joined by a net_memif pair (one namespace: mpirun reaches
+#  its ranks over loopback), one rank on each:
+#   - Open MPI 4.1, --mca pml ucx, UCX_TLS=rc_v (no shared memory, no TCP):
+#     tests/shim/mpi_check's ping-pong (1 B..4 MiB) and allreduce with every
+#     byte checked; both services' RoCE counters moved.
+# ucx_perftest checks no data; mpi_check does.
+# Every started process is stopped by PID on exit, pass or fail.
+# usage: ucx.sh URNICD URNICCTL SHIM_SO [MPI_CHECK]
+set -euo pipefail
+URNICD=$1
+URNICCTL=$2
+SHIM=$(realpath "$3")
+MPI_CHECK=${4:+$(realpath "$4")}
+ID=ucx-$$
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
+for p in ucx_info ucx_perftest; do
+  command -v "$p" >/dev/null || { echo "SKIP: $p not installed (ucx-utils)"; exit 77; }
+done
+shim_preload "$SHIM"
+lib_init
+
+# --- two namespaces, af_packet ----------------------------------------------
+veth_pair
+ip -n "$NS_A" addr add 10.97.0.11/24 dev "$IF_A"
+ip -n "$NS_B" addr add 10.97.0.12/24 dev "$IF_B"
+SA=$TMP/a.sock
+SB=$TMP/b.sock
+afp_start a "$NS_A" "$IF_A" 10.97.0.1 "$SA"
+afp_start b "$NS_B" "$IF_B" 10.97.0.2 "$SB"
+check "both services up, links up" wait_link "$SA"
+check "  on both services" wait_link "$SB"
+
+on() {  # on NS SOCK CMD...: CMD in NS as a client of the service at SOCK
+  local ns=$1 sock=$2
+  shift 2
+  ip netns exec "$ns" env $CLIENT_ENV URNIC_SOCKET="$sock" \
+    LD_PRELOAD="$PRELOAD" UCX_NET_DEVICES=urnic0:1 "$@"
+}
+
+lists() {  # lists TL: ucx_info -d shows TL on urnic0:1
+  on "$NS_A" "$SA" ucx_info -d >"$TMP/info.out" 2>&1 || return 1
+  grep -A1 "Transport: $1\$" "$TMP/info.out" | grep -q 'Device: urnic0:1'
+}
+check "ucx_info -d lists urnic0:1 with rc_verbs" lists rc_verbs
+check "ucx_info -d lists urnic0:1 with ud_verbs" lists ud_verbs
+
+port=13600
+perftest() {  # perftest NAME ENV... -- ARGS...: server in A, client in B
+  local name=$1 envs=()
+  shift
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  port=$((port + 1))
+  local rx0 rx1
+  rx0=$(counter "$SA" roce_rx)
+  on "$NS_A" "$SA" env "${envs[@]}" timeout 60 ucx_perftest -p "$port" "$@" \
+    >"$TMP/$name-s.out" 2>&1 &
+  local sp=$!
+  PIDS+=("$sp")
+  # The server listens once its UCX context is up.
+  for _ in $(seq 50); do
+    ip netns exec "$NS_A" ss -ltn | grep -q ":$port " && break
+    sleep 0.1
+  done
+  local rc=0
+  on "$NS_B" "$SB" env "${envs[@]}" timeout 60 ucx_perftest -p "$port" "$@" \
+    10.97.0.11 >"$TMP/$name-c.out" 2>&1 || rc=$?
+  wait "$sp" || rc=$((rc ? rc : $?))
+  rx1=$(counter "$SA" roce_rx)
+  grep -h '^Final:' "$TMP/$name-c.out" | sed "s/^/  $name /"
+  [ "$rc" = 0 ] && grep -q '^Final:' "$TMP/$name-c.out" &&
+    [ "$rx1" -gt $((rx0 + 100)) ] || {
+    tail -5 "$TMP/$name-s.out" "$TMP/$name-c.out"
+    return 1
+  }
+}
+
+for tls in rc_v ud_v; do
+  check "ucx_perftest tag_lat, UCX_TLS=$tls, across two services" \
+    perftest "tag_lat-$tls" UCX_TLS=$tls -- -t tag_lat -n 300
+  check "ucx_perftest tag_bw 64 KiB, UCX_TLS=$tls, across two services" \
+    perftest "tag_bw-$tls" UCX_TLS=$tls -- -t tag_bw -s 65536 -n 300
+done
+check "ucx_perftest put_bw 64 KiB on rc_verbs (UCT)" \
+  perftest put_bw-rc -- -d urnic0:1 -x rc_verbs -t put_bw -D zcopy -s 65536 -n 300
+check "ucx_perftest am_lat on rc_verbs (UCT)" \
+  perftest am_lat-rc -- -d urnic0:1 -x rc_verbs -t am_lat -n 300
+check "ucx_perftest am_lat on ud_verbs (UCT)" \
+  perftest am_lat-ud -- -d urnic0:1 -x ud_verbs -t am_lat -n 300
+
+# --- Open MPI, two services on a memif pair ----------------------------------
+if [ -z "$MPI_CHECK" ] || ! command -v mpirun >/dev/null; then
+  echo "SKIP - Open MPI: mpirun or tests/shim/mpi_check (libopenmpi-dev) missing"
+else
+  S1=$TMP/m1.sock
+  S2=$TMP/m2.sock
+  memif_start server 02:00:00:00:97:01 10.98.0.1 "$S1"
+  memif_start client 02:00:00:00:97:02 10.98.0.2 "$S2"
+  check "the memif pair's links are up" wait_link "$S1"
+  check "  on both services" wait_link "$S2"
+  rank() {  # rank SOCK: one app context of mpirun, a client of SOCK
+    echo -np 1 env $CLIENT_ENV LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$1" \
+      UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v "$MPI_CHECK" 10
+  }
+  mpi() {
+    local a0 b0
+    a0=$(counter "$S1" roce_rx)
+    b0=$(counter "$S2" roce_rx)
+    # btl self only and osc ucx: nothing may go through shared memory or
+    # TCP; every rank-to-rank byte crosses the two services.
+    # shellcheck disable=SC2046
+    timeout 120 mpirun --allow-run-as-root --oversubscribe --mca pml ucx \
+      --mca btl self --mca osc ucx $(rank "$S1") : $(rank "$S2") \
+      >"$TMP/mpi.out" 2>&1 || { cat "$TMP/mpi.out"; return 1; }
+    sed 's/^/  /' "$TMP/mpi.out"
+    grep -q 'mpi_check: all data checked' "$TMP/mpi.out" &&
+      [ "$(counter "$S1" roce_rx)" -gt $((a0 + 1000)) ] &&
+      [ "$(counter "$S2" roce_rx)" -gt $((b0 + 1000)) ]
+  }
+  check "Open MPI pml ucx: ping-pong and allreduce verified, RoCE counters moved" mpi
+fi
+
+finish
