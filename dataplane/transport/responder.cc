@@ -20,6 +20,8 @@ constexpr uint8_t kSynAckUnlimited = 0x1f;  // ACK, "invalid" credit count
 constexpr uint8_t kSynRnr = 0x20;
 constexpr uint8_t kSynNakSeq = 0x60, kSynNakInvReq = 0x61,
                   kSynNakRemAccess = 0x62, kSynNakRemOp = 0x63;
+// wc.sl of a UD receive (complete_recv).
+constexpr uint8_t kSlRoceV2Ipv6 = 0x9, kSlRoceV2Ipv4 = 0xa;
 
 // Outcome of executing one in-sequence request packet.
 enum class Res : uint8_t { kOk, kRnr, kAccess, kInvReq, kLenErr, kOpErr };
@@ -81,6 +83,11 @@ void complete_recv(Engine& e, Qp& qp, ibv_wc_status st, ibv_wc_opcode op,
   if (qp.type_ == IBV_QPT_UD) {
     wc.wc_flags |= IBV_WC_GRH;
     wc.src_qp = f.deth_src_qp;
+    // RoCE has no service level on the wire; like ConnectX (whose CQE sl
+    // field carries the RoCE packet type for UD), sl says how the GRH area
+    // is filled: bit 3 = UDP-encapsulated (RoCEv2), bits 2:0 = L3 header
+    // type (1 IPv6, 2 IPv4). UCX reads it to find the destination GID.
+    wc.sl = f.ipv6 ? kSlRoceV2Ipv6 : kSlRoceV2Ipv4;
   } else {
     wc.src_qp = qp.dest_qpn_;
   }
