@@ -743,33 +743,70 @@ bool sysfs_answer(Device& d, const std::string& rel, std::string* out,
 
 }  // namespace
 
-URNIC_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file,
-                                     char* buf, size_t size) {
+namespace urnic::shim {
+
+// The device file or directory `path` names, as in the kernel's tree: a
+// urnic device's /dev/infiniband node, or a path below its two sysfs
+// directories. Paths are matched as the callers build them (no symlinks or
+// "..", "//" tolerated).
+DevPath device_path(const char* path, std::string* content, int* err) {
+  static constexpr char kDev[] = "/dev/infiniband/";
+  static constexpr char kSys[] = "/sys/class/infiniband";
+  if (!path || (strncmp(path, kDev, sizeof kDev - 1) != 0 &&
+                strncmp(path, kSys, sizeof kSys - 1) != 0))
+    return DevPath::kNone;
   init_paths();
   Registry& r = reg();
-  for (int k = 0; dir && file && k < r.ndev; ++k) {
+  std::string full = path;
+  for (size_t at; (at = full.find("//")) != std::string::npos;)
+    full.erase(at, 1);
+  while (full.size() > 1 && full.back() == '/') full.pop_back();
+  for (int k = 0; k < r.ndev; ++k) {
     Device& d = r.devices[k];
-    std::string full = std::string(dir) + "/" + file;
-    // Normalise "//" (callers join paths loosely).
-    for (size_t at; (at = full.find("//")) != std::string::npos;)
-      full.erase(at, 1);
-    std::string rel;
+    if (full == std::string(kDev) + d.dev.dev_name) return DevPath::kNode;
     for (const char* base : {d.dev.ibdev_path, d.dev.dev_path}) {
-      const std::string b = std::string(base) + "/";
-      if (full.rfind(b, 0) == 0) rel = full.substr(b.size());
+      const std::string b = base;
+      if (full == b) return DevPath::kDir;
+      if (full.rfind(b + "/", 0) != 0) continue;
+      const std::string rel = full.substr(b.size() + 1);
+      if (sysfs_answer(d, rel, content, err)) return DevPath::kFile;
+      if (*err != ENOENT) return DevPath::kMissing;
+      for (const char* dir : {"ports", "ports/1", "ports/1/gids",
+                              "ports/1/gid_attrs", "ports/1/gid_attrs/types",
+                              "ports/1/gid_attrs/ndevs", "ports/1/pkeys"})
+        if (rel == dir) return DevPath::kDir;
+      return DevPath::kMissing;
     }
-    if (rel.empty()) continue;
+  }
+  return DevPath::kNone;
+}
+
+}  // namespace urnic::shim
+
+URNIC_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file,
+                                     char* buf, size_t size) {
+  if (dir && file) {
     std::string out;
-    int err;
-    if (!sysfs_answer(d, rel, &out, &err)) {
-      errno = err;
-      return -1;
+    int err = ENOENT;
+    switch (device_path((std::string(dir) + "/" + file).c_str(), &out, &err)) {
+      case DevPath::kNone:
+        break;
+      case DevPath::kFile:
+        if (size == 0) return 0;
+        {
+          const size_t n = std::min(out.size(), size - 1);
+          std::memcpy(buf, out.data(), n);
+          buf[n] = '\0';
+          return static_cast<int>(n);
+        }
+      case DevPath::kDir:
+        err = EISDIR;
+        [[fallthrough]];
+      case DevPath::kNode:  // never below a sysfs directory
+      case DevPath::kMissing:
+        errno = err;
+        return -1;
     }
-    if (size == 0) return 0;
-    const size_t n = std::min(out.size(), size - 1);
-    std::memcpy(buf, out.data(), n);
-    buf[n] = '\0';
-    return static_cast<int>(n);
   }
   auto f = URNIC_REAL(ibv_read_sysfs_file, "IBVERBS_1.0");
   if (!f) {

@@ -88,6 +88,17 @@ Device* urnic_device(const ibv_device* d);
 // yet. False if the service cannot be reached.
 bool device_info(Device& d, OpenRep* out);
 
+// What a path names among the files a kernel verbs device has (files.cc
+// answers open/stat/access for them).
+enum class DevPath {
+  kNone,     // not a urnic device's path: the real file system's
+  kNode,     // /dev/infiniband/<dev_name>: the character device
+  kDir,      // a sysfs directory
+  kFile,     // a sysfs file; *content is what it reads
+  kMissing,  // below a urnic device's sysfs directory, but absent: *err
+};
+DevPath device_path(const char* path, std::string* content, int* err);
+
 // --- contexts
 // -------------------------------------------------------------------
 

@@ -8,7 +8,8 @@
 //  a) queries: ibv_query_port through the old-ABI symbol (the pre-1.1
 //     layout, nothing written past it), the GID table as ibv_query_gid,
 //     ibv_query_gid_ex, ibv_query_gid_table, ibv_query_gid_type and the
-//     sysfs files (ibv_read_sysfs_file) report it, P_Key and sysfs answers;
+//     sysfs files (ibv_read_sysfs_file) report it, P_Key and sysfs answers,
+//     the device node and sysfs files through stat/access/open/fopen;
 //  b) ibv_qp_ex on RC: one ibv_wr_start/ibv_wr_complete batch of every
 //     operation (RDMA WRITE, unsignaled WRITE, SEND, SEND_WITH_IMM,
 //     WRITE_WITH_IMM, both atomics, READ) with every data setter (sge, sge
@@ -40,6 +41,7 @@
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -665,6 +667,44 @@ std::string sysfs(const Dev& d, const std::string& file, int* rc,
   return *rc >= 0 ? std::string(buf) : "";
 }
 
+// The device's files as programs that bypass libibverbs see them (UCX:
+// stat and access of the /dev/infiniband node, open/read of sysfs).
+void section_kernel_files(Dev& d, const std::string& base) {
+  const std::string node = std::string("/dev/infiniband/") + d.dev->dev_name;
+  struct stat st {};
+  int rc = stat(node.c_str(), &st);
+  const int acc = access(node.c_str(), R_OK | W_OK);
+  check(rc == 0 && S_ISCHR(st.st_mode) && acc == 0,
+        "a) " + node + " is a character device, readable and writable",
+        fmt("stat rc %d mode %#o, access rc %d", rc, st.st_mode, acc));
+  const std::string types = base + "ports/1/gid_attrs/types/0";
+  char buf[64] = {};
+  int fd = open(types.c_str(), O_RDONLY | O_CLOEXEC);
+  const ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+  if (fd >= 0) close(fd);
+  check(n >= 0 && std::string(buf) == "RoCE v2\n",
+        "a) open/read of sysfs gid_attrs/types/0 gives \"RoCE v2\\n\"",
+        fmt("read %zd \"%s\"", n, buf));
+  char line[64] = {};
+  FILE* f = fopen((base + "ports/1/state").c_str(), "re");
+  const bool got = f && fgets(line, sizeof line, f);
+  if (f) fclose(f);
+  check(got && std::string(line) == "4: ACTIVE\n",
+        "a) fopen/fgets of sysfs ports/1/state gives \"4: ACTIVE\\n\"",
+        fmt("\"%s\"", line));
+  errno = 0;
+  fd = open(types.c_str(), O_WRONLY);
+  const int werr = errno;
+  if (fd >= 0) close(fd);
+  errno = 0;
+  rc = stat((base + "ports/1/no_such_file").c_str(), &st);
+  const int serr = errno;
+  check(fd < 0 && werr == EACCES && rc == -1 && serr == ENOENT,
+        "a) sysfs files cannot be opened for writing (EACCES); a missing one "
+        "is ENOENT to stat",
+        fmt("open fd %d errno %d, stat rc %d errno %d", fd, werr, rc, serr));
+}
+
 void section_queries(Dev& d) {
   const size_t n = d.gids.size();
   const size_t tbl = static_cast<size_t>(d.port.gid_tbl_len);
@@ -829,6 +869,7 @@ void section_queries(Dev& d) {
   check(rc1 == -1 && err == ENOENT,
         "a) sysfs: an unknown file of the device is -1, errno ENOENT",
         fmt("rc %d errno %d", rc1, err));
+  section_kernel_files(d, base);
 }
 
 // --- b) ibv_qp_ex on RC ------------------------------------------------------
@@ -1677,6 +1718,11 @@ void section_ud(Dev& d) {
                why))
       continue;
     const ibv_wc wc = r[0];
+    check(wc.sl == (v4 ? 0xa : 0x9),
+          name +
+              ": wc.sl is the RoCE packet type as ConnectX reports it "
+              "(0xa RoCEv2/IPv4, 0x9 RoCEv2/IPv6; UCX's ud_verbs reads it)",
+          fmt("sl %#x", wc.sl));
     uint8_t* rb = buf.p + kRecv2;
     check(memcmp(rb + kGrhLen, buf.p + kSrc + g, 100) == 0 &&
               rb[kGrhLen + 100] == 0xee,
