@@ -44,7 +44,6 @@ B_FAULT=(-o fault.seed=42 -o fault.tx.drop_ppm=10000 -o fault.tx.burst_ppm=1000
 case $TOPO in
   memif)
     memif_start server 02:00:00:8b:00:01 10.91.0.1 "$SA"
-    for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
     memif_start client 02:00:00:8b:00:02 10.91.0.2 "$SB" "${B_FAULT[@]}"
     ;;
   af_packet)

@@ -14,6 +14,7 @@
 #   afp_start ROLE NS IFACE IP SOCK [urnicd options]  urnicd in NS on
 #                       net_af_packet over IFACE; LAST_PID = the service
 #   wait_sock SOCK      until a service answers there (10 s)
+#   wait_link SOCK      until that service's port link is up (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"shim" counter of stats --json
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
 #                       needs in a sanitized build) and CLIENT_ENV for the
@@ -92,10 +93,14 @@ urnicd_start() {
 }
 
 # memif_start ROLE MAC IP SOCK [urnicd options]: urnicd_start on the memif
-# pair in $TMP.
+# pair in $TMP. A client waits for the server's socket first: DPDK's memif
+# client does not retry a connection refused at start.
 memif_start() {
   local role=$1 mac=$2 ip=$3 sock=$4
   shift 4
+  if [ "$role" = client ]; then
+    for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
+  fi
   urnicd_start "$role" "$ip" "$sock" \
     -o "port.vdev=net_memif0,role=$role,socket=$TMP/memif.sock,id=0,mac=$mac" \
     "$@"
@@ -130,6 +135,17 @@ afp_start() {
 wait_sock() {
   for _ in $(seq 100); do
     "$URNICCTL" -s "$1" stats >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+wait_link() {
+  wait_sock "$1" || return 1
+  for _ in $(seq 100); do
+    "$URNICCTL" -s "$1" stats --json 2>/dev/null |
+      /usr/bin/python3 -c "import json, sys
+sys.exit(0 if json.load(sys.stdin)['port']['link_up'] else 1)" && return 0
     sleep 0.1
   done
   return 1

@@ -58,8 +58,8 @@ int ping_pong(int rank, int iters) {
       }
     }
     if (rank == 0)
-      std::printf("pingpong %8zu B x %d: %.1f us per round trip\n", size,
-                  iters, (MPI_Wtime() - t0) * 1e6 / iters);
+      std::printf("pingpong %8zu B x %d: %.1f us per round trip\n", size, iters,
+                  (MPI_Wtime() - t0) * 1e6 / iters);
   }
   return bad;
 }
@@ -75,8 +75,8 @@ int allreduce(int rank, int nranks) {
     const double ranks_sum = nranks * (nranks + 1) / 2 * 1000.0;
     for (int i = 0; i < n; ++i)
       if (out[i] != ranks_sum + static_cast<double>(nranks) * i) {
-        std::fprintf(stderr, "mpi_check: allreduce of %d: [%d] is %.1f\n", n,
-                     i, out[i]);
+        std::fprintf(stderr, "mpi_check: allreduce of %d: [%d] is %.1f\n", n, i,
+                     out[i]);
         bad = 1;
         break;
       }
@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
   bad |= allreduce(rank, nranks);
   int any = 0;
   MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
-  if (rank == 0) std::printf("mpi_check: %s\n", any ? "FAILED" : "all data checked");
+  if (rank == 0)
+    std::printf("mpi_check: %s\n", any ? "FAILED" : "all data checked");
   MPI_Finalize();
   return any ? 1 : 0;
 }
