@@ -113,7 +113,8 @@ else
   check "the memif pair's links are up" wait_link "$S1"
   check "  on both services" wait_link "$S2"
   rank() {  # rank SOCK: one app context of mpirun, a client of SOCK
-    echo -np 1 env $CLIENT_ENV LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$1" \
+    # (LD_PRELOAD's list colon-separated: this is split into words.)
+    echo -np 1 env $CLIENT_ENV LD_PRELOAD="${PRELOAD// /:}" URNIC_SOCKET="$1" \
       UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v "$MPI_CHECK" 10
   }
   mpi() {
