@@ -103,6 +103,7 @@ std::string check_vdev(std::string& v);
 std::string check_mac(std::string& v);
 std::string check_socket_path(std::string& v);
 std::string check_cc_algorithm(std::string& v);
+std::string check_gid_layout(std::string& v);
 
 template <>
 struct Schema<EalConfig> {
@@ -135,6 +136,9 @@ struct Schema<PortConfig> {
       {.key = "ipv6", .member = &S::ipv6},
       {.key = "ttl", .member = &S::ttl, .min = 1, .max = 255},
       {.key = "promiscuous", .member = &S::promiscuous},
+      {.key = "gid_layout",
+       .member = &S::gid_layout,
+       .check = check_gid_layout},
   };
 };
 
@@ -640,6 +644,11 @@ std::string check_log_level(std::string& v) {
 std::string check_cc_algorithm(std::string& v) {
   if (v == "window" || v == "dcqcn" || v == "off") return {};
   return "expected window, dcqcn or off, got " + quote(v);
+}
+
+std::string check_gid_layout(std::string& v) {
+  if (v == "urnic" || v == "kernel") return {};
+  return "expected urnic or kernel, got " + quote(v);
 }
 
 std::string check_file_prefix(std::string& v) {
@@ -1315,6 +1324,11 @@ void Decoder::check_cross_fields(const Config& cfg) const {
         "exactly one of port.pci and port.vdev must be set";
     if (port.pci.empty()) fail(recorded("port"), "port", what);
     fail(recorded("port.vdev"), "port.vdev", what);
+  }
+  if (port.gid_layout == "kernel" && !port.ipv6.present) {
+    fail(recorded("port.gid_layout"), "port.gid_layout",
+         "the kernel's GID layout starts with the IPv6 link-local GID: set "
+         "port.ipv6 too");
   }
   if (port.ipv6.present && port.mtu < kIpv6MinMtu) {
     fail(recorded("port.mtu"), "port.mtu",

@@ -48,11 +48,12 @@ struct PortConfig {
   std::string mac;      // empty: use the port's own MAC
   uint16_t rx_desc = 1024;
   uint16_t tx_desc = 1024;
-  uint16_t vlan = 0;        // 0: untagged; 1..4094: one 802.1Q tag
-  Ipv4Cidr ipv4;            // required
-  Ipv6Cidr ipv6;            // optional
-  uint8_t ttl = 64;         // IPv4 TTL / IPv6 hop limit we send
-  bool promiscuous = true;  // needed for memif/af_packet peers' MACs
+  uint16_t vlan = 0;                 // 0: untagged; 1..4094: one 802.1Q tag
+  Ipv4Cidr ipv4;                     // required
+  Ipv6Cidr ipv6;                     // optional
+  uint8_t ttl = 64;                  // IPv4 TTL / IPv6 hop limit we send
+  bool promiscuous = true;           // needed for memif/af_packet peers' MACs
+  std::string gid_layout = "urnic";  // "urnic" or "kernel" (gid_table.h)
 };
 
 struct MempoolConfig {

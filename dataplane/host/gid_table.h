@@ -1,7 +1,11 @@
 // The port's GID table, derived from its addresses (RoCEv2 GIDs are IP
-// addresses, Annex A17.8): index 0 the IPv4-mapped GID, so perftest's
-// default -x 0 and ibv_*_pingpong -g 0 work; then, if IPv6 is configured,
-// the link-local fe80::/64 EUI-64 address and the configured address.
+// addresses, Annex A17.8). urnic's layout: index 0 the IPv4-mapped GID, so
+// perftest's default -x 0 and ibv_*_pingpong -g 0 work; then, if IPv6 is
+// configured, the link-local fe80::/64 EUI-64 address and the configured
+// address. The kernel's layout (port.gid_layout: kernel; needs IPv6), as
+// rxe shows it on an interface with IPv6: the link-local address first
+// (the default GID), then the IPv4-mapped one at 1 (what scripts written
+// for rxe pass as -g 1 / -x 1), then the configured address.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +22,11 @@ struct GidTable {
   uint32_t count = 0;
 
   explicit GidTable(const HostAddrs& h) {
+    const bool ll_first = h.kernel_gid_layout && h.has_ipv6;
+    if (ll_first) std::memcpy(gid[count++], h.ipv6_ll, 16);
     wire::gid_from_ipv4(h.ipv4, gid[count++]);
     if (h.has_ipv6) {
-      std::memcpy(gid[count++], h.ipv6_ll, 16);
+      if (!ll_first) std::memcpy(gid[count++], h.ipv6_ll, 16);
       std::memcpy(gid[count++], h.ipv6, 16);
     }
   }

@@ -19,6 +19,9 @@ struct HostAddrs {
   uint8_t ipv6[16] = {};     // configured global/ULA address
   uint8_t ipv6_ll[16] = {};  // fe80::/64 EUI-64 from the MAC
   uint8_t ttl = 64;
+  // GID table order (gid_table.h): false urnic's (IPv4 first), true the
+  // kernel's for rxe (IPv6 link-local first).
+  bool kernel_gid_layout = false;
 
   bool owns_ipv6(const uint8_t a[16]) const;
 };

@@ -74,8 +74,12 @@ shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
   d.node_guid = d.sys_image_guid = r.node_guid;
   d.max_mr_size = l.max_mr_size;
   d.page_size_cap = 4096;
-  d.vendor_id = 0;
-  d.vendor_part_id = 0;
+  // 0x02554e ("\x02UN"): the 0x02 bit of the first octet makes it a
+  // locally administered identifier, a value the IEEE never assigns as an
+  // OUI, so no vendor's special cases (UCX's, perftest's) apply; 0 looked
+  // like "no device" and rxe's 0xffffff would take rxe's.
+  d.vendor_id = 0x02554e;
+  d.vendor_part_id = 1;
   d.hw_ver = 1;
   d.max_qp = static_cast<int>(l.max_qp);
   d.max_qp_wr = static_cast<int>(l.max_qp_wr);
@@ -192,6 +196,7 @@ host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
     std::memcpy(h.ipv6, cfg.port.ipv6.addr, 16);
     host::ipv6_link_local(h.mac, h.ipv6_ll);
   }
+  h.kernel_gid_layout = cfg.port.gid_layout == "kernel";
   return h;
 }
 
@@ -442,7 +447,8 @@ int run(const config::Config& cfg, char* prog) {
             std::string out;
             for (uint32_t i = 0; i < gids.count; ++i)
               out += std::to_string(i) + " " + host::format_gid(gids.gid[i]) +
-                     (i == 0 ? " RoCEv2 IPv4\n" : " RoCEv2 IPv6\n");
+                     (wire::gid_is_ipv4(gids.gid[i]) ? " RoCEv2 IPv4\n"
+                                                     : " RoCEv2 IPv6\n");
             return out;
           }
           case ctl::Op::kFault:

@@ -713,6 +713,12 @@ void section_queries(Dev& d) {
         "a) ibv_query_port: ACTIVE, Ethernet, gid_tbl_len covers the GIDs",
         fmt("state %d link_layer %d gid_tbl_len %d, %zu GIDs", d.port.state,
             d.port.link_layer, d.port.gid_tbl_len, n));
+  ibv_device_attr da{};
+  const int qrc = ibv_query_device(d.ctx, &da);
+  check(
+      qrc == 0 && da.vendor_id == 0x02554e && da.vendor_part_id == 1,
+      "a) ibv_query_device: vendor_id 0x02554e, vendor_part_id 1",
+      fmt("rc %d vendor_id %#x part %u", qrc, da.vendor_id, da.vendor_part_id));
 
   // Programs built against a verbs.h older than the extended query_port
   // call the exported symbol with the shorter struct: it must be filled as

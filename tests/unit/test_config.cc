@@ -314,6 +314,13 @@ field_mutations() {
            }},
           {"port.ttl", [](Config& c) { c.port.ttl = 255; }},
           {"port.promiscuous", [](Config& c) { c.port.promiscuous = false; }},
+          {"port.gid_layout",
+           [](Config& c) {
+             c.port.gid_layout = "kernel";  // needs IPv6
+             c.port.ipv6.present = true;
+             c.port.ipv6.prefix = 64;
+             ASSERT_TRUE(parse_ipv6("fd00::1", c.port.ipv6.addr));
+           }},
           {"mempool.mbufs", [](Config& c) { c.mempool.mbufs = 65535; }},
           {"mempool.cache", [](Config& c) { c.mempool.cache = 512; }},
           {"mempool.data_room", [](Config& c) { c.mempool.data_room = 9216; }},

@@ -232,6 +232,23 @@ TEST_F(HostTest, GidTableFromAddresses) {
   EXPECT_EQ(host::GidTable(v4only).count, 1u);
 }
 
+TEST_F(HostTest, GidTableInTheKernelsLayout) {
+  host::HostAddrs k = h;
+  k.kernel_gid_layout = true;
+  const host::GidTable t(k);
+  ASSERT_EQ(t.count, 3u);
+  EXPECT_EQ(t.find(h.ipv6_ll), 0);  // the default GID, as rxe's
+  uint8_t v4[16];
+  gid_from_ipv4(h.ipv4, v4);
+  EXPECT_EQ(t.find(v4), 1);
+  EXPECT_EQ(t.find(h.ipv6), 2);
+  // Without IPv6 there is no link-local GID to put first.
+  k.has_ipv6 = false;
+  const host::GidTable v4only(k);
+  ASSERT_EQ(v4only.count, 1u);
+  EXPECT_EQ(v4only.find(v4), 0);
+}
+
 TEST_F(HostTest, Icmpv6WithoutIpv6ConfiguredIsNotForUs) {
   host::HostAddrs peer = h;
   peer.mac = kPeerMac;
