@@ -57,6 +57,7 @@ enum class Op : uint16_t {
   kCreateAh,        // CreateAhReq -> HandleRep
   kDestroyAh,       // HandleReq
   kAsyncRequeue,    // AsyncRequeueReq: send these events again (see below)
+  kResizeCq,        // ResizeCqReq -> CreateCqRep + fd: the CQ's new memory
 };
 
 struct OpenReq {
@@ -121,6 +122,13 @@ struct CreateCqRep {
   uint32_t handle = 0;
   uint32_t cqe = 0;      // usable entries (>= asked)
   uint64_t map_len = 0;  // bytes of the passed fd to map
+};
+
+// The CQ moves to new memory with its unpolled completions first; the
+// application must not poll it during the call (the shim holds its lock).
+struct ResizeCqReq {
+  uint32_t handle = 0;
+  uint32_t cqe = 0;
 };
 
 struct CreateSrqReq {

@@ -311,7 +311,39 @@ URNIC_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
     auto f = URNIC_REAL(ibv_resize_cq, "IBVERBS_1.1");
     return f ? f(cq, cqe) : ENOSYS;
   }
-  return EOPNOTSUPP;
+  if (cqe <= 0) return EINVAL;
+  Cq& q = cq_of(cq);
+  Context& c = *q.ctx;
+  // Nobody polls while the service moves the ring: it copies the entries
+  // from the consumer index we published up to its producer index.
+  std::lock_guard g(q.lock);
+  q.sh->cons.store(q.cons, std::memory_order_release);
+  ResizeCqReq req{cq->handle, static_cast<uint32_t>(cqe)};
+  CreateCqRep rep;
+  int fd;
+  if (const int rc = c.call(Op::kResizeCq, "ibv_resize_cq", &req, sizeof req,
+                            nullptr, 0, &rep, sizeof rep, &fd, 1))
+    return rc;
+  void* map = map_service_fd(fd, rep.map_len);
+  auto* sh = static_cast<CqShared*>(map);
+  if (!map || !std::has_single_bit(sh->size) || sh->size < rep.cqe ||
+      sh->offset + uint64_t{sh->size} * sizeof(ibv_wc) > rep.map_len) {
+    // The service already moved the CQ: without its new memory the CQ
+    // cannot be polled any more.
+    if (map) munmap(map, rep.map_len);
+    say("ibv_resize_cq: the CQ memory urnicd returned is unusable");
+    return EPROTO;
+  }
+  munmap(q.map, q.map_len);
+  q.sh = sh;
+  q.ring = reinterpret_cast<ibv_wc*>(static_cast<char*>(map) + sh->offset);
+  q.mask = sh->size - 1;
+  q.cons = sh->cons.load(std::memory_order_acquire);
+  q.cur = nullptr;
+  q.map = map;
+  q.map_len = rep.map_len;
+  cq->cqe = static_cast<int>(rep.cqe);
+  return 0;
 }
 
 URNIC_EXPORT int ibv_destroy_cq(ibv_cq* cq) {

@@ -237,6 +237,8 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     }
     case Op::kCreateCq:
       return op_create_cq(c, req, rep);
+    case Op::kResizeCq:
+      return op_resize_cq(c, req, rep);
     case Op::kDestroyCq: {
       if (!body_as(req, &hr) || !c.cqs.count(hr.handle)) return EINVAL;
       CqObj& q = c.cqs[hr.handle];
@@ -487,6 +489,32 @@ int ShimServer::op_create_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   ++c.next_handle;
   c.cqs[h] = {cq, m, r.channel};
   reply_with(rep, CreateCqRep{h, cq->capacity(), len});
+  rep.fds.push_back(fd);
+  return 0;
+}
+
+int ShimServer::op_resize_cq(Client& c, CtlRequest& req, CtlReply& rep) {
+  ResizeCqReq r;
+  if (!body_as(req, &r) || !c.cqs.count(r.handle)) return EINVAL;
+  if (r.cqe == 0 || r.cqe > env_.dev->limits().max_cqe) return EINVAL;
+  CqObj& q = c.cqs[r.handle];
+  Mapping m;
+  const size_t len = cq_shared_len(r.cqe);
+  const int fd = make_shared(len, "urnic-cq", &m);
+  if (fd < 0) return -fd;
+  int rc;
+  {
+    ParkGuard park(*env_.gate);
+    rc = env_.dev->resize_cq(q.cq, r.cqe, m.base);
+  }
+  if (rc) {
+    unmap(m);
+    close(fd);
+    return rc;
+  }
+  unmap(q.mem);  // the lcore no longer touches it; the shim maps the new one
+  q.mem = m;
+  reply_with(rep, CreateCqRep{r.handle, q.cq->capacity(), len});
   rep.fds.push_back(fd);
   return 0;
 }

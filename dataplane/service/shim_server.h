@@ -166,6 +166,7 @@ class ShimServer {
   int op_open(Client& c, CtlRequest& req, CtlReply& rep);
   int op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep);
   int op_create_cq(Client& c, CtlRequest& req, CtlReply& rep);
+  int op_resize_cq(Client& c, CtlRequest& req, CtlReply& rep);
   int op_create_srq(Client& c, CtlRequest& req, CtlReply& rep);
   int op_create_qp(Client& c, CtlRequest& req, CtlReply& rep);
   int op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep);

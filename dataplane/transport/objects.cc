@@ -177,6 +177,39 @@ int Device::create_cq(uint32_t cqe, Cq** out, void* shared) {
   return 0;
 }
 
+int Device::resize_cq(Cq* cq, uint32_t cqe, void* shared) {
+  if (!cq || !cq->live_ || cqe == 0 || cqe > cfg_.limits.max_cqe) return EINVAL;
+  // What the consumer has not polled yet; a consumer index claiming more
+  // than the ring holds is not believed (as in push()).
+  const uint32_t cons = cq->sh_->cons.load(std::memory_order_acquire);
+  const uint32_t held = cq->tail_ - cons;
+  if (held > cq->cap_ || cqe < held) return EINVAL;
+  std::unique_ptr<uint8_t[]> own;
+  if (!shared) {
+    own = std::make_unique<uint8_t[]>(shim::cq_shared_len(cqe));
+    shared = own.get();
+  }
+  auto* sh = new (shared) shim::CqShared;
+  sh->size = shim::ring_slots(cqe);
+  sh->offset = static_cast<uint32_t>(shim::page_round(sizeof(shim::CqShared)));
+  auto* ring =
+      reinterpret_cast<ibv_wc*>(static_cast<uint8_t*>(shared) + sh->offset);
+  for (uint32_t i = 0; i < held; ++i)
+    ring[i] = cq->ring_[(cons + i) & cq->mask_];
+  sh->prod.store(held, std::memory_order_relaxed);
+  sh->error.store(cq->sh_->error.load(std::memory_order_relaxed),
+                  std::memory_order_relaxed);
+  sh->arm.store(cq->sh_->arm.load(std::memory_order_relaxed),
+                std::memory_order_release);
+  cq->sh_ = sh;
+  cq->ring_ = ring;
+  cq->own_ = std::move(own);  // frees the old block when it was ours
+  cq->cap_ = cqe;
+  cq->mask_ = sh->size - 1;
+  cq->tail_ = held;
+  return 0;
+}
+
 int Device::destroy_cq(Cq* cq) {
   if (!cq || !cq->live_) return EINVAL;
   if (cq->users_) return EBUSY;

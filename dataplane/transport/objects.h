@@ -227,6 +227,13 @@ class Device {
   // capacity == cqe. With `shared` (shim::cq_shared_len(cqe) bytes,
   // zeroed, owned by the caller and outliving the CQ) the ring lives there.
   int create_cq(uint32_t cqe, Cq** out, void* shared = nullptr);
+  // ibv_resize_cq: the CQ moves to a ring of at least `cqe` entries in
+  // `shared` (cq_shared_len(cqe) bytes; allocated here when null), with its
+  // unpolled completions in order at its start, its arm and error state
+  // kept. EINVAL for a size out of range or below the completions it holds
+  // (the CQ is unchanged then). A shared old block is the caller's to
+  // free; one the Device allocated is freed here.
+  int resize_cq(Cq* cq, uint32_t cqe, void* shared = nullptr);
   int destroy_cq(Cq* cq);
   int create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, Srq** out);
   // IBV_SRQ_LIMIT arms the limit event; IBV_SRQ_MAX_WR is not resizable

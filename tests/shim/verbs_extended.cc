@@ -27,7 +27,9 @@
 //  f) UD through ibv_wr_set_ud_addr from every GID (IPv4-mapped, and IPv6
 //     when the service has port.ipv6): the wc, the GRH and the payload
 //     byte for byte, a reply through ibv_create_ah_from_wc, the MTU limit
-//     and a wrong Q_Key.
+//     and a wrong Q_Key;
+//  g) ibv_resize_cq: growing with completions in flight loses and reorders
+//     none, limits, shrinking.
 //
 // It links only libibverbs; tests/integration/verbs_shim.sh runs it with
 // LD_PRELOAD=liburnic-verbs.so and URNIC_SOCKET. Every check prints
@@ -1892,6 +1894,79 @@ void run(const char* name, void (*fn)(Dev&), Dev& d) {
 
 }  // namespace
 
+// --- g) ibv_resize_cq
+// ---------------------------------------------------------
+
+void section_resize_cq(Dev& d) {
+  constexpr size_t kSrc = 0;
+  constexpr size_t kRecv = 8192;
+  constexpr uint32_t kBatch = 24;  // more than the CQ held before growing
+  Buffer buf(d.pd, kBufLen);
+  fill(buf.p + kSrc, 256, 51);
+  CqPtr scq = make_cq(d, 4);  // a's sends: resized
+  CqPtr other = make_cq(d, 64);
+  CqPtr rcq = make_cq(d, 64);
+  QpSpec sa;
+  sa.scq = scq.get();
+  sa.rcq = other.get();
+  sa.ops = IBV_QP_EX_WITH_SEND;
+  QpPtr a = make_qp(d, sa);
+  QpSpec sb;
+  sb.scq = other.get();
+  sb.rcq = rcq.get();
+  QpPtr b = make_qp(d, sb);
+  connect_rc(d, a.get(), b.get());
+  ibv_qp_ex* ax = qp_ex(a);
+  for (uint32_t i = 0; i < 3 + kBatch + 1; ++i)  // + the last send's
+    post_recv(b.get(), nullptr, 300 + i, buf, kRecv + i * 64, 64);
+  const int cqe0 = scq->cqe;
+
+  // Three sends, then the resize while their completions may still be on
+  // the way: whether they land before or after the move, none is lost.
+  std::string why;
+  for (uint64_t i = 0; i < 3 && why.empty(); ++i)
+    if (const int rc = wr_send(ax, 500 + i, IBV_SEND_SIGNALED, buf, kSrc, 16))
+      why = "ibv_wr_complete returned " + err_text(rc);
+  int rc = why.empty() ? ibv_resize_cq(scq.get(), 64) : -1;
+  check(why.empty() && rc == 0 && scq->cqe >= 64 && cqe0 >= 4,
+        "g) ibv_resize_cq from 4 to 64 with completions outstanding: 0, "
+        "cq->cqe updated",
+        fmt("%s rc %d cqe %d -> %d", why.c_str(), rc, cqe0, scq->cqe));
+  for (uint64_t i = 3; i < 3 + kBatch && why.empty(); ++i)
+    if (const int r = wr_send(ax, 500 + i, IBV_SEND_SIGNALED, buf, kSrc, 16))
+      why = "ibv_wr_complete returned " + err_text(r);
+  std::vector<ibv_wc> got;
+  if (why.empty()) got = poll_cq(scq.get(), 3 + kBatch, &why);
+  for (size_t i = 0; why.empty() && i < got.size(); ++i)
+    if (got[i].wr_id != 500 + i || got[i].status != IBV_WC_SUCCESS)
+      why = fmt("completion %zu: wr_id %llu status %s", i,
+                static_cast<unsigned long long>(got[i].wr_id),
+                ibv_wc_status_str(got[i].status));
+  check(why.empty(),
+        fmt("g) every one of %u send completions arrives once, in order, "
+            "across the resize and beyond the old size",
+            3 + kBatch),
+        why);
+  if (why.empty()) poll_cq(rcq.get(), 3 + kBatch, &why);
+  check(why.empty(), "g) and the peer received them all", why);
+
+  ibv_device_attr da{};
+  ibv_query_device(d.ctx, &da);
+  const int big = ibv_resize_cq(scq.get(), da.max_cqe + 1);
+  const int zero = ibv_resize_cq(scq.get(), 0);
+  const int shrink = ibv_resize_cq(scq.get(), 2);
+  check(big == EINVAL && zero == EINVAL && shrink == 0 && scq->cqe >= 2,
+        "g) ibv_resize_cq beyond max_cqe or to 0 is EINVAL; shrinking an "
+        "empty CQ works",
+        fmt("max_cqe+1 %d, 0 %d, 2 %d (cqe %d)", big, zero, shrink, scq->cqe));
+  rc = wr_send(ax, 900, IBV_SEND_SIGNALED, buf, kSrc, 16);
+  got.clear();
+  why = rc ? "ibv_wr_complete returned " + err_text(rc) : std::string();
+  if (why.empty()) got = poll_cq(scq.get(), 1, &why);
+  if (why.empty()) why = wcs_mismatch(got, {{900, IBV_WC_SEND, a->qp_num}});
+  check(why.empty(), "g) the shrunk CQ completes the next send", why);
+}
+
 int main(int argc, char** argv) {
   const char* want = argc > 1 ? argv[1] : "urnic0";
   int n = 0;
@@ -1920,6 +1995,7 @@ int main(int argc, char** argv) {
   run("d) completion channels", section_channels, d);
   run("e) async events", section_async, d);
   run("f) UD", section_ud, d);
+  run("g) ibv_resize_cq", section_resize_cq, d);
 
   check(ibv_dealloc_pd(d.pd) == 0, "ibv_dealloc_pd");
   check(ibv_close_device(d.ctx) == 0, "ibv_close_device");

@@ -284,6 +284,45 @@ TEST(TransportObjects, CqPollAndNotify) {
   EXPECT_EQ(cq->poll(out), 0);
 }
 
+TEST(TransportObjects, CqResizeKeepsUnpolledCompletionsInOrder) {
+  Device dev(small_device());
+  Cq* cq;
+  ASSERT_EQ(dev.create_cq(4, &cq), 0);
+  ibv_wc wc{}, out[16];
+  // Wrap the ring first, so the unpolled entries straddle its end.
+  for (uint64_t id = 1; id <= 3; ++id) {
+    wc.wr_id = id;
+    ASSERT_TRUE(cq->push(wc, false));
+  }
+  ASSERT_EQ(cq->poll({out, 2}), 2);
+  for (uint64_t id = 4; id <= 6; ++id) {
+    wc.wr_id = id;
+    ASSERT_TRUE(cq->push(wc, false));
+  }
+  ASSERT_EQ(cq->size(), 4u);                // full
+  EXPECT_EQ(dev.resize_cq(cq, 3), EINVAL);  // 4 completions held
+  EXPECT_EQ(dev.resize_cq(cq, 0), EINVAL);
+  EXPECT_EQ(cq->capacity(), 4u);
+  cq->req_notify(false);
+  ASSERT_EQ(dev.resize_cq(cq, 12), 0);
+  EXPECT_EQ(cq->capacity(), 12u);
+  EXPECT_EQ(cq->size(), 4u);
+  for (uint64_t id = 7; id <= 14; ++id) {  // 8 more: 12 held, none lost
+    wc.wr_id = id;
+    ASSERT_TRUE(cq->push(wc, false));
+  }
+  EXPECT_EQ(cq->events(), 1u);  // the arm survived the move
+  EXPECT_FALSE(cq->in_error());
+  ASSERT_EQ(cq->poll(out), 12);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(out[i].wr_id, 3u + i);
+  // Shrinking to what it holds (nothing now) works too.
+  ASSERT_EQ(dev.resize_cq(cq, 1), 0);
+  wc.wr_id = 15;
+  ASSERT_TRUE(cq->push(wc, false));
+  ASSERT_EQ(cq->poll(out), 1);
+  EXPECT_EQ(out[0].wr_id, 15u);
+}
+
 TEST(TransportObjects, SrqLimitEventFiresOnceWhenArmed) {
   Device dev(small_device());
   Pd* pd;
