@@ -86,6 +86,18 @@ namespace {
 constexpr unsigned kWriteAccess =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 
+// What the application holds, and what ibv_rereg_mr keeps when it changes
+// only some of the attributes (ibv_mr has no access field).
+struct Mr {
+  ibv_mr mr{};  // first: the application holds &mr
+  unsigned access = 0;
+  uint64_t iova = 0;
+};
+static_assert(std::is_standard_layout_v<Mr>);
+Mr& mr_of(ibv_mr* m) {
+  return *reinterpret_cast<Mr*>(m);
+}
+
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                unsigned access) {
   Context& c = ctx_of(pd->context);
@@ -103,10 +115,10 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     return fail<ibv_mr>(rc);
   }
   auto* req = new (std::nothrow) RegMrReq{};  // ~1 KiB: not on the stack
-  auto* mr = new (std::nothrow) ibv_mr{};
-  if (!req || !mr) {
+  auto* box = new (std::nothrow) Mr;
+  if (!req || !box) {
     delete req;
-    delete mr;
+    delete box;
     return fail<ibv_mr>(ENOMEM);
   }
   req->pd = pd->handle;
@@ -127,9 +139,12 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
               static_cast<int>(req->npieces), &rep, sizeof rep);
   delete req;
   if (rc) {
-    delete mr;
+    delete box;
     return fail<ibv_mr>(rc);
   }
+  box->access = access;
+  box->iova = iova;
+  ibv_mr* mr = &box->mr;
   mr->context = pd->context;
   mr->pd = pd;
   mr->addr = addr;
@@ -186,8 +201,52 @@ URNIC_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
     auto f = URNIC_REAL(ibv_rereg_mr, "IBVERBS_1.1");
     return f ? f(mr, flags, pd, addr, length, access) : IBV_REREG_MR_ERR_INPUT;
   }
-  errno = EOPNOTSUPP;  // the MR stays as it was
-  return IBV_REREG_MR_ERR_INPUT;
+  // Checks as rdma-core's ibv_rereg_mr makes them; the MR stays as it was.
+  auto input_error = [] {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  };
+  if (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) return input_error();
+  const bool translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+  if (translation && (!addr || !length)) return input_error();
+  if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) return input_error();
+  // (A PD of another context, as the kernel refuses it.)
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != mr->context))
+    return input_error();
+  if (flags == 0) return 0;  // nothing to change
+  Mr& old = mr_of(mr);
+  ibv_pd* const new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
+  void* const new_addr = translation ? addr : mr->addr;
+  const size_t new_len = translation ? length : mr->length;
+  const uint64_t new_iova =
+      translation ? reinterpret_cast<uint64_t>(addr) : old.iova;
+  const unsigned new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS)
+                                  ? static_cast<unsigned>(access)
+                                  : old.access;
+  // A new registration first, then the old one goes: if the new one is
+  // refused the MR is still the old, valid one (what ERR_INPUT promises),
+  // at the price of both existing for a moment (client_limits count both).
+  ibv_mr* fresh = reg_mr(new_pd, new_addr, new_len, new_iova, new_access);
+  if (!fresh) return IBV_REREG_MR_ERR_INPUT;  // errno from reg_mr
+  Context& c = ctx_of(mr->context);
+  HandleReq h{mr->handle};
+  const int rc = c.call(Op::kDeregMr, "ibv_rereg_mr", &h, sizeof h, nullptr, 0,
+                        nullptr, 0);
+  Mr& box = mr_of(fresh);
+  old.access = box.access;
+  old.iova = box.iova;
+  mr->pd = new_pd;
+  mr->addr = new_addr;
+  mr->length = new_len;
+  mr->handle = fresh->handle;
+  mr->lkey = fresh->lkey;
+  mr->rkey = fresh->rkey;
+  delete &box;
+  if (rc) {  // only when the service is gone: the MR is of no use anyway
+    errno = rc;
+    return IBV_REREG_MR_ERR_CMD;
+  }
+  return 0;
 }
 
 URNIC_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
@@ -201,7 +260,7 @@ URNIC_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   const int rc = c.call(Op::kDeregMr, "ibv_dereg_mr", &h, sizeof h, nullptr, 0,
                         nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
-  delete mr;
+  delete &mr_of(mr);
   return 0;
 }
 

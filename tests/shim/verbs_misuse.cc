@@ -766,6 +766,87 @@ void sub_rereg(Dev& d) {
   free(buf);
 }
 
+// ibv_rereg_mr: new access, new translation, input errors (the MR unchanged).
+void sub_rereg_mr(Dev& d) {
+  auto* a = static_cast<uint8_t*>(aligned_alloc(4096, 8192));
+  auto* b = static_cast<uint8_t*>(aligned_alloc(4096, 8192));
+  if (!a || !b) throw SetupError("aligned_alloc");
+  ibv_mr* m = must_reg(d.pd, a, 8192);
+  const uint32_t rkey0 = m->rkey;
+
+  int rc = ibv_rereg_mr(m, 1 << 7, nullptr, nullptr, 0, 0);
+  const int e1 = errno;
+  const int rc2 =
+      ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_PD, nullptr, nullptr, 0, 0);
+  const int e2 = errno;
+  const int rc3 = ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr,
+                               nullptr, 8192, 0);
+  check(rc == IBV_REREG_MR_ERR_INPUT && e1 == EINVAL &&
+            rc2 == IBV_REREG_MR_ERR_INPUT && e2 == EINVAL &&
+            rc3 == IBV_REREG_MR_ERR_INPUT && m->rkey == rkey0,
+        "e) ibv_rereg_mr with an unknown flag, CHANGE_PD without a PD, "
+        "CHANGE_TRANSLATION without an address: IBV_REREG_MR_ERR_INPUT, "
+        "EINVAL, the MR unchanged",
+        fmt("%d/%d %d/%d %d", rc, e1, rc2, e2, rc3));
+  {
+    ScopedPair sp(d);
+    std::string why = write_read_scratch(d, sp.p.a, a, m->rkey, 8192);
+    check(why.empty(), "e) ... and it still works", why);
+  }
+
+  // Remote READ only: a WRITE through the new rkey is refused.
+  rc = ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  check(rc == 0, "e) ibv_rereg_mr CHANGE_ACCESS to remote read only",
+        fmt("rc %d errno %s", rc, err_text(errno).c_str()));
+  {
+    ScopedPair sp(d);
+    fill(a, 8192, 71);
+    fill(d.scratch, 64, 72);
+    Outcome o = rdma(sp.p.a, IBV_WR_RDMA_WRITE, d.scratch, 64,
+                     d.scratch_mr->lkey, addr_of(a), m->rkey, 73);
+    check(o.is(IBV_WC_REM_ACCESS_ERR, 73) && same_as_pattern(a, 8192, 71),
+          "e) ... a remote WRITE to it completes IBV_WC_REM_ACCESS_ERR and "
+          "writes nothing",
+          o.text());
+  }
+  {
+    ScopedPair sp(d);
+    Outcome o = rdma(sp.p.a, IBV_WR_RDMA_READ, d.scratch, 64,
+                     d.scratch_mr->lkey, addr_of(a), m->rkey, 74);
+    check(o.is(IBV_WC_SUCCESS, 74) && same_as_pattern(d.scratch, 64, 71),
+          "e) ... a remote READ of it works", o.text());
+  }
+
+  // New translation (and write access back): b is the MR now, a is not.
+  const uint32_t rkey1 = m->rkey;
+  rc = ibv_rereg_mr(
+      m, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, nullptr,
+      b, 4096, kAccess);
+  check(rc == 0 && m->addr == b && m->length == 4096,
+        "e) ibv_rereg_mr CHANGE_TRANSLATION to another buffer: addr and "
+        "length updated",
+        fmt("rc %d errno %s addr %p length %zu", rc, err_text(errno).c_str(),
+            m->addr, m->length));
+  {
+    ScopedPair sp(d);
+    std::string why = write_read_scratch(d, sp.p.a, b, m->rkey, 4096);
+    check(why.empty(), "e) ... WRITE and READ through its rkey reach b", why);
+  }
+  if (rkey1 != m->rkey) {
+    ScopedPair sp(d);
+    fill(a, 8192, 75);
+    Outcome o = rdma(sp.p.a, IBV_WR_RDMA_WRITE, d.scratch, 64,
+                     d.scratch_mr->lkey, addr_of(a), rkey1, 76);
+    check(o.is(IBV_WC_REM_ACCESS_ERR, 76) && same_as_pattern(a, 8192, 75),
+          "e) ... the rkey it had before is refused and a is untouched",
+          o.text());
+  }
+  check(ibv_dereg_mr(m) == 0, "e) ibv_dereg_mr of the re-registered MR");
+  free(a);
+  free(b);
+}
+
 void sub_fork(Dev& d, End& e) {
   auto* buf = static_cast<uint8_t*>(aligned_alloc(4096, 8192));
   if (!buf) throw SetupError("aligned_alloc");
@@ -877,6 +958,7 @@ void section_mrs(Dev& d) {
     sub_twice(d, sp.p.a);
   }
   sub_rereg(d);
+  sub_rereg_mr(d);
   {
     ScopedPair sp(d);
     sub_fork(d, sp.p.a);
