@@ -48,7 +48,7 @@ on() {  # on NS SOCK CMD...: CMD in NS as a client of the service at SOCK
   local ns=$1 sock=$2
   shift 2
   ip netns exec "$ns" env $CLIENT_ENV URNIC_SOCKET="$sock" \
-    LD_PRELOAD="$PRELOAD" UCX_NET_DEVICES=urnic0:1 "$@"
+    LD_PRELOAD="$PRELOAD" UCX_NET_DEVICES=urnic0:1 URNIC_POLL_YIELD=1 "$@"
 }
 
 lists() {  # lists TL: ucx_info -d shows TL on urnic0:1
@@ -115,7 +115,7 @@ else
   rank() {  # rank SOCK: one app context of mpirun, a client of SOCK
     # (LD_PRELOAD's list colon-separated: this is split into words.)
     echo -np 1 env $CLIENT_ENV LD_PRELOAD="${PRELOAD// /:}" URNIC_SOCKET="$1" \
-      UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v "$MPI_CHECK" 10
+      UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v URNIC_POLL_YIELD=1 "$MPI_CHECK" 10
   }
   mpi() {
     local a0 b0
