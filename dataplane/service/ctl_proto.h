@@ -1,7 +1,7 @@
-// Control-socket protocol between urnicd and its clients (urnicctl; later
-// the verbs shim). Unix SEQPACKET: one request message, one reply message,
-// each a CtlHdr followed by `len` bytes. Versioned so that a mismatched
-// client gets a clear error instead of garbage.
+// Control-socket protocol between urnicd and its clients (urnicctl and the
+// verbs shim, whose messages are verbs-shim/abi.h). Unix SEQPACKET: one request
+// message, one reply message, each a CtlHdr followed by `len` bytes. Versioned
+// so that a mismatched client gets a clear error instead of garbage.
 #pragma once
 
 #include <cstdint>

@@ -9,9 +9,7 @@
 namespace urnic::transport {
 namespace {
 
-// AETH syndrome classes (IBTA table 42).
-constexpr uint8_t kSynAck = 0x00, kSynRnr = 0x20, kSynNak = 0x60;
-constexpr uint8_t kNakSeq = 0, kNakInvReq = 1, kNakRemAccess = 2, kNakRemOp = 3;
+namespace aeth = wire::aeth;
 
 // Completes the SEND/WRITE WRs that PSNs before `end` acknowledge. Returns
 // true if it stopped at a READ/ATOMIC lying entirely before `end` whose
@@ -133,8 +131,8 @@ void on_ack(Engine& e, Qp& qp, uint32_t psn) {
 }
 
 void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
-  const uint8_t cls = syndrome & 0xe0;
-  const uint8_t code = syndrome & 0x1f;
+  const uint8_t kind = aeth::kind(syndrome);
+  const uint8_t code = aeth::value(syndrome);
   if (!in_window(qp, psn, e)) return;
   // A NAK acknowledges every PSN before its own (9.7.5.2.2).
   const bool advanced = psn_after(psn, qp.comp_.psn);
@@ -151,7 +149,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
     qp.comp_.rnr_left = qp.rnr_retry_;
     qp.comp_.went_back = false;
   }
-  if (cls == kSynRnr) {
+  if (kind == aeth::kRnrNak) {
     e.ctr_.inc(ECtr::naks_rnr_rx);
     ++qp.ctr_.naks_rnr_rx;
     // rnr_retry 7 means "retry forever" (9.7.5.2.8); others count down.
@@ -171,7 +169,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
     return;
   }
   switch (code) {
-    case kNakSeq:
+    case aeth::kNakPsnSeq:
       e.ctr_.inc(ECtr::naks_seq_rx);
       ++qp.ctr_.naks_seq_rx;
       // Packets sent before we went back to this PSN raise NAKs for the
@@ -179,17 +177,17 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
       if (advanced) qp.comp_.went_back = false;
       go_back_once(e, qp);
       return;
-    case kNakInvReq:
+    case aeth::kNakInvalidRequest:
       e.ctr_.inc(ECtr::naks_inv_req_rx);
       ++qp.ctr_.naks_inv_req_rx;
       e.fail_head(qp, IBV_WC_REM_INV_REQ_ERR);
       return;
-    case kNakRemAccess:
+    case aeth::kNakRemoteAccess:
       e.ctr_.inc(ECtr::naks_access_rx);
       ++qp.ctr_.naks_access_rx;
       e.fail_head(qp, IBV_WC_REM_ACCESS_ERR);
       return;
-    case kNakRemOp:
+    case aeth::kNakRemoteOp:
       e.ctr_.inc(ECtr::naks_op_rx);
       ++qp.ctr_.naks_op_rx;
       e.fail_head(qp, IBV_WC_REM_OP_ERR);
@@ -270,9 +268,9 @@ void Completer::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
   const uint8_t op = p.f.opcode;
   if (op == wire::opcode::kRcAck) {
     const uint8_t syn = p.f.aeth_syndrome;
-    if ((syn & 0xe0) == kSynAck)
+    if (aeth::kind(syn) == aeth::kAck)
       on_ack(e, qp, p.f.psn);
-    else if ((syn & 0xe0) == kSynRnr || (syn & 0xe0) == kSynNak)
+    else if (aeth::kind(syn) == aeth::kRnrNak || aeth::kind(syn) == aeth::kNak)
       on_nak(e, qp, p.f.psn, syn);
     else
       e.ctr_.inc(ECtr::rx_bad_opcode_seq);  // reserved syndrome class

@@ -201,8 +201,8 @@ struct DeviceConfig {
   ibv_mtu active_mtu = IBV_MTU_4096;  // port MTU: the UD message limit
 };
 
-// Result of checking a key against an access (IBTA 9.7.5.1.? / C9-?:
-// invalid key, bounds, access right, PD all give the same remote NAK).
+// Result of checking a key against an access (IBTA 9.7.5.1: an invalid
+// key, bounds, access right or PD all give the same Remote Access NAK).
 enum class AccessError : uint8_t { kOk, kBadKey, kPd, kBounds, kRights };
 
 class Device {

@@ -1,7 +1,7 @@
 // Responder: PSN and opcode-sequence checks, execution of SEND / WRITE /
 // READ / ATOMIC with key validation, duplicate handling with read and
 // atomic replay, RNR, coalesced ACKs and NAKs (IBTA 9.7.5.1); UC (9.8) and
-// UD (9.8.?, 11.4.1.2 GRH) receive paths.
+// UD (9.8; the GRH of a UD receive buffer: 11.4.1.2) receive paths.
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -16,10 +16,7 @@ namespace {
 
 using namespace wire::opcode;
 
-constexpr uint8_t kSynAckUnlimited = 0x1f;  // ACK, "invalid" credit count
-constexpr uint8_t kSynRnr = 0x20;
-constexpr uint8_t kSynNakSeq = 0x60, kSynNakInvReq = 0x61,
-                  kSynNakRemAccess = 0x62, kSynNakRemOp = 0x63;
+namespace aeth = wire::aeth;
 // wc.sl of a UD receive (complete_recv).
 constexpr uint8_t kSlRoceV2Ipv6 = 0x9, kSlRoceV2Ipv4 = 0xa;
 
@@ -27,7 +24,9 @@ constexpr uint8_t kSlRoceV2Ipv6 = 0x9, kSlRoceV2Ipv4 = 0xa;
 enum class Res : uint8_t { kOk, kRnr, kAccess, kInvReq, kLenErr, kOpErr };
 
 bool is_fatal_nak(uint8_t syn) {
-  return syn == kSynNakInvReq || syn == kSynNakRemAccess || syn == kSynNakRemOp;
+  return syn == aeth::nak(aeth::kNakInvalidRequest) ||
+         syn == aeth::nak(aeth::kNakRemoteAccess) ||
+         syn == aeth::nak(aeth::kNakRemoteOp);
 }
 
 // Queues the one deferred ACK/NAK of the QP (sent by poll()). A later
@@ -37,7 +36,7 @@ void queue_ack(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
   Qp::Resp& r = qp.resp_;
   if (r.ack_pending) {
     if (is_fatal_nak(r.ack_syndrome)) return;
-    if (r.ack_syndrome != kSynAckUnlimited && psn_before(psn, r.ack_psn))
+    if (r.ack_syndrome != aeth::kAckUnlimited && psn_before(psn, r.ack_psn))
       return;
   }
   r.ack_pending = true;
@@ -49,11 +48,11 @@ void queue_ack(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
 
 void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
   switch (syn) {
-    case kSynNakInvReq:
+    case aeth::nak(aeth::kNakInvalidRequest):
       e.ctr_.inc(ECtr::naks_inv_req_tx);
       ++qp.ctr_.naks_inv_req_tx;
       break;
-    case kSynNakRemAccess:
+    case aeth::nak(aeth::kNakRemoteAccess):
       e.ctr_.inc(ECtr::naks_access_tx);
       ++qp.ctr_.naks_access_tx;
       break;
@@ -150,7 +149,8 @@ Res check_rkey(Engine& e, Qp& qp, uint32_t rkey, uint64_t va, uint32_t len,
 }
 
 // Payload length rules: FIRST/MIDDLE carry exactly one MTU, LAST/ONLY at
-// most one (9.7.5.1.?: C9-93 "length error").
+// most one; anything else is a length error, NAKed as an invalid request
+// (IBTA 9.7.5.1, as rxe's responder checks it).
 bool length_ok(const Qp& qp, const RxPkt& p) {
   const uint32_t len = p.f.payload_len;
   if (qp.type_ == IBV_QPT_UD) return true;
@@ -226,7 +226,8 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
 }
 
 // The resource slot a new READ/ATOMIC takes; null if every slot still has
-// responses to send (more outstanding than max_dest_rd_atomic, C9-?).
+// responses to send (more outstanding than max_dest_rd_atomic, which the
+// requester promised not to exceed: an invalid request, IBTA 9.7.5.1).
 RespResource* new_resource(Qp& qp) {
   RespResource& s = qp.res_[qp.res_next_ % qp.res_.size()];
   // A replay still queued on the oldest slot is moot: the requester has
@@ -259,7 +260,9 @@ Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
 }
 
 Res do_atomic(Engine& e, Qp& qp, const RxPkt& p) {
-  if (p.f.atomic_va & 7) return Res::kInvReq;  // C9-? natural alignment
+  // Atomics work on naturally aligned 8-byte words (IBTA 9.4.5); a
+  // misaligned address is an invalid request.
+  if (p.f.atomic_va & 7) return Res::kInvReq;
   uint8_t* host;
   const Res res = check_rkey(e, qp, p.f.atomic_rkey, p.f.atomic_va, 8,
                              IBV_ACCESS_REMOTE_ATOMIC, &host);
@@ -327,7 +330,7 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
     return;
   }
   // SEND/WRITE: acknowledge again (C9-105).
-  queue_ack(e, qp, kSynAckUnlimited, psn_add(qp.resp_.epsn, kPsnMask));
+  queue_ack(e, qp, aeth::kAckUnlimited, psn_add(qp.resp_.epsn, kPsnMask));
 }
 
 // Opcode sequence (9.7.5.1.2? C9-91): MIDDLE/LAST continue a message of
@@ -359,19 +362,19 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
       r.nak_sent = true;
       e.ctr_.inc(ECtr::naks_seq_tx);
       ++qp.ctr_.naks_seq_tx;
-      queue_ack(e, qp, kSynNakSeq, r.epsn);
+      queue_ack(e, qp, aeth::nak(aeth::kNakPsnSeq), r.epsn);
     }
     return;
   }
   r.nak_sent = false;
   // The gap a pending sequence/RNR NAK reported is closed: drop that NAK
   // rather than make the requester go back for nothing.
-  if (r.ack_pending &&
-      (r.ack_syndrome == kSynNakSeq || (r.ack_syndrome & 0xe0) == kSynRnr))
+  if (r.ack_pending && (r.ack_syndrome == aeth::nak(aeth::kNakPsnSeq) ||
+                        aeth::kind(r.ack_syndrome) == aeth::kRnrNak))
     r.ack_pending = false;
   if (!sequence_ok(qp, p.op)) {
     e.ctr_.inc(ECtr::rx_bad_opcode_seq);
-    fatal(e, qp, kSynNakInvReq, psn);
+    fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
     return;
   }
   Res res;
@@ -394,24 +397,25 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
       e.ctr_.inc(ECtr::naks_rnr_tx);
       ++qp.ctr_.naks_rnr_tx;
       r.nak_sent = true;
-      queue_ack(e, qp, static_cast<uint8_t>(kSynRnr | qp.min_rnr_timer_), psn);
+      queue_ack(e, qp, static_cast<uint8_t>(aeth::kRnrNak | qp.min_rnr_timer_),
+                psn);
       return;
     case Res::kAccess:
-      fatal(e, qp, kSynNakRemAccess, psn);
+      fatal(e, qp, aeth::nak(aeth::kNakRemoteAccess), psn);
       return;
     case Res::kLenErr:
       e.ctr_.inc(ECtr::rx_bad_length);
       complete_recv(e, qp, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, r.recv_off, p.f,
                     false);
-      fatal(e, qp, kSynNakInvReq, psn);
+      fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
       return;
     case Res::kInvReq:
       e.ctr_.inc(ECtr::rx_bad_length);
-      fatal(e, qp, kSynNakInvReq, psn);
+      fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
       return;
     case Res::kOpErr:
       complete_recv(e, qp, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, p.f, false);
-      fatal(e, qp, kSynNakRemOp, psn);
+      fatal(e, qp, aeth::nak(aeth::kNakRemoteOp), psn);
       return;
   }
   r.epsn = psn_add(psn, used);
@@ -421,9 +425,9 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     e.make_ready(qp);
     if (p.op.mask & wire::kAtomic) e.make_ack_ready(qp);
   } else if (p.f.ack_req ||
-             (r.ack_pending && r.ack_syndrome == kSynAckUnlimited)) {
+             (r.ack_pending && r.ack_syndrome == aeth::kAckUnlimited)) {
     // Coalescing: a pending ACK grows to cover every packet executed since.
-    queue_ack(e, qp, kSynAckUnlimited, psn);
+    queue_ack(e, qp, aeth::kAckUnlimited, psn);
   }
 }
 
@@ -544,7 +548,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       }
       wire::RoceFields f = qp.tmpl_;
       f.psn = s.tx_psn;
-      f.aeth_syndrome = kSynAckUnlimited;
+      f.aeth_syndrome = aeth::kAckUnlimited;
       f.aeth_msn = r.msn;
       wire::ConstBuf piece{};
       uint32_t len = 0;
@@ -595,7 +599,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     }
     ++sent;
     r.ack_pending = false;
-    if (r.ack_syndrome == kSynAckUnlimited) {
+    if (r.ack_syndrome == aeth::kAckUnlimited) {
       e.ctr_.inc(ECtr::acks_tx);
       ++qp.ctr_.acks_tx;
     }

@@ -45,7 +45,7 @@ class Completer {
 };
 
 // Executes requests, answers them and generates receive completions (IBTA
-// 9.7.5.1, 9.8 for UC, 9.8.? UD).
+// 9.7.5.1 for RC, 9.8 for UC and UD).
 class Responder {
  public:
   static void rx_st(Engine& e, Qp& qp, const RxPkt& p);
@@ -55,7 +55,7 @@ class Responder {
   static bool read_pending(const Qp& qp);
 };
 
-// Copies [off, off+len) of the payload pieces... helpers shared by roles.
+// Payload helpers shared by the roles (between SGE lists and frames).
 // Gathers `len` bytes at offset `off` of a resolved SGE list into pieces;
 // returns the number of pieces.
 uint32_t gather(const HostSge* sg, uint32_t nsg, uint32_t off, uint32_t len,

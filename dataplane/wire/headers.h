@@ -116,6 +116,30 @@ struct Reth {
   Be32 dma_len;
 };
 
+// AETH syndrome values (IBTA 9.7.5.2.1, table 42): bits 6:5 say what the
+// AETH is, bits 4:0 carry a value for it (credit count, RNR timer, NAK
+// code); bit 7 is reserved, so a syndrome with it set has no known kind.
+namespace aeth {
+constexpr uint8_t kind(uint8_t syn) {
+  return syn & 0xe0;
+}
+constexpr uint8_t value(uint8_t syn) {
+  return syn & 0x1f;
+}
+// kind()
+constexpr uint8_t kAck = 0x00;     // value: credit count
+constexpr uint8_t kRnrNak = 0x20;  // value: RNR timer (table 45)
+constexpr uint8_t kNak = 0x60;     // value: one of the NAK codes below
+// ACK with the "invalid" credit count: no end-to-end credits (C9-150).
+constexpr uint8_t kAckUnlimited = kAck | 0x1f;
+// NAK codes, value() of a kNak syndrome (table 44).
+constexpr uint8_t kNakPsnSeq = 0, kNakInvalidRequest = 1, kNakRemoteAccess = 2,
+                  kNakRemoteOp = 3;
+constexpr uint8_t nak(uint8_t code) {
+  return kNak | code;
+}
+}  // namespace aeth
+
 // ACK Extended Transport Header, IBTA 9.3.5: syndrome + MSN.
 struct Aeth {
   Be32 syn_msn;  // Syndrome(8) MSN(24)
