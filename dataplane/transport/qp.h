@@ -29,10 +29,33 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
   X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)  \
   X(cc_window_cuts)  X(cc_window)       X(cnps_tx)         X(cnps_rx)        \
-  X(cc_rate_cuts)    X(cc_rate_mbps)      X(tail_probes)
+  X(cc_rate_cuts)    X(cc_rate_mbps)      X(tail_probes)     X(nak_cause)
 // clang-format on
-// cc_window (the current congestion window, packets) and cc_rate_mbps (the
-// DCQCN rate, 0 while unlimited) are gauges, the rest count events.
+// cc_window (the current congestion window, packets), cc_rate_mbps (the
+// DCQCN rate, 0 while unlimited) and nak_cause (the RespResult the QP last
+// refused a request for, 0 = none) are gauges, the rest count events.
+
+// What the responder made of one request packet: ok, RNR, or the one
+// reason it refused it. Each refusal has its engine counter, NAK and name
+// (responder.cc, kRespErrors); urnicctl qps shows a QP's last one.
+// clang-format off
+#define URNIC_RESP_RESULTS(X)                                                \
+  X(ok)              X(rnr)             X(rkey_invalid)    X(rkey_pd)        \
+  X(rkey_bounds)     X(rkey_rights)     X(qp_access)       X(opcode_seq)     \
+  X(opcode_length)   X(write_length)    X(rd_atomic_over)  X(atomic_misaligned) \
+  X(recv_too_small)  X(recv_bad_lkey)
+// clang-format on
+enum class RespResult : uint8_t {
+#define URNIC_RESP_ENUM(n) n,
+  URNIC_RESP_RESULTS(URNIC_RESP_ENUM)
+#undef URNIC_RESP_ENUM
+};
+constexpr const char* kRespResultNames[] = {
+#define URNIC_RESP_NAME(n) #n,
+    URNIC_RESP_RESULTS(URNIC_RESP_NAME)
+#undef URNIC_RESP_NAME
+};
+constexpr size_t kNumRespResults = std::size(kRespResultNames);
 
 constexpr const char* kQpCtrNames[] = {
 #define URNIC_QCTR_NAME(n) #n,

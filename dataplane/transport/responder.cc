@@ -20,8 +20,45 @@ namespace aeth = wire::aeth;
 // wc.sl of a UD receive (complete_recv).
 constexpr uint8_t kSlRoceV2Ipv6 = 0x9, kSlRoceV2Ipv4 = 0xa;
 
-// Outcome of executing one in-sequence request packet.
-enum class Res : uint8_t { kOk, kRnr, kAccess, kInvReq, kLenErr, kOpErr };
+// Outcome of executing one in-sequence request packet (qp.h).
+using Res = RespResult;
+
+// What each refusal does: the NAK sent (RC), the engine counter, and the
+// status of the receive WR it completes (IBV_WC_SUCCESS: none). IBTA
+// 9.7.5.1: key, bounds, PD and rights violations are Remote Access errors;
+// length and sequence violations and more READ/atomics than the responder
+// resources are Invalid Requests; a receive WR this side cannot use is a
+// Remote Operational error.
+struct RespError {
+  uint8_t nak_code;
+  ECtr ctr;
+  ibv_wc_status recv_status;
+};
+constexpr RespError kRespErrors[kNumRespResults] = {
+    {},  // ok
+    {},  // rnr
+    {aeth::kNakRemoteAccess, ECtr::rx_rkey_invalid, IBV_WC_SUCCESS},
+    {aeth::kNakRemoteAccess, ECtr::rx_rkey_pd, IBV_WC_SUCCESS},
+    {aeth::kNakRemoteAccess, ECtr::rx_rkey_bounds, IBV_WC_SUCCESS},
+    {aeth::kNakRemoteAccess, ECtr::rx_rkey_rights, IBV_WC_SUCCESS},
+    {aeth::kNakRemoteAccess, ECtr::rx_qp_access, IBV_WC_SUCCESS},
+    {aeth::kNakInvalidRequest, ECtr::rx_bad_opcode_seq, IBV_WC_SUCCESS},
+    {aeth::kNakInvalidRequest, ECtr::rx_bad_length, IBV_WC_SUCCESS},
+    {aeth::kNakInvalidRequest, ECtr::rx_write_length, IBV_WC_SUCCESS},
+    {aeth::kNakInvalidRequest, ECtr::rx_rd_atomic_over, IBV_WC_SUCCESS},
+    {aeth::kNakInvalidRequest, ECtr::rx_atomic_misaligned, IBV_WC_SUCCESS},
+    {aeth::kNakInvalidRequest, ECtr::rx_recv_too_small, IBV_WC_LOC_LEN_ERR},
+    {aeth::kNakRemoteOp, ECtr::rx_recv_bad_lkey, IBV_WC_LOC_PROT_ERR},
+};
+const RespError& resp_error(Res r) {
+  return kRespErrors[static_cast<size_t>(r)];
+}
+
+// Counts a refusal and remembers it as the QP's last (urnicctl qps).
+void count_refusal(Engine& e, Qp& qp, Res r) {
+  e.ctr_.inc(resp_error(r).ctr);
+  qp.ctr_.nak_cause.set(static_cast<uint64_t>(r));
+}
 
 bool is_fatal_nak(uint8_t syn) {
   return syn == aeth::nak(aeth::kNakInvalidRequest) ||
@@ -96,10 +133,11 @@ void complete_recv(Engine& e, Qp& qp, ibv_wc_status st, ibv_wc_opcode op,
 }
 
 // Takes the next receive WR (the QP's RQ or its SRQ) and resolves its
-// buffers. False if none is posted. A bad lkey is reported as kOpErr.
+// buffers. False if none is posted. A bad lkey is reported as
+// recv_bad_lkey.
 bool take_recv(Engine& e, Qp& qp, Res* res) {
   Qp::Resp& r = qp.resp_;
-  *res = Res::kOk;
+  *res = Res::ok;
   if (r.have_recv) {
     r.recv_off = 0;  // UC: a dropped message leaves its WR for the next
     return true;
@@ -123,7 +161,7 @@ bool take_recv(Engine& e, Qp& qp, Res* res) {
     Mr* mr;
     if (e.dev_.check_local(qp.pd_, s.lkey, s.addr, s.length,
                            IBV_ACCESS_LOCAL_WRITE, &mr) != AccessError::kOk) {
-      *res = Res::kOpErr;
+      *res = Res::recv_bad_lkey;
       return true;
     }
     r.recv_sg[i] = {mr->host(s.addr), s.length};
@@ -138,14 +176,24 @@ Res check_rkey(Engine& e, Qp& qp, uint32_t rkey, uint64_t va, uint32_t len,
                uint32_t right, uint8_t** host) {
   if (len == 0) {  // zero-length: the R_Key is not checked (9.7.5.1.3)
     *host = nullptr;
-    return Res::kOk;
+    return Res::ok;
   }
+  if (!(qp.access_ & right)) return Res::qp_access;
   Mr* mr;
-  if (!(qp.access_ & right) || e.dev_.check_remote(qp.pd_, rkey, va, len, right,
-                                                   &mr) != AccessError::kOk)
-    return Res::kAccess;
+  switch (e.dev_.check_remote(qp.pd_, rkey, va, len, right, &mr)) {
+    case AccessError::kOk:
+      break;
+    case AccessError::kBadKey:
+      return Res::rkey_invalid;
+    case AccessError::kPd:
+      return Res::rkey_pd;
+    case AccessError::kBounds:
+      return Res::rkey_bounds;
+    case AccessError::kRights:
+      return Res::rkey_rights;
+  }
   *host = mr->host(va);
-  return Res::kOk;
+  return Res::ok;
 }
 
 // Payload length rules: FIRST/MIDDLE carry exactly one MTU, LAST/ONLY at
@@ -162,14 +210,14 @@ Res do_send(Engine& e, Qp& qp, const RxPkt& p) {
   Qp::Resp& r = qp.resp_;
   const bool first = p.op.mask & wire::kFirst;
   const bool last = p.op.mask & wire::kLast;
-  if (!length_ok(qp, p)) return Res::kInvReq;
+  if (!length_ok(qp, p)) return Res::opcode_length;
   if (first) {
     Res res;
-    if (!take_recv(e, qp, &res)) return Res::kRnr;
-    if (res != Res::kOk) return res;
+    if (!take_recv(e, qp, &res)) return Res::rnr;
+    if (res != Res::ok) return res;
   }
   const uint32_t len = p.f.payload_len;
-  if (r.recv_off + len > r.recv_cap) return Res::kLenErr;
+  if (r.recv_off + len > r.recv_cap) return Res::recv_too_small;
   scatter(r.recv_sg, r.recv_nsg, r.recv_off, p.segs, p.fi.payload_off, len);
   r.recv_off += len;
   if (last) {
@@ -180,7 +228,7 @@ Res do_send(Engine& e, Qp& qp, const RxPkt& p) {
   } else {
     r.msg = Qp::Resp::kSend;
   }
-  return Res::kOk;
+  return Res::ok;
 }
 
 Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
@@ -188,23 +236,23 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
   const bool first = p.op.mask & wire::kFirst;
   const bool last = p.op.mask & wire::kLast;
   const bool imm = p.op.mask & wire::kImm;
-  if (!length_ok(qp, p)) return Res::kInvReq;
+  if (!length_ok(qp, p)) return Res::opcode_length;
   if (first) {
     uint8_t* host;
     const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
                                IBV_ACCESS_REMOTE_WRITE, &host);
-    if (res != Res::kOk) return res;
+    if (res != Res::ok) return res;
     r.wr_p = host;
     r.wr_left = r.wr_total = p.f.reth_len;
   }
   const uint32_t len = p.f.payload_len;
-  if (len > r.wr_left || (last && len != r.wr_left)) return Res::kInvReq;
+  if (len > r.wr_left || (last && len != r.wr_left)) return Res::write_length;
   if (last && imm) {
     // WRITE with immediate consumes a receive WR (9.4.4): check it is
     // there before placing the last bytes, so an RNR retry is harmless.
     Res res;
-    if (!take_recv(e, qp, &res)) return Res::kRnr;
-    if (res != Res::kOk) return res;
+    if (!take_recv(e, qp, &res)) return Res::rnr;
+    if (res != Res::ok) return res;
   }
   if (len) {
     const wire::ConstBuf* s = p.segs.data();
@@ -222,7 +270,7 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
   } else {
     r.msg = Qp::Resp::kWrite;
   }
-  return Res::kOk;
+  return Res::ok;
 }
 
 // The resource slot a new READ/ATOMIC takes; null if every slot still has
@@ -242,9 +290,9 @@ Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
   const uint32_t len = p.f.reth_len;
   const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, len,
                              IBV_ACCESS_REMOTE_READ, &host);
-  if (res != Res::kOk) return res;
+  if (res != Res::ok) return res;
   RespResource* s = new_resource(qp);
-  if (!s) return Res::kInvReq;
+  if (!s) return Res::rd_atomic_over;
   const uint32_t npkts = pkts_for(len, qp.mtu_);
   *s = {};
   s->kind = RespResource::kRead;
@@ -256,19 +304,19 @@ Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
   s->tx_p = host;
   s->tx_left = s->tx_total = len;
   qp.resp_.msn = psn_add(qp.resp_.msn, 1);
-  return Res::kOk;
+  return Res::ok;
 }
 
 Res do_atomic(Engine& e, Qp& qp, const RxPkt& p) {
   // Atomics work on naturally aligned 8-byte words (IBTA 9.4.5); a
   // misaligned address is an invalid request.
-  if (p.f.atomic_va & 7) return Res::kInvReq;
+  if (p.f.atomic_va & 7) return Res::atomic_misaligned;
   uint8_t* host;
   const Res res = check_rkey(e, qp, p.f.atomic_rkey, p.f.atomic_va, 8,
                              IBV_ACCESS_REMOTE_ATOMIC, &host);
-  if (res != Res::kOk) return res;
+  if (res != Res::ok) return res;
   RespResource* s = new_resource(qp);
-  if (!s) return Res::kInvReq;
+  if (!s) return Res::rd_atomic_over;
   // The application may touch the same word with CPU atomics.
   std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(host));
   uint64_t orig;
@@ -285,7 +333,7 @@ Res do_atomic(Engine& e, Qp& qp, const RxPkt& p) {
   s->rkey = p.f.atomic_rkey;
   s->pending = true;
   qp.resp_.msn = psn_add(qp.resp_.msn, 1);
-  return Res::kOk;
+  return Res::ok;
 }
 
 // Duplicate request (PSN before ePSN, 9.7.5.1.6): never executed twice.
@@ -303,7 +351,7 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
       uint8_t* host;
       if (p.f.reth_rkey != s.rkey ||
           check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
-                     IBV_ACCESS_REMOTE_READ, &host) != Res::kOk)
+                     IBV_ACCESS_REMOTE_READ, &host) != Res::ok)
         return;
       const uint32_t npkts = pkts_for(p.f.reth_len, qp.mtu_);
       if (psn_after(psn_add(psn, npkts - 1), s.last_psn)) return;
@@ -373,7 +421,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
                         aeth::kind(r.ack_syndrome) == aeth::kRnrNak))
     r.ack_pending = false;
   if (!sequence_ok(qp, p.op)) {
-    e.ctr_.inc(ECtr::rx_bad_opcode_seq);
+    count_refusal(e, qp, Res::opcode_seq);
     fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
     return;
   }
@@ -390,9 +438,9 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     res = do_atomic(e, qp, p);
   }
   switch (res) {
-    case Res::kOk:
+    case Res::ok:
       break;
-    case Res::kRnr:
+    case Res::rnr:
       // No receive WR: RNR NAK with our timer; ePSN stays (9.7.5.2.8).
       e.ctr_.inc(ECtr::naks_rnr_tx);
       ++qp.ctr_.naks_rnr_tx;
@@ -400,23 +448,15 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
       queue_ack(e, qp, static_cast<uint8_t>(aeth::kRnrNak | qp.min_rnr_timer_),
                 psn);
       return;
-    case Res::kAccess:
-      fatal(e, qp, aeth::nak(aeth::kNakRemoteAccess), psn);
+    default: {
+      const RespError& err = resp_error(res);
+      count_refusal(e, qp, res);
+      if (err.recv_status != IBV_WC_SUCCESS)
+        complete_recv(e, qp, err.recv_status, IBV_WC_RECV,
+                      res == Res::recv_too_small ? r.recv_off : 0, p.f, false);
+      fatal(e, qp, aeth::nak(err.nak_code), psn);
       return;
-    case Res::kLenErr:
-      e.ctr_.inc(ECtr::rx_bad_length);
-      complete_recv(e, qp, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, r.recv_off, p.f,
-                    false);
-      fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
-      return;
-    case Res::kInvReq:
-      e.ctr_.inc(ECtr::rx_bad_length);
-      fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
-      return;
-    case Res::kOpErr:
-      complete_recv(e, qp, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0, p.f, false);
-      fatal(e, qp, aeth::nak(aeth::kNakRemoteOp), psn);
-      return;
+    }
   }
   r.epsn = psn_add(psn, used);
   if (p.op.mask & (wire::kRead | wire::kAtomic)) {
@@ -459,13 +499,13 @@ void uc_rx(Engine& e, Qp& qp, const RxPkt& p) {
   }
   const Res res =
       (p.op.mask & wire::kSend) ? do_send(e, qp, p) : do_write(e, qp, p);
-  if (res == Res::kOk) return;
+  if (res == Res::ok) return;
   // UC has no NAKs: the message is silently dropped (9.8.3.2).
-  e.ctr_.inc(res == Res::kRnr ? ECtr::rx_no_recv : ECtr::rx_uc_dropped);
-  if (res == Res::kOpErr || res == Res::kLenErr) {
-    complete_recv(
-        e, qp, res == Res::kLenErr ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR,
-        IBV_WC_RECV, 0, p.f, false);
+  e.ctr_.inc(res == Res::rnr ? ECtr::rx_no_recv : ECtr::rx_uc_dropped);
+  if (res != Res::rnr) count_refusal(e, qp, res);
+  if (res != Res::rnr && resp_error(res).recv_status != IBV_WC_SUCCESS) {
+    complete_recv(e, qp, resp_error(res).recv_status, IBV_WC_RECV, 0, p.f,
+                  false);
     e.to_error(qp);
     return;
   }
@@ -485,10 +525,11 @@ void ud_rx(Engine& e, Qp& qp, const RxPkt& p) {
     return;
   }
   const uint32_t len = p.f.payload_len;
-  if (res != Res::kOk || len + kGrhSize > r.recv_cap) {
-    complete_recv(e, qp,
-                  res != Res::kOk ? IBV_WC_LOC_PROT_ERR : IBV_WC_LOC_LEN_ERR,
-                  IBV_WC_RECV, 0, p.f, false);
+  if (res == Res::ok && len + kGrhSize > r.recv_cap) res = Res::recv_too_small;
+  if (res != Res::ok) {
+    count_refusal(e, qp, res);
+    complete_recv(e, qp, resp_error(res).recv_status, IBV_WC_RECV, 0, p.f,
+                  false);
     e.to_error(qp);
     return;
   }

@@ -91,16 +91,16 @@ perftest() {  # perftest NAME ENV... -- ARGS...: server in A, client in B
 
 for tls in rc_v ud_v; do
   check "ucx_perftest tag_lat, UCX_TLS=$tls, across two services" \
-    perftest "tag_lat-$tls" UCX_TLS=$tls -- -t tag_lat -n 300
+    perftest "tag_lat-$tls" UCX_TLS=$tls -- -t tag_lat -n 100
   check "ucx_perftest tag_bw 64 KiB, UCX_TLS=$tls, across two services" \
     perftest "tag_bw-$tls" UCX_TLS=$tls -- -t tag_bw -s 65536 -n 300
 done
 check "ucx_perftest put_bw 64 KiB on rc_verbs (UCT)" \
   perftest put_bw-rc -- -d urnic0:1 -x rc_verbs -t put_bw -D zcopy -s 65536 -n 300
 check "ucx_perftest am_lat on rc_verbs (UCT)" \
-  perftest am_lat-rc -- -d urnic0:1 -x rc_verbs -t am_lat -n 300
+  perftest am_lat-rc -- -d urnic0:1 -x rc_verbs -t am_lat -n 100
 check "ucx_perftest am_lat on ud_verbs (UCT)" \
-  perftest am_lat-ud -- -d urnic0:1 -x ud_verbs -t am_lat -n 300
+  perftest am_lat-ud -- -d urnic0:1 -x ud_verbs -t am_lat -n 100
 
 # --- Open MPI, two services on a memif pair ----------------------------------
 if [ -z "$MPI_CHECK" ] || ! command -v mpirun >/dev/null; then
@@ -115,7 +115,7 @@ else
   rank() {  # rank SOCK: one app context of mpirun, a client of SOCK
     # (LD_PRELOAD's list colon-separated: this is split into words.)
     echo -np 1 env $CLIENT_ENV LD_PRELOAD="${PRELOAD// /:}" URNIC_SOCKET="$1" \
-      UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v URNIC_POLL_YIELD=1 "$MPI_CHECK" 10
+      UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v URNIC_POLL_YIELD=1 "$MPI_CHECK" 5
   }
   mpi() {
     local a0 b0

@@ -101,3 +101,28 @@ TEST(Stats, QpJsonNamesEveryFieldAndPages) {
   EXPECT_NE(t.find(" " + std::to_string(naks_rx) + " "), std::string::npos)
       << t;
 }
+
+TEST(Stats, QpsNameTheLastNakCause) {
+  Snapshot s = snap(2'000'000'000, 300, 30'000);
+  std::vector<QpRow> rows(3);
+  size_t at = 0;
+  for (size_t i = 0; i < urnic::transport::kNumQpCtr; ++i)
+    if (std::string(urnic::transport::kQpCtrNames[i]) == "nak_cause") at = i;
+  ASSERT_NE(at, 0u);
+  using urnic::transport::RespResult;
+  rows[0].qpn = 0x21;  // never refused anything: "-"
+  rows[1].qpn = 0x22;
+  rows[1].v[at] = static_cast<uint64_t>(RespResult::atomic_misaligned);
+  rows[2].qpn = 0x23;
+  rows[2].v[at] = 200;  // not a cause: "?"
+  const std::string t = format_qps_text(s, 2'000'000'000, rows, 0);
+  EXPECT_NE(t.find("nak_cause"), std::string::npos) << t;
+  EXPECT_NE(t.find("  atomic_misaligned\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  -\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  ?\n"), std::string::npos) << t;
+  // JSON: the value and the list it indexes.
+  const YAML::Node j = YAML::Load(format_qps_json(s, 2'000'000'000, rows, 0));
+  const size_t k = static_cast<size_t>(RespResult::atomic_misaligned);
+  EXPECT_EQ(j["nak_causes"][k].as<std::string>(), "atomic_misaligned");
+  EXPECT_EQ(j["qps"][1][3 + at].as<uint64_t>(), k);
+}

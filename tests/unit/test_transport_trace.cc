@@ -1686,6 +1686,10 @@ TEST_F(TransportTrace, RecvTooSmallNaksInvalidRequestAndFailsRecv) {
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_WC(wc[0], 3u, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV);
   EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(ctr(ECtr::rx_recv_too_small), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::recv_too_small));
 }
 
 TEST_F(TransportTrace, MisalignedAtomicNaksInvalidRequest) {
@@ -1704,6 +1708,10 @@ TEST_F(TransportTrace, MisalignedAtomicNaksInvalidRequest) {
   EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
   EXPECT_EQ(p[0].f.psn, kRqPsn);
   EXPECT_EQ(u64(0x70000), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_atomic_misaligned), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::atomic_misaligned));
 }
 
 TEST_F(TransportTrace, ZeroLengthWriteDoesNotCheckRkey) {
@@ -1795,6 +1803,10 @@ TEST_F(TransportTrace, MoreReadsThanMaxDestRdAtomicNakInvalidRequest) {
   EXPECT_EQ(p[1].f.aeth_syndrome, kNakInvReq);
   EXPECT_EQ(p[1].f.psn, kRqPsn + 1);
   EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(ctr(ECtr::rx_rd_atomic_over), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::rd_atomic_over));
 }
 
 TEST_F(TransportTrace, SolicitedOnlyNotifyWakesOnSolicitedCompletion) {
@@ -2531,7 +2543,8 @@ class TransportTraceAccess : public TransportTrace {
  protected:
   // Injects WRITE_ONLY (64 bytes) to (va, rkey); expects NAK remote access
   // error at ePSN, QP in ERR, the target untouched, the RECV flushed.
-  void expect_access_nak(uint64_t va, uint32_t rkey, uint8_t* target) {
+  void expect_access_nak(uint64_t va, uint32_t rkey, uint8_t* target,
+                         RespResult why, ECtr why_ctr) {
     ASSERT_EQ(post_recv(rwr(9, {sge(0x10000, 64)})), 0);
     inject(write_req(op::kRcWriteOnly, kRqPsn, true, va, 64, rkey),
            pattern(64, 0x99));
@@ -2544,6 +2557,9 @@ class TransportTraceAccess : public TransportTrace {
     EXPECT_EQ(p[0].f.psn, kRqPsn);
     EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
     EXPECT_EQ(ctr(ECtr::naks_access_tx), 1u);
+    // One cause, one counter, and the QP remembers it (urnicctl qps).
+    EXPECT_EQ(ctr(why_ctr), 1u);
+    EXPECT_EQ(qp_->counters().nak_cause.get(), static_cast<uint64_t>(why));
     if (target) {
       EXPECT_EQ(std::vector<uint8_t>(target, target + 64),
                 std::vector<uint8_t>(64, 0));
@@ -2556,7 +2572,8 @@ class TransportTraceAccess : public TransportTrace {
 
 TEST_F(TransportTraceAccess, WriteWithBadRkeyNaksRemoteAccess) {
   ASSERT_TRUE(up());
-  expect_access_nak(addr(0x30000), mr_->rkey() ^ 0xff, at(0x30000));
+  expect_access_nak(addr(0x30000), mr_->rkey() ^ 0xff, at(0x30000),
+                    RespResult::rkey_invalid, ECtr::rx_rkey_invalid);
 }
 
 TEST_F(TransportTraceAccess, WriteOutOfMrBoundsNaksRemoteAccess) {
@@ -2566,7 +2583,8 @@ TEST_F(TransportTraceAccess, WriteOutOfMrBoundsNaksRemoteAccess) {
       dev_->reg_mr(pd_, at(0x80000), 4096, addr(0x80000), kAllAccess, &small),
       0);
   // 64 bytes starting 32 bytes before the end of the 4 KiB region.
-  expect_access_nak(addr(0x80000 + 4096 - 32), small->rkey(), nullptr);
+  expect_access_nak(addr(0x80000 + 4096 - 32), small->rkey(), nullptr,
+                    RespResult::rkey_bounds, ECtr::rx_rkey_bounds);
   EXPECT_EQ(bytes(0x80000 + 4096 - 32, 32), std::vector<uint8_t>(32, 0));
 }
 
@@ -2576,7 +2594,8 @@ TEST_F(TransportTraceAccess, WriteToMrWithoutRemoteWriteNaksRemoteAccess) {
   ASSERT_EQ(dev_->reg_mr(pd_, at(0x80000), 4096, addr(0x80000),
                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, &ro),
             0);
-  expect_access_nak(addr(0x80000), ro->rkey(), at(0x80000));
+  expect_access_nak(addr(0x80000), ro->rkey(), at(0x80000),
+                    RespResult::rkey_rights, ECtr::rx_rkey_rights);
 }
 
 TEST_F(TransportTraceAccess, WriteToMrOfOtherPdNaksRemoteAccess) {
@@ -2587,14 +2606,16 @@ TEST_F(TransportTraceAccess, WriteToMrOfOtherPdNaksRemoteAccess) {
   ASSERT_EQ(
       dev_->reg_mr(other, at(0x80000), 4096, addr(0x80000), kAllAccess, &mr),
       0);
-  expect_access_nak(addr(0x80000), mr->rkey(), at(0x80000));
+  expect_access_nak(addr(0x80000), mr->rkey(), at(0x80000), RespResult::rkey_pd,
+                    ECtr::rx_rkey_pd);
 }
 
 TEST_F(TransportTraceAccess, WriteToQpWithoutRemoteWriteAccessNaks) {
   QpOpts o;
   o.access = IBV_ACCESS_REMOTE_READ;  // the QP does not allow writes
   ASSERT_TRUE(up(IBV_QPT_RC, o));
-  expect_access_nak(addr(0x30000), mr_->rkey(), at(0x30000));
+  expect_access_nak(addr(0x30000), mr_->rkey(), at(0x30000),
+                    RespResult::qp_access, ECtr::rx_qp_access);
 }
 
 TEST_F(TransportTrace, RemoteAccessNakFailsWrFlushesRest) {
@@ -2650,6 +2671,41 @@ TEST_F(TransportTrace, WriteMiddleWithoutFirstNaksInvalidRequest) {
   EXPECT_EQ(ctr(ECtr::naks_inv_req_tx), 1u);
 }
 
+TEST_F(TransportTrace, WriteLongerThanItsRethNaksWithItsOwnCause) {
+  ASSERT_TRUE(up());
+  // Peer: WRITE_ONLY carrying 64 bytes for a RETH length of 32.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, addr(0x30000), 32),
+         pattern(64, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: NAK invalid request, counted as a write length error, and
+  // that is the QP's last cause; nothing written.
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(ctr(ECtr::rx_write_length), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::write_length));
+  EXPECT_EQ(bytes(0x30000, 64), std::vector<uint8_t>(64, 0));
+}
+
+TEST_F(TransportTrace, ShortMiddlePacketNaksAsAnOpcodeLengthError) {
+  ASSERT_TRUE(up());
+  // Peer: WRITE_FIRST of one MTU, then a MIDDLE of 100 bytes (a MIDDLE
+  // carries exactly one MTU).
+  inject(write_req(op::kRcWriteFirst, kRqPsn, false, addr(0x30000), 4096),
+         pattern(1024, 1));
+  inject(pkt(op::kRcWriteMiddle, kRqPsn + 1, true), pattern(100, 2));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(ctr(ECtr::rx_bad_length), 1u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::opcode_length));
+}
+
 TEST_F(TransportTrace, SendLastAfterWriteFirstNaksInvalidRequest) {
   ASSERT_TRUE(up());
   ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 4096)})), 0);
@@ -2664,6 +2720,9 @@ TEST_F(TransportTrace, SendLastAfterWriteFirstNaksInvalidRequest) {
   EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
   EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
   EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(ctr(ECtr::rx_bad_opcode_seq), 1u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::opcode_seq));
 }
 
 TEST_F(TransportTrace, RemoteAccessNakOnSecondWrImpliesAckOfFirst) {
