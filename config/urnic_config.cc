@@ -181,6 +181,10 @@ struct Schema<ControlConfig> {
        .member = &S::mode,
        .max = 0777,
        .format = IntFormat::kOctalMode},
+      {.key = "owner", .member = &S::owner},
+      {.key = "group", .member = &S::group},
+      {.key = "allow_users", .member = &S::allow_users},
+      {.key = "allow_groups", .member = &S::allow_groups},
   };
 };
 

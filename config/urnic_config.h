@@ -84,6 +84,13 @@ struct LcoreConfig {
 struct ControlConfig {
   std::string socket = "/run/urnic/urnicd.sock";
   uint32_t mode = 0660;  // YAML digits are always octal: 0660, 660, "0660"
+  std::string owner;     // user name or uid of the socket file; "": ours
+  std::string group;     // group name or gid of the socket file; "": ours
+  // Who may use the service (names or numbers, checked with SO_PEERCRED
+  // and SO_PEERGROUPS at connect). Both empty: whoever the socket's mode
+  // lets in. root and the service's own user are always allowed.
+  std::vector<std::string> allow_users;
+  std::vector<std::string> allow_groups;
 };
 
 struct StatsConfig {

@@ -1,13 +1,16 @@
 #include "dataplane/service/control.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -31,6 +34,54 @@ void mkdir_p(const std::string& dir) {
   }
 }
 
+// A user or group given by name or number; throws naming the key.
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(),
+                                   [](char c) { return c >= '0' && c <= '9'; });
+}
+
+uid_t resolve_user(const std::string& key, const std::string& v) {
+  if (all_digits(v)) return static_cast<uid_t>(std::stoul(v));
+  passwd pw{}, *res = nullptr;
+  char buf[4096];
+  if (getpwnam_r(v.c_str(), &pw, buf, sizeof buf, &res) != 0 || !res)
+    throw std::runtime_error(key + ": no user \"" + v + "\" on this host");
+  return pw.pw_uid;
+}
+
+gid_t resolve_group(const std::string& key, const std::string& v) {
+  if (all_digits(v)) return static_cast<gid_t>(std::stoul(v));
+  group gr{}, *res = nullptr;
+  char buf[4096];
+  if (getgrnam_r(v.c_str(), &gr, buf, sizeof buf, &res) != 0 || !res)
+    throw std::runtime_error(key + ": no group \"" + v + "\" on this host");
+  return gr.gr_gid;
+}
+
+std::string user_name(uid_t uid) {
+  passwd pw{}, *res = nullptr;
+  char buf[4096];
+  if (getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res)
+    return std::to_string(uid) + " (" + pw.pw_name + ")";
+  return std::to_string(uid);
+}
+
+// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13), as they
+// were when it connected.
+std::vector<gid_t> peer_groups(int fd) {
+  std::vector<gid_t> g(64);
+  for (int tries = 0; tries < 3; ++tries) {
+    socklen_t len = static_cast<socklen_t>(g.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g.data(), &len) == 0) {
+      g.resize(len / sizeof(gid_t));
+      return g;
+    }
+    if (errno != ERANGE) break;
+    g.resize(len / sizeof(gid_t) + 1);
+  }
+  return {};
+}
+
 }  // namespace
 
 ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h,
@@ -47,16 +98,31 @@ ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h,
   const size_t slash = path_.rfind('/');
   if (slash != std::string::npos && slash > 0) mkdir_p(path_.substr(0, slash));
 
+  // Names first: a config naming nobody known fails before any file.
+  for (const std::string& u : cfg.allow_users)
+    allow_uids_.insert(resolve_user("control.allow_users", u));
+  for (const std::string& g : cfg.allow_groups)
+    allow_gids_.insert(resolve_group("control.allow_groups", g));
+  const uid_t owner = cfg.owner.empty()
+                          ? static_cast<uid_t>(-1)
+                          : resolve_user("control.owner", cfg.owner);
+  const gid_t grp = cfg.group.empty()
+                        ? static_cast<gid_t>(-1)
+                        : resolve_group("control.group", cfg.group);
   ensure_free(path_);
   unlink(path_.c_str());
 
   listen_fd_ =
       socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) throw std::runtime_error(errstr("socket"));
+  // Owner and group before the mode, and both before listen(): nobody
+  // connects through a mode meant for other owners.
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      chown(path_.c_str(), owner, grp) != 0 ||
       chmod(path_.c_str(), cfg.mode) != 0 || listen(listen_fd_, 16) != 0) {
     const std::string e = errstr("control socket " + path_);
     close(listen_fd_);
+    unlink(path_.c_str());
     throw std::runtime_error(e);
   }
 }
@@ -91,10 +157,18 @@ ControlServer::~ControlServer() {
 // The socket file's mode already limits who can connect; the credentials
 // are checked again here (a socket inherited or passed around does not
 // widen access) and recorded for `urnicctl clients`.
-bool ControlServer::permitted(const ClientInfo& ci) const {
+// With control.allow_users / allow_groups, only they (and root and the
+// service's own user) may use the service, whatever the file mode.
+bool ControlServer::permitted(int fd, const ClientInfo& ci) const {
   if (ci.uid == 0 || ci.uid == geteuid()) return true;
-  if (mode_ & 0002) return true;
-  return (mode_ & 0020) && ci.gid == getegid();
+  if (allow_uids_.empty() && allow_gids_.empty()) {
+    if (mode_ & 0002) return true;
+    return (mode_ & 0020) && ci.gid == getegid();
+  }
+  if (allow_uids_.count(ci.uid) || allow_gids_.count(ci.gid)) return true;
+  for (gid_t g : peer_groups(fd))
+    if (allow_gids_.count(g)) return true;
+  return false;
 }
 
 void ControlServer::poll(int timeout_ms) {
@@ -126,20 +200,33 @@ void ControlServer::poll(int timeout_ms) {
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 ||
         clients_.size() >= kMaxClients) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
       close(fd);  // the client sees EOF, not a hang
       return;
     }
     c.info = {next_id_++, cr.pid, cr.uid, cr.gid};
-    if (!permitted(c.info)) {
+    if (!permitted(fd, c.info)) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
       ctl::Hdr rep;
       rep.status = -EACCES;
-      const std::string msg = "uid " + std::to_string(cr.uid) +
-                              " may not use this urnicd (socket mode " +
-                              std::to_string(mode_) + ")";
+      char mode[8];
+      snprintf(mode, sizeof mode, "%04o", mode_);
+      const std::string msg =
+          "uid " + user_name(cr.uid) + " may not use this urnicd" +
+          (allow_uids_.empty() && allow_gids_.empty()
+               ? std::string(" (socket mode ") + mode + ")"
+               : std::string(
+                     " (not in control.allow_users or control.allow_groups)"));
       rep.len = static_cast<uint32_t>(msg.size());
       std::string out(reinterpret_cast<const char*>(&rep), sizeof rep);
       send(fd, (out + msg).data(), out.size() + msg.size(),
            MSG_DONTWAIT | MSG_NOSIGNAL);
+      // Closing a Unix socket with unread data resets the peer, which may
+      // then never read the answer: read what it already sent first.
+      shutdown(fd, SHUT_WR);
+      char sink[256];
+      while (recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+      }
       close(fd);
       return;
     }

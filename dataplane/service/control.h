@@ -4,7 +4,9 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <functional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +59,8 @@ class ControlServer {
   // Waits up to timeout_ms for activity, serves it.
   void poll(int timeout_ms);
   const std::string& path() const { return path_; }
+  // Connections refused (control.allow_*, the socket's mode, too many).
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
   struct Client {
@@ -65,9 +69,13 @@ class ControlServer {
   };
   // False when the connection is finished.
   bool serve(Client& c);
-  bool permitted(const ClientInfo& ci) const;
+  // Whether the peer of `fd` (credentials `ci`) may use the service.
+  bool permitted(int fd, const ClientInfo& ci) const;
   std::string path_;
   uint32_t mode_ = 0;
+  std::set<uid_t> allow_uids_;  // control.allow_users, resolved
+  std::set<gid_t> allow_gids_;  // control.allow_groups, resolved
+  std::atomic<uint64_t> refused_{0};
   int listen_fd_ = -1;
   uint64_t next_id_ = 1;
   std::vector<Client> clients_;

@@ -374,6 +374,7 @@ int run(const config::Config& cfg, char* prog) {
         }
         s.neigh_entries = neigh->size();
         if (shim) s.shim = shim->stats();
+        if (ctl) s.shim.push_back({"control_refusals", ctl->refused()});
         return s;
       };
       stats::Snapshot last_query = snapshot();
