@@ -67,8 +67,10 @@ int Device::dealloc_pd(Pd* pd) {
 
 // lkey/rkey: table index in the upper 24 bits, 8 random bits below, never
 // the same as the previous key of that slot (a stale key stays invalid).
-uint32_t Device::new_key(uint32_t index) {
-  const uint32_t old = mrs_[index]->lkey_ & 0xff;
+// A key for table slot `index` whose low byte differs from the slot's
+// previous key (`old`), so a stale key of the slot is refused.
+uint32_t Device::new_key(uint32_t index, uint32_t old) {
+  old &= 0xff;
   uint32_t low;
   do {
     low = static_cast<uint32_t>(key_rng_() & 0xff);
@@ -90,8 +92,8 @@ int Device::reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
   if (nmr_ >= cfg_.limits.max_mr) return ENOMEM;
   uint32_t idx;
   Mr* mr = take_slot(mrs_, &idx);
-  if (idx >= (1u << 24)) return ENOMEM;
-  const uint32_t key = new_key(idx);
+  if (idx >= kMwIndex) return ENOMEM;
+  const uint32_t key = new_key(idx, mr->lkey_);
   *mr = Mr{};
   mr->pd_ = pd;
   mr->host_ = static_cast<uint8_t*>(host);
@@ -108,10 +110,109 @@ int Device::reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
 
 int Device::dereg_mr(Mr* mr) {
   if (!mr || !mr->live_) return EINVAL;
+  if (mr->mw_binds_) return EBUSY;
   mr->live_ = false;
   --mr->pd_->users_;
   --nmr_;
   return 0;
+}
+
+int Device::alloc_mw(Pd* pd, ibv_mw_type type, Mw** out) {
+  if (!pd || !pd->live_) return EINVAL;
+  if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return EINVAL;
+  if (nmw_ >= cfg_.limits.max_mr) return ENOMEM;
+  uint32_t idx;
+  Mw* mw = take_slot(mws_, &idx);
+  if (idx >= kMwIndex) return ENOMEM;
+  const uint32_t key = new_key(kMwIndex + idx, mw->rkey_);
+  *mw = Mw{};
+  mw->pd_ = pd;
+  mw->type_ = type;
+  mw->rkey_ = key;
+  mw->live_ = true;
+  ++pd->users_;
+  ++nmw_;
+  *out = mw;
+  return 0;
+}
+
+// Ends a window's binding (it keeps its rkey; no remote access).
+void Device::unbind(Mw& mw) {
+  --mw.mr_->mw_binds_;
+  mw.mr_ = nullptr;
+  mw.va_ = mw.length_ = 0;
+  mw.access_ = 0;
+  mw.qpn_ = 0;
+}
+
+int Device::dealloc_mw(Mw* mw) {
+  if (!mw || !mw->live_) return EINVAL;
+  if (mw->mr_) unbind(*mw);
+  mw->live_ = false;
+  --mw->pd_->users_;
+  --nmw_;
+  return 0;
+}
+
+Mw* Device::mw_by_rkey(uint32_t rkey) const {
+  const uint32_t idx = rkey >> 8;
+  if (idx < kMwIndex || idx - kMwIndex >= mws_.size()) return nullptr;
+  Mw* mw = mws_[idx - kMwIndex].get();
+  return mw->live_ && mw->rkey_ == rkey ? mw : nullptr;
+}
+
+ibv_wc_status Device::bind_mw(const Pd* pd, uint32_t qpn, const MwBind& b) {
+  Mw* mw = mw_by_rkey(b.mw_rkey);
+  if (!mw || mw->pd_ != pd) return IBV_WC_MW_BIND_ERR;
+  // The new rkey keeps the window's index; only its key byte is the
+  // consumer's (ibv_inc_rkey).
+  if ((b.new_rkey >> 8) != (b.mw_rkey >> 8)) return IBV_WC_MW_BIND_ERR;
+  constexpr uint32_t kRemote = IBV_ACCESS_REMOTE_WRITE |
+                               IBV_ACCESS_REMOTE_READ |
+                               IBV_ACCESS_REMOTE_ATOMIC;
+  if (b.access & ~kRemote) return IBV_WC_MW_BIND_ERR;  // zero-based: no
+  if (b.length == 0) {  // type 1 unbind (10.6.7.2.1)
+    if (mw->type_ != IBV_MW_TYPE_1) return IBV_WC_MW_BIND_ERR;
+    if (mw->mr_) unbind(*mw);
+    mw->rkey_ = b.new_rkey;
+    return IBV_WC_SUCCESS;
+  }
+  // A type 2 window is bound once until invalidated.
+  if (mw->type_ == IBV_MW_TYPE_2 && mw->mr_) return IBV_WC_MW_BIND_ERR;
+  Mr* mr = mr_by_lkey(b.mr_lkey);
+  if (!mr || mr->pd_ != pd || !(mr->access_ & IBV_ACCESS_MW_BIND) ||
+      !mr->contains(b.addr, b.length))
+    return IBV_WC_MW_BIND_ERR;
+  // Remote write/atomic through a window need local write on its MR.
+  if ((b.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(mr->access_ & IBV_ACCESS_LOCAL_WRITE))
+    return IBV_WC_MW_BIND_ERR;
+  if (mw->mr_) unbind(*mw);  // type 1 rebind
+  mw->mr_ = mr;
+  ++mr->mw_binds_;
+  mw->va_ = b.addr;
+  mw->length_ = b.length;
+  mw->access_ = b.access;
+  mw->qpn_ = mw->type_ == IBV_MW_TYPE_2 ? qpn : 0;
+  mw->rkey_ = b.new_rkey;
+  return IBV_WC_SUCCESS;
+}
+
+ibv_wc_status Device::local_invalidate(const Pd* pd, uint32_t rkey) {
+  Mw* mw = mw_by_rkey(rkey);
+  if (!mw || mw->pd_ != pd || mw->type_ != IBV_MW_TYPE_2 || !mw->mr_)
+    return IBV_WC_LOC_QP_OP_ERR;
+  unbind(*mw);
+  return IBV_WC_SUCCESS;
+}
+
+bool Device::remote_invalidate(const Pd* pd, uint32_t qpn, uint32_t rkey) {
+  Mw* mw = mw_by_rkey(rkey);
+  if (!mw || mw->pd_ != pd || mw->type_ != IBV_MW_TYPE_2 || !mw->mr_ ||
+      mw->qpn_ != qpn)
+    return false;
+  unbind(*mw);
+  return true;
 }
 
 Mr* Device::mr_by_lkey(uint32_t lkey) const {
@@ -140,8 +241,21 @@ AccessError Device::check_local(const Pd* pd, uint32_t lkey, uint64_t va,
 }
 
 AccessError Device::check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
-                                 uint64_t len, uint32_t rights,
-                                 Mr** out) const {
+                                 uint64_t len, uint32_t rights, Mr** out,
+                                 uint32_t qpn) const {
+  if ((rkey >> 8) >= kMwIndex) {
+    const Mw* mw = mw_by_rkey(rkey);
+    if (!mw || !mw->mr_) return AccessError::kBadKey;
+    if (mw->pd_ != pd) return AccessError::kPd;
+    if (mw->type_ == IBV_MW_TYPE_2 && mw->qpn_ != qpn)
+      return AccessError::kBadKey;  // another QP's window
+    if (!(va >= mw->va_ && va - mw->va_ <= mw->length_ &&
+          len <= mw->length_ - (va - mw->va_)))
+      return AccessError::kBounds;
+    if ((mw->access_ & rights) != rights) return AccessError::kRights;
+    *out = mw->mr_;  // the bytes: inside the MR, as the bind checked
+    return AccessError::kOk;
+  }
   Mr* mr = mr_by_rkey(rkey);
   if (!mr) return AccessError::kBadKey;
   if (mr->pd_ != pd) return AccessError::kPd;

@@ -59,6 +59,35 @@ class Mr {
   uint32_t access_ = 0;
   uint32_t lkey_ = 0;
   uint32_t rkey_ = 0;
+  uint32_t mw_binds_ = 0;  // windows bound to it (deregistration: EBUSY)
+  bool live_ = false;
+};
+
+// Memory window (IBTA 10.6.7): a remote-access view of part of an MR,
+// bound and invalidated through a QP's send queue. Type 1 belongs to its
+// PD and is rebound at will; type 2 is bound once by one QP (and only that
+// QP's peer may use it) until invalidated (LOCAL_INV, or a peer's
+// SEND_WITH_INV). Its rkeys live in the upper half of the key space (index
+// bit 23), so an MR key and an MW key never collide.
+class Mw {
+ public:
+  Pd* pd() const { return pd_; }
+  ibv_mw_type type() const { return type_; }
+  uint32_t rkey() const { return rkey_; }
+  bool bound() const { return mr_ != nullptr; }
+
+  bool live() const { return live_; }
+
+ private:
+  friend class Device;
+  Pd* pd_ = nullptr;
+  ibv_mw_type type_ = IBV_MW_TYPE_1;
+  uint32_t rkey_ = 0;
+  Mr* mr_ = nullptr;  // bound to; null: free (no remote access)
+  uint64_t va_ = 0;
+  uint64_t length_ = 0;
+  uint32_t access_ = 0;
+  uint32_t qpn_ = 0;  // type 2: the QP it was bound through
   bool live_ = false;
 };
 
@@ -223,7 +252,20 @@ class Device {
   // iova for ibv_reg_mr). REMOTE_WRITE/ATOMIC require LOCAL_WRITE (verbs).
   int reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
              uint32_t access, Mr** out);
-  int dereg_mr(Mr* mr);
+  int dereg_mr(Mr* mr);  // EBUSY while windows are bound to it
+  // ibv_alloc_mw / ibv_dealloc_mw (dealloc unbinds a bound window).
+  int alloc_mw(Pd* pd, ibv_mw_type type, Mw** out);
+  int dealloc_mw(Mw* mw);
+  // Executed by the requester of QP `qpn` (PD `pd`) in send-queue order:
+  // a bind (IBV_WC_MW_BIND_ERR if any rule of 10.6.7.2 fails) and a local
+  // invalidate of a type 2 window (IBV_WC_LOC_QP_OP_ERR if it is not one,
+  // bound, of this PD). IBV_WC_SUCCESS otherwise.
+  ibv_wc_status bind_mw(const Pd* pd, uint32_t qpn, const MwBind& b);
+  ibv_wc_status local_invalidate(const Pd* pd, uint32_t rkey);
+  // SEND_WITH_INV received on QP `qpn`: invalidates the type 2 window
+  // `rkey` bound through that QP. False if it is no such window.
+  bool remote_invalidate(const Pd* pd, uint32_t qpn, uint32_t rkey);
+  Mw* mw_by_rkey(uint32_t rkey) const;
   // capacity == cqe. With `shared` (shim::cq_shared_len(cqe) bytes,
   // zeroed, owned by the caller and outliving the CQ) the ring lives there.
   int create_cq(uint32_t cqe, Cq** out, void* shared = nullptr);
@@ -253,8 +295,11 @@ class Device {
   // (IBV_ACCESS_* bits; 0 for a local read) on `pd`.
   AccessError check_local(const Pd* pd, uint32_t lkey, uint64_t va,
                           uint64_t len, uint32_t rights, Mr** out) const;
+  // An rkey may name an MR or a bound memory window (of this PD, and for
+  // type 2 bound through QP `qpn`); *out is the MR that holds the bytes.
   AccessError check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
-                           uint64_t len, uint32_t rights, Mr** out) const;
+                           uint64_t len, uint32_t rights, Mr** out,
+                           uint32_t qpn = 0) const;
 
   // Asynchronous events (fixed ring; overflow counted). raise() runs on the
   // engine's lcore, next_event() on one consumer thread (SP/SC).
@@ -265,6 +310,7 @@ class Device {
   // Object counts, for limits and `urnicctl`.
   uint32_t num_pds() const { return npd_; }
   uint32_t num_mrs() const { return nmr_; }
+  uint32_t num_mws() const { return nmw_; }
   uint32_t num_cqs() const { return ncq_; }
   uint32_t num_srqs() const { return nsrq_; }
   uint32_t num_ahs() const { return nah_; }
@@ -278,17 +324,20 @@ class Device {
   static void release(Srq* srq) { --srq->users_; }
 
  private:
-  uint32_t new_key(uint32_t index);
+  static constexpr uint32_t kMwIndex = 1u << 23;  // MW key indices from here
+  static void unbind(Mw& mw);
+  uint32_t new_key(uint32_t index, uint32_t old);
 
   DeviceConfig cfg_;
   Resolver* resolver_;
   std::mt19937_64 key_rng_;
   std::vector<std::unique_ptr<Pd>> pds_;
   std::vector<std::unique_ptr<Mr>> mrs_;  // index = key >> 8
+  std::vector<std::unique_ptr<Mw>> mws_;  // index = (key >> 8) - kMwIndex
   std::vector<std::unique_ptr<Cq>> cqs_;
   std::vector<std::unique_ptr<Srq>> srqs_;
   std::vector<std::unique_ptr<Ah>> ahs_;
-  uint32_t npd_ = 0, nmr_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
+  uint32_t npd_ = 0, nmr_ = 0, nmw_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
   std::vector<AsyncEvent> events_;
   std::atomic<uint64_t> ev_head_{0}, ev_tail_{0};  // consumer / producer
   uint64_t events_dropped_ = 0;

@@ -43,7 +43,7 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(ok)              X(rnr)             X(rkey_invalid)    X(rkey_pd)        \
   X(rkey_bounds)     X(rkey_rights)     X(qp_access)       X(opcode_seq)     \
   X(opcode_length)   X(write_length)    X(rd_atomic_over)  X(atomic_misaligned) \
-  X(recv_too_small)  X(recv_bad_lkey)
+  X(recv_too_small)  X(recv_bad_lkey)    X(invalidate_rkey)
 // clang-format on
 enum class RespResult : uint8_t {
 #define URNIC_RESP_ENUM(n) n,

@@ -44,6 +44,12 @@ uint8_t data_opcode(ibv_qp_type t, ibv_wr_opcode op, bool first, bool last) {
       op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
   if (t == IBV_QPT_UD) return imm ? kUdSendOnlyImm : kUdSendOnly;
   uint8_t c;
+  if (op == IBV_WR_SEND_WITH_INV) {  // RC only (valid_opcode)
+    return first && last ? kRcSendOnlyInv
+           : first       ? kRcSendFirst
+           : last        ? kRcSendLastInv
+                         : kRcSendMiddle;
+  }
   if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
     c = first && last ? (imm ? kRcSendOnlyImm : kRcSendOnly)
         : first       ? kRcSendFirst
@@ -108,7 +114,10 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
       f.reth_rkey = w.wr.rkey;
       f.reth_len = w.length;
     }
-    if (last) f.imm = ntohl(w.wr.imm_data);
+    if (last && op == IBV_WR_SEND_WITH_INV)
+      f.ieth_rkey = w.wr.imm_data;  // invalidate_rkey, host order
+    else if (last)
+      f.imm = ntohl(w.wr.imm_data);
     f.se = last && (w.wr.send_flags & IBV_SEND_SOLICITED) &&
            op != IBV_WR_RDMA_WRITE;
     npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
@@ -189,6 +198,25 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       break;
     }
     SendWqe& w = qp.sqe(qp.sq_next_);
+    if (is_local_op(w.wr.opcode)) {
+      if (qp.state_ == IBV_QPS_SQD) break;
+      // Runs once everything posted before it has completed, so a bind or
+      // an invalidation never overtakes an earlier operation; the
+      // completer makes the QP ready again when the head gets here.
+      if (qp.sq_head_ != qp.sq_next_) break;
+      const ibv_wc_status st =
+          w.wr.opcode == IBV_WR_BIND_MW
+              ? e.dev_.bind_mw(qp.pd_, qp.qpn_, w.wr.bind)
+              : e.dev_.local_invalidate(qp.pd_, w.wr.imm_data);
+      ++qp.sq_next_;
+      if (st != IBV_WC_SUCCESS) {
+        e.ctr_.inc(ECtr::local_errors);
+        e.fail_head(qp, st);  // a local error: the QP goes to error
+        break;
+      }
+      e.complete_head(qp, st);
+      continue;
+    }
     const bool rd = is_rd_atomic(w.wr.opcode);
     if (!w.started && qp.req_.offset == 0) {
       if (qp.state_ == IBV_QPS_SQD) break;       // draining: no new WRs

@@ -49,6 +49,11 @@ constexpr RespError kRespErrors[kNumRespResults] = {
     {aeth::kNakInvalidRequest, ECtr::rx_atomic_misaligned, IBV_WC_SUCCESS},
     {aeth::kNakInvalidRequest, ECtr::rx_recv_too_small, IBV_WC_LOC_LEN_ERR},
     {aeth::kNakRemoteOp, ECtr::rx_recv_bad_lkey, IBV_WC_LOC_PROT_ERR},
+    // SEND_WITH_INV naming no type 2 window bound through this QP: the
+    // receive completes in error, as rxe does (its responder's
+    // RESPST_ERR_INVALIDATE_RKEY).
+    {aeth::kNakInvalidRequest, ECtr::rx_invalidate_rkey,
+     IBV_WC_REM_INV_REQ_ERR},
 };
 const RespError& resp_error(Res r) {
   return kRespErrors[static_cast<size_t>(r)];
@@ -116,6 +121,10 @@ void complete_recv(Engine& e, Qp& qp, ibv_wc_status st, ibv_wc_opcode op,
     wc.wc_flags |= IBV_WC_WITH_IMM;
     wc.imm_data = htonl(f.imm);  // ibv_wc carries it in network order
   }
+  if (f.opcode == kRcSendLastInv || f.opcode == kRcSendOnlyInv) {
+    wc.wc_flags |= IBV_WC_WITH_INV;
+    wc.invalidated_rkey = f.ieth_rkey;
+  }
   if (qp.type_ == IBV_QPT_UD) {
     wc.wc_flags |= IBV_WC_GRH;
     wc.src_qp = f.deth_src_qp;
@@ -180,7 +189,7 @@ Res check_rkey(Engine& e, Qp& qp, uint32_t rkey, uint64_t va, uint32_t len,
   }
   if (!(qp.access_ & right)) return Res::qp_access;
   Mr* mr;
-  switch (e.dev_.check_remote(qp.pd_, rkey, va, len, right, &mr)) {
+  switch (e.dev_.check_remote(qp.pd_, rkey, va, len, right, &mr, qp.qpn_)) {
     case AccessError::kOk:
       break;
     case AccessError::kBadKey:
@@ -220,6 +229,11 @@ Res do_send(Engine& e, Qp& qp, const RxPkt& p) {
   if (r.recv_off + len > r.recv_cap) return Res::recv_too_small;
   scatter(r.recv_sg, r.recv_nsg, r.recv_off, p.segs, p.fi.payload_off, len);
   r.recv_off += len;
+  // SEND_WITH_INV: the window is invalidated before the receive completes,
+  // so the consumer that sees the completion sees the window gone.
+  if (last && (p.op.mask & wire::kIeth) &&
+      !e.dev_.remote_invalidate(qp.pd_, qp.qpn_, p.f.ieth_rkey))
+    return Res::invalidate_rkey;
   if (last) {
     r.msg = Qp::Resp::kNone;
     r.msn = psn_add(r.msn, 1);

@@ -60,10 +60,20 @@ constexpr bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_SEND_WITH_INV:
       return t == IBV_QPT_RC;
+    case IBV_WR_LOCAL_INV:
+    case IBV_WR_BIND_MW:
+      return t == IBV_QPT_RC || t == IBV_QPT_UC;
     default:
-      return false;  // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ...
+      return false;  // TSO, ATOMIC_WRITE, FLUSH, ...
   }
+}
+
+// Operations the requester executes itself, sending nothing: memory window
+// bind and local invalidate (IBTA 10.6.7, 10.6.6.5).
+constexpr bool is_local_op(ibv_wr_opcode op) {
+  return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV;
 }
 
 // Packets (PSNs) a message of `len` bytes takes at path MTU `mtu` (a
@@ -83,6 +93,18 @@ struct Sge {
 
 class Ah;
 
+// IBV_WR_BIND_MW: which window (by its current rkey), the rkey it gets,
+// and the range of which MR (by lkey) with which rights. length 0 unbinds
+// a type 1 window.
+struct MwBind {
+  uint32_t mw_rkey = 0;
+  uint32_t new_rkey = 0;
+  uint32_t mr_lkey = 0;
+  uint32_t access = 0;  // IBV_ACCESS_REMOTE_* (and ZERO_BASED: refused)
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
 // A send work request as posted (a copy of ibv_send_wr without pointers).
 // With IBV_SEND_INLINE the sg_list addresses are read once, at post time.
 struct SendWr {
@@ -91,7 +113,9 @@ struct SendWr {
   uint32_t send_flags = 0;  // IBV_SEND_SIGNALED | FENCE | SOLICITED | INLINE
   uint32_t num_sge = 0;
   Sge sg_list[kMaxSge];
-  uint32_t imm_data = 0;  // network byte order, as in ibv_send_wr
+  // Network byte order, as in ibv_send_wr; for LOCAL_INV and SEND_WITH_INV
+  // the rkey to invalidate (host order: ibv_send_wr's invalidate_rkey).
+  uint32_t imm_data = 0;
   // RDMA (remote_addr, rkey) and atomics (remote_addr, rkey, compare_add,
   // swap).
   uint64_t remote_addr = 0;
@@ -102,6 +126,7 @@ struct SendWr {
   const Ah* ah = nullptr;
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
+  MwBind bind;  // IBV_WR_BIND_MW
 };
 
 struct RecvWr {

@@ -2746,6 +2746,209 @@ TEST_F(TransportTrace, RemoteAccessNakOnSecondWrImpliesAckOfFirst) {
 }
 
 // ===========================================================================
+// Memory windows (IBTA 10.6.7): bind and invalidate through the send queue,
+// remote access through the window's rkey, SEND_WITH_INV
+// ===========================================================================
+
+class TransportTraceMw : public TransportTrace {
+ protected:
+  // An MR over [0x90000, +8 KiB) that windows may be bound to.
+  Mr* bindable() {
+    Mr* m = nullptr;
+    EXPECT_EQ(dev_->reg_mr(pd_, at(0x90000), 8192, addr(0x90000),
+                           kAllAccess | IBV_ACCESS_MW_BIND, &m),
+              0);
+    return m;
+  }
+  static SendWr bind(uint64_t id, const Mw* mw, uint32_t new_rkey, const Mr* mr,
+                     uint64_t va, uint64_t len, uint32_t access) {
+    SendWr w = wr(id, IBV_WR_BIND_MW, {});
+    w.bind = {mw->rkey(), new_rkey, mr ? mr->lkey() : 0, access, va, len};
+    return w;
+  }
+  static uint32_t inc(uint32_t rkey) {
+    return (rkey & ~0xffu) | ((rkey + 1) & 0xff);
+  }
+};
+
+TEST_F(TransportTraceMw, Type2BindGivesRemoteAccessUntilSendWithInvalidate) {
+  ASSERT_TRUE(up());
+  Mr* mr = bindable();
+  Mw* mw = nullptr;
+  ASSERT_EQ(dev_->alloc_mw(pd_, IBV_MW_TYPE_2, &mw), 0);
+  const uint32_t rkey = inc(mw->rkey());
+  // Post: BIND of [0x90100, +256) with remote write. Expect: no packet, a
+  // BIND_MW completion, the window bound under the new rkey.
+  ASSERT_EQ(
+      post(bind(1, mw, rkey, mr, addr(0x90100), 256, IBV_ACCESS_REMOTE_WRITE)),
+      0);
+  poll(0);
+  EXPECT_TRUE(sent().empty());
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_BIND_MW);
+  EXPECT_EQ(mw->rkey(), rkey);
+  EXPECT_EQ(dev_->dereg_mr(mr), EBUSY);  // a window is bound to it
+  // Peer: WRITE of 64 bytes through the window. Expect: ACK, data there.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, addr(0x90100), 64, rkey),
+         pattern(64, 7));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(bytes(0x90100, 64), pattern(64, 7));
+  // Peer: SEND_ONLY_WITH_INVALIDATE of that rkey. Expect: the receive
+  // completes with IBV_WC_WITH_INV and the rkey; the window is free.
+  ASSERT_EQ(post_recv(rwr(5, {sge(0x10000, 64)})), 0);
+  auto inv = pkt(op::kRcSendOnlyInv, kRqPsn + 1, true);
+  inv.ieth_rkey = rkey;
+  inject(inv, pattern(16, 8));
+  poll(2 * kUs);
+  sent();
+  wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 5u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_TRUE(wc[0].wc_flags & IBV_WC_WITH_INV);
+  EXPECT_EQ(wc[0].invalidated_rkey, rkey);
+  EXPECT_FALSE(mw->bound());
+  EXPECT_EQ(dev_->dereg_mr(mr), 0);  // nothing bound any more
+  // Peer: another WRITE through the old rkey. Expect: NAK remote access.
+  inject(write_req(op::kRcWriteOnly, kRqPsn + 2, true, addr(0x90100), 64, rkey),
+         pattern(64, 9));
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakRemAccess);
+  EXPECT_EQ(ctr(ECtr::rx_rkey_invalid), 1u);
+}
+
+TEST_F(TransportTraceMw, WindowLimitsTheRangeAndRights) {
+  ASSERT_TRUE(up());
+  Mr* mr = bindable();
+  Mw* mw = nullptr;
+  ASSERT_EQ(dev_->alloc_mw(pd_, IBV_MW_TYPE_1, &mw), 0);
+  const uint32_t rkey = inc(mw->rkey());
+  ASSERT_EQ(
+      post(bind(1, mw, rkey, mr, addr(0x90100), 256, IBV_ACCESS_REMOTE_READ)),
+      0);
+  poll(0);
+  ASSERT_EQ(cq_poll().size(), 1u);
+  // Peer: WRITE through a read-only window. Expect: NAK, rights.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, addr(0x90100), 8, rkey),
+         pattern(8, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakRemAccess);
+  EXPECT_EQ(ctr(ECtr::rx_rkey_rights), 1u);
+  // The window's own checks, directly: inside it, beyond it, another PD.
+  Mr* out = nullptr;
+  EXPECT_EQ(dev_->check_remote(pd_, rkey, addr(0x90100), 256,
+                               IBV_ACCESS_REMOTE_READ, &out),
+            AccessError::kOk);
+  EXPECT_EQ(out, mr);
+  EXPECT_EQ(dev_->check_remote(pd_, rkey, addr(0x90100), 257,
+                               IBV_ACCESS_REMOTE_READ, &out),
+            AccessError::kBounds);
+  EXPECT_EQ(dev_->check_remote(pd_, mw->rkey() ^ 0x1, addr(0x90100), 8,
+                               IBV_ACCESS_REMOTE_READ, &out),
+            AccessError::kBadKey);
+}
+
+TEST_F(TransportTraceMw, BindErrorsCompleteWithMwBindErr) {
+  ASSERT_TRUE(up());
+  Mw* mw = nullptr;
+  ASSERT_EQ(dev_->alloc_mw(pd_, IBV_MW_TYPE_1, &mw), 0);
+  // mr_ lacks IBV_ACCESS_MW_BIND: the bind fails, the QP goes to error.
+  ASSERT_EQ(post(bind(7, mw, inc(mw->rkey()), mr_, addr(0), 64,
+                      IBV_ACCESS_REMOTE_READ)),
+            0);
+  poll(0);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 7u, IBV_WC_MW_BIND_ERR, IBV_WC_BIND_MW);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_FALSE(mw->bound());
+}
+
+TEST_F(TransportTraceMw, BindWaitsForEarlierWrsAndLocalInvalidate) {
+  ASSERT_TRUE(up());
+  Mr* mr = bindable();
+  Mw* mw = nullptr;
+  ASSERT_EQ(dev_->alloc_mw(pd_, IBV_MW_TYPE_2, &mw), 0);
+  const uint32_t rkey = inc(mw->rkey());
+  // Post: SEND (P), then BIND. Expect: the SEND goes, the BIND waits for
+  // its ACK (nothing bound yet), then completes after it.
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  ASSERT_EQ(
+      post(bind(2, mw, rkey, mr, addr(0x90000), 64, IBV_ACCESS_REMOTE_READ)),
+      0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  EXPECT_FALSE(mw->bound());
+  inject(ack(kSqPsn));
+  poll(1 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_BIND_MW);
+  EXPECT_TRUE(mw->bound());
+  // A type 2 window is bound once: binding it again is an error (asked of
+  // the device directly, which leaves the QP alone)...
+  EXPECT_EQ(dev_->bind_mw(pd_, qp_->qpn(),
+                          {rkey, inc(rkey), mr->lkey(), IBV_ACCESS_REMOTE_READ,
+                           addr(0x90000), 64}),
+            IBV_WC_MW_BIND_ERR);
+  // ...but LOCAL_INV frees it, and then it can be bound again.
+  SendWr li = wr(3, IBV_WR_LOCAL_INV, {});
+  li.imm_data = rkey;
+  ASSERT_EQ(post(li), 0);
+  poll(2 * kUs);
+  wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV);
+  EXPECT_FALSE(mw->bound());
+  ASSERT_EQ(post(bind(4, mw, inc(rkey), mr, addr(0x90000), 64,
+                      IBV_ACCESS_REMOTE_READ)),
+            0);
+  poll(3 * kUs);
+  wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 4u, IBV_WC_SUCCESS, IBV_WC_BIND_MW);
+  // Deallocating a bound window unbinds it; its MR can go then.
+  ASSERT_EQ(dev_->dealloc_mw(mw), 0);
+  EXPECT_EQ(dev_->dereg_mr(mr), 0);
+}
+
+TEST_F(TransportTraceMw, SendWithInvalidateCarriesItsRkeyInTheIeth) {
+  ASSERT_TRUE(up());
+  SendWr w = wr(1, IBV_WR_SEND_WITH_INV, {sge(0, 16)});
+  w.imm_data = 0x800123ab;
+  ASSERT_EQ(post(w), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcSendOnlyInv);
+  EXPECT_EQ(p[0].f.ieth_rkey, 0x800123abu);
+}
+
+TEST_F(TransportTraceMw, SendWithInvalidateOfNoWindowFailsTheReceive) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post_recv(rwr(5, {sge(0x10000, 64)})), 0);
+  auto inv = pkt(op::kRcSendOnlyInv, kRqPsn, true);
+  inv.ieth_rkey = mr_->rkey();  // an MR: not invalidatable
+  inject(inv, pattern(16, 8));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 5u, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV);
+  EXPECT_EQ(ctr(ECtr::rx_invalidate_rkey), 1u);
+}
+
+// ===========================================================================
 // PSN wrap-around
 // ===========================================================================
 
