@@ -58,6 +58,8 @@ enum class Op : uint16_t {
   kDestroyAh,       // HandleReq
   kAsyncRequeue,    // AsyncRequeueReq: send these events again (see below)
   kResizeCq,        // ResizeCqReq -> CreateCqRep + fd: the CQ's new memory
+  kAllocMw,         // AllocMwReq -> AllocMwRep
+  kDeallocMw,       // HandleReq
 };
 
 struct OpenReq {
@@ -122,6 +124,15 @@ struct CreateCqRep {
   uint32_t handle = 0;
   uint32_t cqe = 0;      // usable entries (>= asked)
   uint64_t map_len = 0;  // bytes of the passed fd to map
+};
+
+struct AllocMwReq {
+  uint32_t pd = 0;
+  uint32_t type = 0;  // ibv_mw_type
+};
+struct AllocMwRep {
+  uint32_t handle = 0;
+  uint32_t rkey = 0;
 };
 
 // The CQ moves to new memory with its unpolled completions first; the
@@ -228,13 +239,18 @@ struct ShmSendWqe {
   uint32_t opcode;      // ibv_wr_opcode
   uint32_t send_flags;  // IBV_SEND_*
   uint32_t num_sge;     // SGEs in sge[] (0 when inline)
-  uint32_t imm_data;    // network byte order (also invalidate rkey)
-  uint32_t rkey;
+  // Network byte order; LOCAL_INV and SEND_WITH_INV: the rkey to
+  // invalidate; BIND_MW: the window's current rkey (which window).
+  uint32_t imm_data;
+  uint32_t rkey;         // RDMA, atomics; BIND_MW: the window's new rkey
   uint32_t ah;           // UD: AH handle
   uint32_t remote_qpn;   // UD
   uint32_t remote_qkey;  // UD
   uint32_t inline_len;   // IBV_SEND_INLINE: bytes in inline_data
-  uint32_t pad[3];
+  // BIND_MW: the MR's lkey; remote_addr, compare_add and swap carry the
+  // range's address, its length and the window's access flags.
+  uint32_t bind_lkey;
+  uint32_t pad[2];
   union {
     ShmSge sge[kMaxSge];
     uint8_t inline_data[kMaxInline];

@@ -47,11 +47,30 @@ int check_length(const Qp& q, ibv_wr_opcode op, uint64_t len, bool inl,
   return 0;
 }
 
+// A BIND_MW WQE (abi.h, ShmSendWqe): the window is named by its rkey now,
+// which then becomes the new one (as providers update mw->rkey). The
+// service checks the MR, range and rights when the bind executes.
+int set_bind(Qp& q, ShmSendWqe& w, ibv_mw* mw, uint32_t rkey,
+             const ibv_mw_bind_info& bi) {
+  if (!mw || mw->context != q.qpx.qp_base.context) return EINVAL;
+  if (bi.mr && bi.mr->context != mw->context) return EINVAL;
+  w.imm_data = mw->rkey;
+  w.rkey = rkey;
+  w.remote_addr = bi.addr;
+  w.compare_add = bi.length;
+  w.swap = static_cast<uint32_t>(bi.mw_access_flags);
+  w.bind_lkey = bi.mr ? bi.mr->lkey : 0;
+  mw->rkey = rkey;
+  return 0;
+}
+
 // Copies one ibv_send_wr into its slot (the slot is not yet published).
 int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
   if (!valid_opcode(q.type, wr->opcode)) return EINVAL;
   if (wr->num_sge < 0) return EINVAL;
   const bool inl = wr->send_flags & IBV_SEND_INLINE;
+  // A bind or a local invalidate carries no data.
+  if (transport::is_local_op(wr->opcode) && (wr->num_sge || inl)) return EINVAL;
   const auto nsge = static_cast<uint32_t>(wr->num_sge);
   // Inline data is gathered now, so any number of SGEs may feed it.
   if (!inl && nsge > q.cap.max_send_sge) return EINVAL;
@@ -73,6 +92,7 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
   w.ah = 0;
   w.remote_qpn = 0;
   w.remote_qkey = 0;
+  w.bind_lkey = 0;
   switch (wr->opcode) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -87,8 +107,13 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
       w.compare_add = wr->wr.atomic.compare_add;
       w.swap = wr->wr.atomic.swap;
       break;
-    default:
+    case IBV_WR_BIND_MW:
+      if (set_bind(q, w, wr->bind_mw.mw, wr->bind_mw.rkey,
+                   wr->bind_mw.bind_info))
+        return EINVAL;
       break;
+    default:
+      break;  // LOCAL_INV, SEND_WITH_INV: imm_data is invalidate_rkey
   }
   if (q.type == IBV_QPT_UD) {
     w.ah = wr->wr.ud.ah->handle;
@@ -124,6 +149,22 @@ void publish_sq(Qp& q, uint32_t prod) {
 }
 
 }  // namespace
+
+// ibv_bind_mw (type 1, verbs.h checked the type): a BIND_MW WR on the QP
+// with the next rkey, as providers post it; mw->rkey is the new one once
+// posted, and the completion says whether the bind took.
+int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mb) {
+  if (!mb) return EINVAL;
+  ibv_send_wr wr{};
+  wr.wr_id = mb->wr_id;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = static_cast<unsigned>(mb->send_flags);
+  wr.bind_mw.mw = mw;
+  wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+  wr.bind_mw.bind_info = mb->bind_info;
+  ibv_send_wr* bad = nullptr;
+  return post_send(qp, &wr, &bad);
+}
 
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Qp& q = qp_of(qp);
@@ -459,6 +500,7 @@ ShmSendWqe* wr_begin(ibv_qp_ex* qx, ibv_wr_opcode op) {
   w.ah = 0;
   w.remote_qpn = 0;
   w.remote_qkey = 0;
+  w.bind_lkey = 0;
   w.sge[0] = {};
   q.wr_cur = &w;
   q.wr_ud_set = false;
@@ -504,10 +546,21 @@ void wr_send_imm(ibv_qp_ex* qx, __be32 imm) {
   if (ShmSendWqe* w = wr_begin(qx, IBV_WR_SEND_WITH_IMM)) w->imm_data = imm;
 }
 
-void wr_send_inv(ibv_qp_ex* qx, uint32_t) {
+void wr_send_inv(ibv_qp_ex* qx, uint32_t invalidate_rkey) {
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_SEND_WITH_INV))
+    w->imm_data = invalidate_rkey;
+}
+
+void wr_local_inv(ibv_qp_ex* qx, uint32_t invalidate_rkey) {
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_LOCAL_INV))
+    w->imm_data = invalidate_rkey;
+}
+
+void wr_bind_mw(ibv_qp_ex* qx, ibv_mw* mw, uint32_t rkey,
+                const ibv_mw_bind_info* bi) {
   Qp& q = qp_of(qx);
-  wr_finish(q);
-  wr_error(q, EOPNOTSUPP);  // no remote invalidation in the transport
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_BIND_MW))
+    if (!bi || set_bind(q, *w, mw, rkey, *bi)) wr_error(q, EINVAL);
 }
 
 void wr_rdma(ibv_qp_ex* qx, ibv_wr_opcode op, uint32_t rkey, uint64_t raddr,
@@ -630,6 +683,8 @@ void set_qp_ex_ops(Qp& q, uint64_t ops) {
   if (ops & IBV_QP_EX_WITH_SEND) x.wr_send = wr_send;
   if (ops & IBV_QP_EX_WITH_SEND_WITH_IMM) x.wr_send_imm = wr_send_imm;
   if (ops & IBV_QP_EX_WITH_SEND_WITH_INV) x.wr_send_inv = wr_send_inv;
+  if (ops & IBV_QP_EX_WITH_LOCAL_INV) x.wr_local_inv = wr_local_inv;
+  if (ops & IBV_QP_EX_WITH_BIND_MW) x.wr_bind_mw = wr_bind_mw;
   if (ops & IBV_QP_EX_WITH_RDMA_WRITE) x.wr_rdma_write = wr_rdma_write;
   if (ops & IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)
     x.wr_rdma_write_imm = wr_rdma_write_imm;

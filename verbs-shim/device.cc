@@ -448,6 +448,9 @@ URNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   c.ops.post_send = post_send;
   c.ops.post_recv = post_recv;
   c.ops.post_srq_recv = post_srq_recv;
+  c.ops.alloc_mw = alloc_mw;
+  c.ops.bind_mw = bind_mw;
+  c.ops.dealloc_mw = dealloc_mw;
   register_context(ctx);
   return &c;
 }

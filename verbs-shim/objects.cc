@@ -264,6 +264,41 @@ URNIC_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   return 0;
 }
 
+// --- MW (verbs.h reaches these through context->ops)
+// -----------------------------------------------------------------------------
+
+ibv_mw* urnic::shim::alloc_mw(ibv_pd* pd, ibv_mw_type type) {
+  Context& c = ctx_of(pd->context);
+  AllocMwReq req{pd->handle, static_cast<uint32_t>(type)};
+  AllocMwRep rep;
+  if (c.call(Op::kAllocMw, "ibv_alloc_mw", &req, sizeof req, nullptr, 0, &rep,
+             sizeof rep))
+    return nullptr;
+  auto* mw = new (std::nothrow) ibv_mw{};
+  if (!mw) {
+    HandleReq h{rep.handle};
+    c.call(Op::kDeallocMw, "ibv_alloc_mw", &h, sizeof h, nullptr, 0, nullptr,
+           0);
+    return fail<ibv_mw>(ENOMEM);
+  }
+  mw->context = pd->context;
+  mw->pd = pd;
+  mw->rkey = rep.rkey;
+  mw->handle = rep.handle;
+  mw->type = type;
+  return mw;
+}
+
+int urnic::shim::dealloc_mw(ibv_mw* mw) {
+  Context& c = ctx_of(mw->context);
+  HandleReq h{mw->handle};
+  const int rc = c.call(Op::kDeallocMw, "ibv_dealloc_mw", &h, sizeof h, nullptr,
+                        0, nullptr, 0);
+  if (rc && !destroy_locally(c)) return rc;
+  delete mw;
+  return 0;
+}
+
 // --- CQ
 // -----------------------------------------------------------------------------
 
@@ -583,8 +618,8 @@ URNIC_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
 
 namespace {
 
-// The ibv_wr_* operations each QP type can carry. SEND_WITH_INV is accepted
-// here and refused by ibv_wr_complete (the transport has no invalidation).
+// The ibv_wr_* operations each QP type can carry (SEND_WITH_INV: RC only,
+// as its opcodes; windows are bound and invalidated on RC and UC).
 uint64_t supported_send_ops(ibv_qp_type t) {
   const uint64_t send = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
   const uint64_t write =
@@ -593,9 +628,11 @@ uint64_t supported_send_ops(ibv_qp_type t) {
     case IBV_QPT_RC:
       return send | write | IBV_QP_EX_WITH_RDMA_READ |
              IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+             IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_LOCAL_INV |
+             IBV_QP_EX_WITH_BIND_MW;
     case IBV_QPT_UC:
-      return send | write | IBV_QP_EX_WITH_SEND_WITH_INV;
+      return send | write | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
     case IBV_QPT_UD:
       return send;
     default:

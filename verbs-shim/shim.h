@@ -244,6 +244,9 @@ void* map_service_fd(int fd, size_t len);
 
 // Data path (datapath.cc).
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mb);
+ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type);
+int dealloc_mw(ibv_mw* mw);
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);

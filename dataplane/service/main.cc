@@ -83,11 +83,15 @@ shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
   d.hw_ver = 1;
   d.max_qp = static_cast<int>(l.max_qp);
   d.max_qp_wr = static_cast<int>(l.max_qp_wr);
-  d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT;
+  // Memory windows: type 1 and type 2B (bound to a QP and its PD).
+  d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
+                       IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   d.max_sge = d.max_sge_rd = static_cast<int>(l.max_sge);
   d.max_cq = static_cast<int>(l.max_cq);
   d.max_cqe = static_cast<int>(l.max_cqe);
   d.max_mr = static_cast<int>(l.max_mr);
+  d.max_mw = static_cast<int>(l.max_mr);  // windows share the MR key limit
   d.max_pd = static_cast<int>(l.max_pd);
   d.max_qp_rd_atom = l.max_dest_rd_atomic;
   d.max_qp_init_rd_atom = l.max_rd_atomic;

@@ -111,6 +111,7 @@ void ShimServer::release_all(Client& c) {
     for (auto& [h, a] : c.ahs) env_.dev->destroy_ah(a.ah);
     for (auto& [h, s] : c.srqs) env_.dev->destroy_srq(s->srq);
     for (auto& [h, q] : c.cqs) env_.dev->destroy_cq(q.cq);
+    for (auto& [h, w] : c.mws) env_.dev->dealloc_mw(w);  // before their MRs
     for (auto& [h, m] : c.mrs) {
       env_.dev->dereg_mr(m.mr);
       if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
@@ -128,6 +129,7 @@ void ShimServer::release_all(Client& c) {
   c.srqs.clear();
   c.cqs.clear();
   c.mrs.clear();
+  c.mws.clear();
   c.pds.clear();
   c.channels.clear();
   unmap(c.db_mem);
@@ -208,12 +210,41 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       MrObj& m = c.mrs[hr.handle];
       {
         ParkGuard park(*env_.gate);
-        dev.dereg_mr(m.mr);
+        // EBUSY while memory windows are bound to it (verbs).
+        if (const int rc = dev.dereg_mr(m.mr)) return rc;
         if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
       }
       retire_view(m.view);
       c.mr_bytes -= m.bytes;
       c.mrs.erase(hr.handle);
+      return 0;
+    }
+    case Op::kAllocMw: {
+      AllocMwReq r;
+      if (!body_as(req, &r) || !c.pds.count(r.pd)) return EINVAL;
+      // Windows are keys like MRs: they count against the same limit.
+      if (over_limit("max_mr", c.mrs.size() + c.mws.size(), 1,
+                     env_.client_limits.max_mr))
+        return ENOMEM;
+      transport::Mw* mw = nullptr;
+      int rc;
+      {
+        ParkGuard park(*env_.gate);
+        rc = dev.alloc_mw(c.pds[r.pd], static_cast<ibv_mw_type>(r.type), &mw);
+      }
+      if (rc) return rc;
+      const uint32_t h = c.next_handle++;
+      c.mws[h] = mw;
+      reply_with(rep, AllocMwRep{h, mw->rkey()});
+      return 0;
+    }
+    case Op::kDeallocMw: {
+      if (!body_as(req, &hr) || !c.mws.count(hr.handle)) return EINVAL;
+      {
+        ParkGuard park(*env_.gate);
+        dev.dealloc_mw(c.mws[hr.handle]);
+      }
+      c.mws.erase(hr.handle);
       return 0;
     }
     case Op::kCreateChannel: {
@@ -971,7 +1002,14 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     wr.swap = w.swap;
     wr.remote_qpn = w.remote_qpn & 0xffffff;
     wr.remote_qkey = w.remote_qkey;
-    bool ok = w.opcode <= IBV_WR_ATOMIC_FETCH_AND_ADD;
+    bool ok = w.opcode <= IBV_WR_SEND_WITH_INV;  // through BIND_MW, LOCAL_INV
+    if (wr.opcode == IBV_WR_BIND_MW) {
+      // abi.h: which window, its new rkey, the MR, range and rights.
+      wr.bind = {w.imm_data,    w.rkey,
+                 w.bind_lkey,   static_cast<uint32_t>(w.swap),
+                 w.remote_addr, w.compare_add};
+      ok = ok && w.num_sge == 0 && !(wr.send_flags & IBV_SEND_INLINE);
+    }
     if (wr.send_flags & IBV_SEND_INLINE) {
       // The engine copies inline data at post time, from this local copy.
       ok = ok && w.inline_len <= kMaxInline;

@@ -148,6 +148,7 @@ class ShimServer {
     uint32_t next_handle = 1;
     std::map<uint32_t, transport::Pd*> pds;
     std::map<uint32_t, MrObj> mrs;
+    std::map<uint32_t, transport::Mw*> mws;
     std::map<uint32_t, int> channels;  // handle -> service end of socket
     std::map<uint32_t, CqObj> cqs;
     std::map<uint32_t, std::unique_ptr<SrqObj>> srqs;

@@ -29,7 +29,10 @@
 //     byte for byte, a reply through ibv_create_ah_from_wc, the MTU limit
 //     and a wrong Q_Key;
 //  g) ibv_resize_cq: growing with completions in flight loses and reorders
-//     none, limits, shrinking.
+//     none, limits, shrinking;
+//  h) memory windows: type 1 through ibv_bind_mw and type 2 through
+//     ibv_wr_bind_mw, WRITE/READ through their rkeys, bounds, the MR busy
+//     while bound, SEND_WITH_INV invalidating a type 2 window.
 //
 // It links only libibverbs; tests/integration/verbs_shim.sh runs it with
 // LD_PRELOAD=liburnic-verbs.so and URNIC_SOCKET. Every check prints
@@ -966,13 +969,13 @@ void section_wr_rc(Dev& d) {
   {
     QpSpec bad = spec;
     bad.srq = nullptr;
-    bad.ops |= IBV_QP_EX_WITH_BIND_MW;
+    bad.ops |= IBV_QP_EX_WITH_TSO;
     errno = 0;
     ibv_qp* x = try_create_qp(d, bad, nullptr);
     const int e = errno;
     check(!x && e == EOPNOTSUPP,
-          "b) ibv_create_qp_ex with IBV_QP_EX_WITH_BIND_MW: NULL, errno "
-          "EOPNOTSUPP",
+          "b) ibv_create_qp_ex of an RC QP with IBV_QP_EX_WITH_TSO: NULL, "
+          "errno EOPNOTSUPP",
           x ? "it succeeded" : "errno " + err_text(e));
     if (x) ibv_destroy_qp(x);
     bad.ops = 0;
@@ -1194,16 +1197,6 @@ void section_wr_refusals(Dev& d) {
     ibv_qp_ex* qx;
   };
   const std::vector<Case> cases = {
-      {"a valid WRITE then ibv_wr_send_inv (no invalidation in the "
-       "transport)",
-       EOPNOTSUPP,
-       [&](ibv_qp_ex* x) {
-         write_to_dst(x, 31);
-         x->wr_id = 32;
-         ibv_wr_send_inv(x, 0x1234);
-         ibv_wr_set_sge(x, buf.lkey(), buf.addr(kSrc), 8);
-       },
-       ax},
       {fmt("inline data of max_inline_data + 1 (%u) bytes",
            cap.max_inline_data + 1),
        EINVAL,
@@ -1304,8 +1297,8 @@ void section_wr_refusals(Dev& d) {
   ibv_send_wr* bad = nullptr;
   rc = ibv_post_send(a.get(), &w, &bad);
   check(rc == EINVAL && bad == &w,
-        "c) ibv_post_send of IBV_WR_LOCAL_INV on the same QP: EINVAL, "
-        "*bad_wr is it",
+        "c) ibv_post_send of IBV_WR_LOCAL_INV with an SGE (it carries no "
+        "data): EINVAL, *bad_wr is it",
         "returned " + err_text(rc));
 }
 
@@ -1967,6 +1960,165 @@ void section_resize_cq(Dev& d) {
   check(why.empty(), "g) the shrunk CQ completes the next send", why);
 }
 
+// --- h) memory windows -------------------------------------------------------
+
+// One RDMA op of `len` bytes between b[local] and (raddr, rkey); its
+// completion status, or -1 if none came.
+int rdma_status(ibv_qp_ex* x, ibv_cq* cq, bool write, uint64_t wr_id,
+                const Buffer& b, size_t local, uint64_t raddr, uint32_t rkey,
+                uint32_t len) {
+  ibv_wr_start(x);
+  x->wr_id = wr_id;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  if (write)
+    ibv_wr_rdma_write(x, rkey, raddr);
+  else
+    ibv_wr_rdma_read(x, rkey, raddr);
+  ibv_wr_set_sge(x, b.lkey(), b.addr(local), len);
+  if (ibv_wr_complete(x)) return -1;
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (std::chrono::steady_clock::now() < end) {
+    ibv_wc w;
+    const int k = ibv_poll_cq(cq, 1, &w);
+    if (k < 0) return -1;
+    if (k == 1) return w.status;
+  }
+  return -1;
+}
+
+void section_mw(Dev& d) {
+  constexpr size_t kSrc = 0, kWin = 8192, kRecv = 16384, kRead = 24576;
+  ibv_device_attr da{};
+  const int qrc = ibv_query_device(d.ctx, &da);
+  check(qrc == 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
+            (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) &&
+            da.max_mw > 0,
+        "h) ibv_query_device: MEM_WINDOW, MEM_WINDOW_TYPE_2B, max_mw > 0",
+        fmt("flags %#llx max_mw %d",
+            static_cast<unsigned long long>(da.device_cap_flags), da.max_mw));
+  Buffer buf(d.pd, kBufLen);
+  fill(buf.p + kSrc, 256, 81);
+  // The windows' MR: the same pages, registered with MW_BIND.
+  ibv_mr* bmr = ibv_reg_mr(d.pd, buf.p, kBufLen, kAccess | IBV_ACCESS_MW_BIND);
+  if (!bmr) throw SetupError("ibv_reg_mr with MW_BIND: " + err_text(errno));
+  CqPtr acq = make_cq(d, 64), bcq = make_cq(d, 64), brcq = make_cq(d, 64);
+  QpSpec sa;
+  sa.scq = acq.get();
+  sa.rcq = acq.get();
+  sa.ops = kRcOps;
+  QpPtr a = make_qp(d, sa);
+  QpSpec sb;
+  sb.scq = bcq.get();
+  sb.rcq = brcq.get();
+  sb.ops = kRcOps | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
+  QpPtr b = make_qp(d, sb);
+  connect_rc(d, a.get(), b.get());
+  ibv_qp_ex* ax = qp_ex(a);
+  ibv_qp_ex* bx = qp_ex(b);
+  const uint32_t bq = b->qp_num;
+  std::string why;
+
+  // Type 1, bound by ibv_bind_mw on b: [kWin, +256), remote write and read.
+  ibv_mw* m1 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_1);
+  if (!check(m1 != nullptr, "h) ibv_alloc_mw type 1", err_text(errno))) {
+    ibv_dereg_mr(bmr);
+    return;
+  }
+  const uint32_t rkey0 = m1->rkey;
+  ibv_mw_bind mb{};
+  mb.wr_id = 700;
+  mb.send_flags = IBV_SEND_SIGNALED;
+  mb.bind_info = {bmr, buf.addr(kWin), 256,
+                  IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+  int rc = ibv_bind_mw(b.get(), m1, &mb);
+  std::vector<ibv_wc> got;
+  if (rc) why = "ibv_bind_mw returned " + err_text(rc);
+  if (why.empty()) got = poll_cq(bcq.get(), 1, &why);
+  if (why.empty()) why = wcs_mismatch(got, {{700, IBV_WC_BIND_MW, bq}});
+  check(why.empty() && m1->rkey != rkey0,
+        "h) ibv_bind_mw of a type 1 window: IBV_WC_BIND_MW, a new rkey", why);
+  rc = rdma_status(ax, acq.get(), true, 701, buf, kSrc, buf.addr(kWin + 64),
+                   m1->rkey, 128);
+  check(
+      rc == IBV_WC_SUCCESS && memcmp(buf.p + kWin + 64, buf.p + kSrc, 128) == 0,
+      "h) a WRITE through the window's rkey lands inside it",
+      fmt("status %d", rc));
+  rc = rdma_status(ax, acq.get(), false, 702, buf, kRead, buf.addr(kWin + 64),
+                   m1->rkey, 128);
+  check(rc == IBV_WC_SUCCESS && memcmp(buf.p + kRead, buf.p + kSrc, 128) == 0,
+        "h) a READ through it returns those bytes", fmt("status %d", rc));
+  const int busy = ibv_dereg_mr(bmr);
+  check(busy == EBUSY, "h) ibv_dereg_mr of the MR under a bound window: EBUSY",
+        "returned " + err_text(busy));
+  // Beyond the window: the QP of the access fails (a fresh pair after).
+  rc = rdma_status(ax, acq.get(), true, 703, buf, kSrc, buf.addr(kWin + 200),
+                   m1->rkey, 128);
+  check(rc == IBV_WC_REM_ACCESS_ERR,
+        "h) a WRITE past the window's end: IBV_WC_REM_ACCESS_ERR",
+        fmt("status %d", rc));
+  check(ibv_dealloc_mw(m1) == 0, "h) ibv_dealloc_mw of the bound window");
+
+  // Type 2 on a fresh pair: bound by a BIND_MW WR through ibv_wr_bind_mw,
+  // used, then invalidated by the peer's SEND_WITH_INV.
+  QpPtr a2 = make_qp(d, sa);
+  QpPtr b2 = make_qp(d, sb);
+  connect_rc(d, a2.get(), b2.get());
+  ax = qp_ex(a2);
+  bx = qp_ex(b2);
+  const uint32_t bq2 = b2->qp_num;
+  ibv_mw* m2 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
+  if (!check(m2 != nullptr, "h) ibv_alloc_mw type 2", err_text(errno))) {
+    ibv_dereg_mr(bmr);
+    return;
+  }
+  const uint32_t rkey2 = ibv_inc_rkey(m2->rkey);
+  ibv_wr_start(bx);
+  bx->wr_id = 710;
+  bx->wr_flags = IBV_SEND_SIGNALED;
+  const ibv_mw_bind_info bi{bmr, buf.addr(kWin), 256, IBV_ACCESS_REMOTE_WRITE};
+  ibv_wr_bind_mw(bx, m2, rkey2, &bi);
+  rc = ibv_wr_complete(bx);
+  why = rc ? "ibv_wr_complete returned " + err_text(rc) : std::string();
+  got.clear();
+  if (why.empty()) got = poll_cq(bcq.get(), 1, &why);
+  if (why.empty()) why = wcs_mismatch(got, {{710, IBV_WC_BIND_MW, bq2}});
+  check(why.empty() && m2->rkey == rkey2,
+        "h) ibv_wr_bind_mw of a type 2 window: IBV_WC_BIND_MW, mw->rkey is "
+        "the one given",
+        why);
+  rc = rdma_status(ax, acq.get(), true, 711, buf, kSrc, buf.addr(kWin), rkey2,
+                   64);
+  check(rc == IBV_WC_SUCCESS, "h) a WRITE through the type 2 window",
+        fmt("status %d", rc));
+  post_recv(b2.get(), nullptr, 720, buf, kRecv, 64);
+  ibv_wr_start(ax);
+  ax->wr_id = 712;
+  ax->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send_inv(ax, rkey2);
+  ibv_wr_set_sge(ax, buf.lkey(), buf.addr(kSrc), 16);
+  rc = ibv_wr_complete(ax);
+  why = rc ? "ibv_wr_complete returned " + err_text(rc) : std::string();
+  got.clear();
+  if (why.empty()) got = poll_cq(brcq.get(), 1, &why);
+  if (why.empty() && !(got[0].wc_flags & IBV_WC_WITH_INV))
+    why = "no IBV_WC_WITH_INV";
+  if (why.empty() && got[0].invalidated_rkey != rkey2)
+    why = fmt("invalidated_rkey %#x", got[0].invalidated_rkey);
+  if (why.empty()) poll_cq(acq.get(), 1, &why);
+  check(why.empty(),
+        "h) ibv_wr_send_inv: the receive completes with IBV_WC_WITH_INV and "
+        "the window's rkey",
+        why);
+  rc = rdma_status(ax, acq.get(), true, 713, buf, kSrc, buf.addr(kWin), rkey2,
+                   64);
+  check(rc == IBV_WC_REM_ACCESS_ERR,
+        "h) the invalidated rkey is refused: IBV_WC_REM_ACCESS_ERR",
+        fmt("status %d", rc));
+  check(ibv_dealloc_mw(m2) == 0, "h) ibv_dealloc_mw of the type 2 window");
+  check(ibv_dereg_mr(bmr) == 0,
+        "h) ibv_dereg_mr once no window is bound to it");
+}
+
 int main(int argc, char** argv) {
   const char* want = argc > 1 ? argv[1] : "urnic0";
   int n = 0;
@@ -1996,6 +2148,7 @@ int main(int argc, char** argv) {
   run("e) async events", section_async, d);
   run("f) UD", section_ud, d);
   run("g) ibv_resize_cq", section_resize_cq, d);
+  run("h) memory windows", section_mw, d);
 
   check(ibv_dealloc_pd(d.pd) == 0, "ibv_dealloc_pd");
   check(ibv_close_device(d.ctx) == 0, "ibv_close_device");
