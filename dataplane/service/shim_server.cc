@@ -442,7 +442,8 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     return EINVAL;
   }
   if (r.length > env_.dev->limits().max_mr_size) return EINVAL;
-  if (over_limit("max_mr", c.mrs.size(), 1, env_.client_limits.max_mr) ||
+  if (over_limit("max_mr", c.mrs.size() + c.mws.size(), 1,
+                 env_.client_limits.max_mr) ||
       over_limit("max_mr_bytes", c.mr_bytes, r.length,
                  env_.client_limits.max_mr_bytes))
     return ENOMEM;
