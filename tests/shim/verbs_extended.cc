@@ -356,6 +356,27 @@ void connect_rc(Dev& d, ibv_qp* a, ibv_qp* b) {
   }
 }
 
+// Two RC QPs connected to each other through the device's own GID: a
+// completes on a_scq/a_rcq with ibv_qp_ex ops `a_ops`, b on b_scq/b_rcq
+// with `b_ops` (0: a QP without ibv_qp_ex).
+struct RcPair {
+  QpPtr a, b;
+};
+RcPair rc_pair(Dev& d, ibv_cq* a_scq, ibv_cq* a_rcq, ibv_cq* b_scq,
+               ibv_cq* b_rcq, uint64_t a_ops, uint64_t b_ops = 0) {
+  QpSpec sa;
+  sa.scq = a_scq;
+  sa.rcq = a_rcq;
+  sa.ops = a_ops;
+  QpSpec sb;
+  sb.scq = b_scq;
+  sb.rcq = b_rcq;
+  sb.ops = b_ops;
+  RcPair p{make_qp(d, sa), make_qp(d, sb)};
+  connect_rc(d, p.a.get(), p.b.get());
+  return p;
+}
+
 void ud_to_rts(ibv_qp* qp) {
   ibv_qp_attr x{};
   x.qp_state = IBV_QPS_INIT;
@@ -1316,16 +1337,8 @@ void section_channels(Dev& d) {
   CqPtr rcq = make_cq(d, 64, ch.get(), &rtag);  // b's receives
   CqPtr scq = make_cq(d, 64, ch.get(), &stag);  // a's sends
   CqPtr other = make_cq(d, 64);                 // a's receives, b's sends
-  QpSpec sa;
-  sa.scq = scq.get();
-  sa.rcq = other.get();
-  sa.ops = IBV_QP_EX_WITH_SEND;
-  QpPtr a = make_qp(d, sa);
-  QpSpec sb;
-  sb.scq = other.get();
-  sb.rcq = rcq.get();
-  QpPtr b = make_qp(d, sb);
-  connect_rc(d, a.get(), b.get());
+  auto [a, b] = rc_pair(d, scq.get(), other.get(), other.get(), rcq.get(),
+                        IBV_QP_EX_WITH_SEND);
   ibv_qp_ex* ax = qp_ex(a);
   for (uint32_t i = 0; i < 8; ++i)
     post_recv(b.get(), nullptr, 200 + i, buf, kRecv + i * 256, 256);
@@ -1899,16 +1912,8 @@ void section_resize_cq(Dev& d) {
   CqPtr scq = make_cq(d, 4);  // a's sends: resized
   CqPtr other = make_cq(d, 64);
   CqPtr rcq = make_cq(d, 64);
-  QpSpec sa;
-  sa.scq = scq.get();
-  sa.rcq = other.get();
-  sa.ops = IBV_QP_EX_WITH_SEND;
-  QpPtr a = make_qp(d, sa);
-  QpSpec sb;
-  sb.scq = other.get();
-  sb.rcq = rcq.get();
-  QpPtr b = make_qp(d, sb);
-  connect_rc(d, a.get(), b.get());
+  auto [a, b] = rc_pair(d, scq.get(), other.get(), other.get(), rcq.get(),
+                        IBV_QP_EX_WITH_SEND);
   ibv_qp_ex* ax = qp_ex(a);
   for (uint32_t i = 0; i < 3 + kBatch + 1; ++i)  // + the last send's
     post_recv(b.get(), nullptr, 300 + i, buf, kRecv + i * 64, 64);
@@ -2002,19 +2007,11 @@ void section_mw(Dev& d) {
   ibv_mr* bmr = ibv_reg_mr(d.pd, buf.p, kBufLen, kAccess | IBV_ACCESS_MW_BIND);
   if (!bmr) throw SetupError("ibv_reg_mr with MW_BIND: " + err_text(errno));
   CqPtr acq = make_cq(d, 64), bcq = make_cq(d, 64), brcq = make_cq(d, 64);
-  QpSpec sa;
-  sa.scq = acq.get();
-  sa.rcq = acq.get();
-  sa.ops = kRcOps;
-  QpPtr a = make_qp(d, sa);
-  QpSpec sb;
-  sb.scq = bcq.get();
-  sb.rcq = brcq.get();
-  sb.ops = kRcOps | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
-  QpPtr b = make_qp(d, sb);
-  connect_rc(d, a.get(), b.get());
+  constexpr uint64_t kBindOps =
+      kRcOps | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
+  auto [a, b] =
+      rc_pair(d, acq.get(), acq.get(), bcq.get(), brcq.get(), kRcOps, kBindOps);
   ibv_qp_ex* ax = qp_ex(a);
-  ibv_qp_ex* bx = qp_ex(b);
   const uint32_t bq = b->qp_num;
   std::string why;
 
@@ -2060,11 +2057,10 @@ void section_mw(Dev& d) {
 
   // Type 2 on a fresh pair: bound by a BIND_MW WR through ibv_wr_bind_mw,
   // used, then invalidated by the peer's SEND_WITH_INV.
-  QpPtr a2 = make_qp(d, sa);
-  QpPtr b2 = make_qp(d, sb);
-  connect_rc(d, a2.get(), b2.get());
+  auto [a2, b2] =
+      rc_pair(d, acq.get(), acq.get(), bcq.get(), brcq.get(), kRcOps, kBindOps);
   ax = qp_ex(a2);
-  bx = qp_ex(b2);
+  ibv_qp_ex* bx = qp_ex(b2);
   const uint32_t bq2 = b2->qp_num;
   ibv_mw* m2 = ibv_alloc_mw(d.pd, IBV_MW_TYPE_2);
   if (!check(m2 != nullptr, "h) ibv_alloc_mw type 2", err_text(errno))) {
