@@ -994,7 +994,9 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     std::memcpy(&w, &q.sq[q.sq_seen & (q.sq_size - 1)], sizeof w);
     transport::SendWr wr;
     wr.wr_id = w.wr_id;
-    wr.opcode = static_cast<ibv_wr_opcode>(w.opcode);
+    // An opcode the enum does not hold is never converted to it (UBSan).
+    bool ok = w.opcode <= IBV_WR_SEND_WITH_INV;  // through BIND_MW, LOCAL_INV
+    wr.opcode = ok ? static_cast<ibv_wr_opcode>(w.opcode) : IBV_WR_SEND;
     wr.send_flags = w.send_flags & kSendFlagsKnown;
     wr.imm_data = w.imm_data;
     wr.remote_addr = w.remote_addr;
@@ -1003,8 +1005,7 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     wr.swap = w.swap;
     wr.remote_qpn = w.remote_qpn & 0xffffff;
     wr.remote_qkey = w.remote_qkey;
-    bool ok = w.opcode <= IBV_WR_SEND_WITH_INV;  // through BIND_MW, LOCAL_INV
-    if (wr.opcode == IBV_WR_BIND_MW) {
+    if (ok && wr.opcode == IBV_WR_BIND_MW) {
       // abi.h: which window, its new rkey, the MR, range and rights.
       wr.bind = {w.imm_data,    w.rkey,
                  w.bind_lkey,   static_cast<uint32_t>(w.swap),
