@@ -37,7 +37,7 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
 
 // What the responder made of one request packet: ok, RNR, or the one
 // reason it refused it. Each refusal has its engine counter, NAK and name
-// (responder.cc, kRespErrors); urnicctl qps shows a QP's last one.
+// (responder.cc, resp_error()); urnicctl qps shows a QP's last one.
 // clang-format off
 #define URNIC_RESP_RESULTS(X)                                                \
   X(ok)              X(rnr)             X(rkey_invalid)    X(rkey_pd)        \

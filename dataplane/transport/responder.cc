@@ -34,29 +34,49 @@ struct RespError {
   ECtr ctr;
   ibv_wc_status recv_status;
 };
-constexpr RespError kRespErrors[kNumRespResults] = {
-    {},  // ok
-    {},  // rnr
-    {aeth::kNakRemoteAccess, ECtr::rx_rkey_invalid, IBV_WC_SUCCESS},
-    {aeth::kNakRemoteAccess, ECtr::rx_rkey_pd, IBV_WC_SUCCESS},
-    {aeth::kNakRemoteAccess, ECtr::rx_rkey_bounds, IBV_WC_SUCCESS},
-    {aeth::kNakRemoteAccess, ECtr::rx_rkey_rights, IBV_WC_SUCCESS},
-    {aeth::kNakRemoteAccess, ECtr::rx_qp_access, IBV_WC_SUCCESS},
-    {aeth::kNakInvalidRequest, ECtr::rx_bad_opcode_seq, IBV_WC_SUCCESS},
-    {aeth::kNakInvalidRequest, ECtr::rx_bad_length, IBV_WC_SUCCESS},
-    {aeth::kNakInvalidRequest, ECtr::rx_write_length, IBV_WC_SUCCESS},
-    {aeth::kNakInvalidRequest, ECtr::rx_rd_atomic_over, IBV_WC_SUCCESS},
-    {aeth::kNakInvalidRequest, ECtr::rx_atomic_misaligned, IBV_WC_SUCCESS},
-    {aeth::kNakInvalidRequest, ECtr::rx_recv_too_small, IBV_WC_LOC_LEN_ERR},
-    {aeth::kNakRemoteOp, ECtr::rx_recv_bad_lkey, IBV_WC_LOC_PROT_ERR},
-    // SEND_WITH_INV naming no type 2 window bound through this QP: the
-    // receive completes in error, as rxe does (its responder's
-    // RESPST_ERR_INVALIDATE_RKEY).
-    {aeth::kNakInvalidRequest, ECtr::rx_invalidate_rkey,
-     IBV_WC_REM_INV_REQ_ERR},
-};
-const RespError& resp_error(Res r) {
-  return kRespErrors[static_cast<size_t>(r)];
+// A switch over every result, so a cause added to URNIC_RESP_RESULTS
+// without its entry here does not build (-Wswitch).
+RespError resp_error(Res r) {
+  switch (r) {
+    case Res::ok:
+    case Res::rnr:
+      break;  // not refusals
+    case Res::rkey_invalid:
+      return {aeth::kNakRemoteAccess, ECtr::rx_rkey_invalid, IBV_WC_SUCCESS};
+    case Res::rkey_pd:
+      return {aeth::kNakRemoteAccess, ECtr::rx_rkey_pd, IBV_WC_SUCCESS};
+    case Res::rkey_bounds:
+      return {aeth::kNakRemoteAccess, ECtr::rx_rkey_bounds, IBV_WC_SUCCESS};
+    case Res::rkey_rights:
+      return {aeth::kNakRemoteAccess, ECtr::rx_rkey_rights, IBV_WC_SUCCESS};
+    case Res::qp_access:
+      return {aeth::kNakRemoteAccess, ECtr::rx_qp_access, IBV_WC_SUCCESS};
+    case Res::opcode_seq:
+      return {aeth::kNakInvalidRequest, ECtr::rx_bad_opcode_seq,
+              IBV_WC_SUCCESS};
+    case Res::opcode_length:
+      return {aeth::kNakInvalidRequest, ECtr::rx_bad_length, IBV_WC_SUCCESS};
+    case Res::write_length:
+      return {aeth::kNakInvalidRequest, ECtr::rx_write_length, IBV_WC_SUCCESS};
+    case Res::rd_atomic_over:
+      return {aeth::kNakInvalidRequest, ECtr::rx_rd_atomic_over,
+              IBV_WC_SUCCESS};
+    case Res::atomic_misaligned:
+      return {aeth::kNakInvalidRequest, ECtr::rx_atomic_misaligned,
+              IBV_WC_SUCCESS};
+    case Res::recv_too_small:
+      return {aeth::kNakInvalidRequest, ECtr::rx_recv_too_small,
+              IBV_WC_LOC_LEN_ERR};
+    case Res::recv_bad_lkey:
+      return {aeth::kNakRemoteOp, ECtr::rx_recv_bad_lkey, IBV_WC_LOC_PROT_ERR};
+    case Res::invalidate_rkey:
+      // SEND_WITH_INV naming no type 2 window bound through this QP: the
+      // receive completes in error, as rxe does (its responder's
+      // RESPST_ERR_INVALIDATE_RKEY).
+      return {aeth::kNakInvalidRequest, ECtr::rx_invalidate_rkey,
+              IBV_WC_REM_INV_REQ_ERR};
+  }
+  return {0, ECtr::rx_packets, IBV_WC_SUCCESS};  // ok/rnr: never asked
 }
 
 // Counts a refusal and remembers it as the QP's last (urnicctl qps).
@@ -463,7 +483,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
                 psn);
       return;
     default: {
-      const RespError& err = resp_error(res);
+      const RespError err = resp_error(res);
       count_refusal(e, qp, res);
       if (err.recv_status != IBV_WC_SUCCESS)
         complete_recv(e, qp, err.recv_status, IBV_WC_RECV,
@@ -515,13 +535,17 @@ void uc_rx(Engine& e, Qp& qp, const RxPkt& p) {
       (p.op.mask & wire::kSend) ? do_send(e, qp, p) : do_write(e, qp, p);
   if (res == Res::ok) return;
   // UC has no NAKs: the message is silently dropped (9.8.3.2).
-  e.ctr_.inc(res == Res::rnr ? ECtr::rx_no_recv : ECtr::rx_uc_dropped);
-  if (res != Res::rnr) count_refusal(e, qp, res);
-  if (res != Res::rnr && resp_error(res).recv_status != IBV_WC_SUCCESS) {
-    complete_recv(e, qp, resp_error(res).recv_status, IBV_WC_RECV, 0, p.f,
-                  false);
-    e.to_error(qp);
-    return;
+  if (res == Res::rnr) {
+    e.ctr_.inc(ECtr::rx_no_recv);
+  } else {
+    e.ctr_.inc(ECtr::rx_uc_dropped);
+    count_refusal(e, qp, res);
+    if (const ibv_wc_status st = resp_error(res).recv_status;
+        st != IBV_WC_SUCCESS) {
+      complete_recv(e, qp, st, IBV_WC_RECV, 0, p.f, false);
+      e.to_error(qp);
+      return;
+    }
   }
   r.msg = Qp::Resp::kNone;
   r.uc_drop = true;
