@@ -31,6 +31,16 @@ T* take_slot(std::vector<std::unique_ptr<T>>& v, uint32_t* index) {
   return v.back().get();
 }
 
+// Lays out a CQ block of `cqe` entries in `shared` (shim::CqShared, then
+// the ring at a page boundary); *ring is where its entries go.
+shim::CqShared* cq_block(void* shared, uint32_t cqe, ibv_wc** ring) {
+  auto* sh = new (shared) shim::CqShared;
+  sh->size = shim::ring_slots(cqe);
+  sh->offset = static_cast<uint32_t>(shim::page_round(sizeof(shim::CqShared)));
+  *ring = reinterpret_cast<ibv_wc*>(static_cast<uint8_t*>(shared) + sh->offset);
+  return sh;
+}
+
 }  // namespace
 
 Device::Device(const DeviceConfig& cfg, Resolver* resolver)
@@ -271,17 +281,11 @@ int Device::create_cq(uint32_t cqe, Cq** out, void* shared) {
   uint32_t idx;
   Cq* cq = take_slot(cqs_, &idx);
   *cq = Cq{};
-  const size_t len = shim::cq_shared_len(cqe);
   if (!shared) {
-    cq->own_ = std::make_unique<uint8_t[]>(len);  // value-initialised: zero
-    shared = cq->own_.get();
+    cq->own_ = std::make_unique<uint8_t[]>(shim::cq_shared_len(cqe));
+    shared = cq->own_.get();  // value-initialised: zero
   }
-  cq->sh_ = new (shared) shim::CqShared;
-  cq->sh_->size = shim::ring_slots(cqe);
-  cq->sh_->offset =
-      static_cast<uint32_t>(shim::page_round(sizeof(shim::CqShared)));
-  cq->ring_ = reinterpret_cast<ibv_wc*>(static_cast<uint8_t*>(shared) +
-                                        cq->sh_->offset);
+  cq->sh_ = cq_block(shared, cqe, &cq->ring_);
   cq->cap_ = cqe;
   cq->mask_ = cq->sh_->size - 1;
   cq->dev_ = this;
@@ -303,11 +307,8 @@ int Device::resize_cq(Cq* cq, uint32_t cqe, void* shared) {
     own = std::make_unique<uint8_t[]>(shim::cq_shared_len(cqe));
     shared = own.get();
   }
-  auto* sh = new (shared) shim::CqShared;
-  sh->size = shim::ring_slots(cqe);
-  sh->offset = static_cast<uint32_t>(shim::page_round(sizeof(shim::CqShared)));
-  auto* ring =
-      reinterpret_cast<ibv_wc*>(static_cast<uint8_t*>(shared) + sh->offset);
+  ibv_wc* ring;
+  shim::CqShared* sh = cq_block(shared, cqe, &ring);
   for (uint32_t i = 0; i < held; ++i)
     ring[i] = cq->ring_[(cons + i) & cq->mask_];
   sh->prod.store(held, std::memory_order_relaxed);
