@@ -304,6 +304,30 @@ int urnic::shim::dealloc_mw(ibv_mw* mw) {
 
 namespace {
 
+// Maps the CQ memory the service passed (fd, rep) and points `q` at it; the
+// mapping `q` had is the caller's. False, errno set, if it is unusable.
+bool attach_cq(Cq& q, int fd, const CreateCqRep& rep, const char* what) {
+  void* map = map_service_fd(fd, rep.map_len);
+  if (!map) return false;
+  auto* sh = static_cast<CqShared*>(map);
+  if (!std::has_single_bit(sh->size) || sh->size < rep.cqe ||
+      sh->offset + uint64_t{sh->size} * sizeof(ibv_wc) > rep.map_len) {
+    munmap(map, rep.map_len);
+    say("%s: the CQ memory urnicd returned is malformed", what);
+    errno = EPROTO;
+    return false;
+  }
+  q.sh = sh;
+  q.ring = reinterpret_cast<ibv_wc*>(static_cast<char*>(map) + sh->offset);
+  q.mask = sh->size - 1;
+  q.cons = sh->cons.load(std::memory_order_acquire);
+  q.cur = nullptr;
+  q.map = map;
+  q.map_len = rep.map_len;
+  q.cqx.cqe = static_cast<int>(rep.cqe);
+  return true;
+}
+
 Cq* make_cq(Context& c, int cqe, void* cq_context, ibv_comp_channel* channel,
             int comp_vector, const char* what) {
   if (cqe <= 0 || comp_vector < 0 || comp_vector >= c.ibv()->num_comp_vectors)
@@ -324,34 +348,23 @@ Cq* make_cq(Context& c, int cqe, void* cq_context, ibv_comp_channel* channel,
            0);
     return fail<Cq>(err);
   };
-  void* map = map_service_fd(fd, rep.map_len);
-  if (!map) return undo(errno);
-  auto* sh = static_cast<CqShared*>(map);
-  if (!std::has_single_bit(sh->size) || sh->size < rep.cqe ||
-      sh->offset + uint64_t{sh->size} * sizeof(ibv_wc) > rep.map_len) {
-    munmap(map, rep.map_len);
-    say("%s: the CQ memory urnicd returned is malformed", what);
-    return undo(EPROTO);
-  }
   auto* q = new (std::nothrow) Cq;
   if (!q) {
-    munmap(map, rep.map_len);
+    close(fd);
     return undo(ENOMEM);
+  }
+  if (!attach_cq(*q, fd, rep, what)) {
+    const int e = errno;
+    delete q;
+    return undo(e);
   }
   q->ctx = &c;
   q->channel = ch;
-  q->sh = sh;
-  q->ring = reinterpret_cast<ibv_wc*>(static_cast<char*>(map) + sh->offset);
-  q->mask = sh->size - 1;
-  q->cons = sh->cons.load(std::memory_order_acquire);
-  q->map = map;
-  q->map_len = rep.map_len;
   ibv_cq_ex& x = q->cqx;
   x.context = c.ibv();
   x.channel = channel;
   x.cq_context = cq_context;
   x.handle = rep.handle;
-  x.cqe = static_cast<int>(rep.cqe);
   pthread_mutex_init(&x.mutex, nullptr);
   pthread_cond_init(&x.cond, nullptr);
   set_cq_ex_ops(*q);
@@ -418,25 +431,12 @@ URNIC_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
   if (const int rc = c.call(Op::kResizeCq, "ibv_resize_cq", &req, sizeof req,
                             nullptr, 0, &rep, sizeof rep, &fd, 1))
     return rc;
-  void* map = map_service_fd(fd, rep.map_len);
-  auto* sh = static_cast<CqShared*>(map);
-  if (!map || !std::has_single_bit(sh->size) || sh->size < rep.cqe ||
-      sh->offset + uint64_t{sh->size} * sizeof(ibv_wc) > rep.map_len) {
-    // The service already moved the CQ: without its new memory the CQ
-    // cannot be polled any more.
-    if (map) munmap(map, rep.map_len);
-    say("ibv_resize_cq: the CQ memory urnicd returned is unusable");
-    return EPROTO;
-  }
-  munmap(q.map, q.map_len);
-  q.sh = sh;
-  q.ring = reinterpret_cast<ibv_wc*>(static_cast<char*>(map) + sh->offset);
-  q.mask = sh->size - 1;
-  q.cons = sh->cons.load(std::memory_order_acquire);
-  q.cur = nullptr;
-  q.map = map;
-  q.map_len = rep.map_len;
-  cq->cqe = static_cast<int>(rep.cqe);
+  // (On failure the service has already moved the CQ: without its new
+  // memory the CQ cannot be polled any more.)
+  void* const old_map = q.map;
+  const size_t old_len = q.map_len;
+  if (!attach_cq(q, fd, rep, "ibv_resize_cq")) return errno;
+  munmap(old_map, old_len);
   return 0;
 }
 
