@@ -98,6 +98,13 @@ Mr& mr_of(ibv_mr* m) {
   return *reinterpret_cast<Mr*>(m);
 }
 
+// The service forgets registration `handle` (the pages stay shared,
+// mr_share.h); 0 or its errno (EBUSY while memory windows are bound).
+int drop_registration(Context& c, uint32_t handle, const char* what) {
+  HandleReq h{handle};
+  return c.call(Op::kDeregMr, what, &h, sizeof h, nullptr, 0, nullptr, 0);
+}
+
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                unsigned access) {
   Context& c = ctx_of(pd->context);
@@ -229,10 +236,15 @@ URNIC_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
   ibv_mr* fresh = reg_mr(new_pd, new_addr, new_len, new_iova, new_access);
   if (!fresh) return IBV_REREG_MR_ERR_INPUT;  // errno from reg_mr
   Context& c = ctx_of(mr->context);
-  HandleReq h{mr->handle};
-  const int rc = c.call(Op::kDeregMr, "ibv_rereg_mr", &h, sizeof h, nullptr, 0,
-                        nullptr, 0);
   Mr& box = mr_of(fresh);
+  if (const int rc = drop_registration(c, mr->handle, "ibv_rereg_mr")) {
+    // The old registration stays (windows are bound to it, or the service
+    // is gone): the new one goes again and the MR is what it was.
+    drop_registration(c, fresh->handle, "ibv_rereg_mr");
+    delete &box;
+    errno = rc;
+    return c.dead ? IBV_REREG_MR_ERR_CMD : IBV_REREG_MR_ERR_INPUT;
+  }
   old.access = box.access;
   old.iova = box.iova;
   mr->pd = new_pd;
@@ -242,10 +254,6 @@ URNIC_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
   mr->lkey = fresh->lkey;
   mr->rkey = fresh->rkey;
   delete &box;
-  if (rc) {  // only when the service is gone: the MR is of no use anyway
-    errno = rc;
-    return IBV_REREG_MR_ERR_CMD;
-  }
   return 0;
 }
 
@@ -254,11 +262,8 @@ URNIC_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
     auto f = URNIC_REAL(ibv_dereg_mr, "IBVERBS_1.1");
     return f ? f(mr) : ENOSYS;
   }
-  // The pages stay shared (mr_share.h): only the service's view goes.
   Context& c = ctx_of(mr->context);
-  HandleReq h{mr->handle};
-  const int rc = c.call(Op::kDeregMr, "ibv_dereg_mr", &h, sizeof h, nullptr, 0,
-                        nullptr, 0);
+  const int rc = drop_registration(c, mr->handle, "ibv_dereg_mr");
   if (rc && !destroy_locally(c)) return rc;
   delete &mr_of(mr);
   return 0;

@@ -2047,6 +2047,19 @@ void section_mw(Dev& d) {
   const int busy = ibv_dereg_mr(bmr);
   check(busy == EBUSY, "h) ibv_dereg_mr of the MR under a bound window: EBUSY",
         "returned " + err_text(busy));
+  const uint32_t lkey_before = bmr->lkey;
+  errno = 0;
+  const int rr = ibv_rereg_mr(bmr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr,
+                              0, kAccess);
+  const int rr_err = errno;
+  rc = rdma_status(ax, acq.get(), false, 704, buf, kRead, buf.addr(kWin + 64),
+                   m1->rkey, 64);
+  check(rr == IBV_REREG_MR_ERR_INPUT && rr_err == EBUSY &&
+            bmr->lkey == lkey_before && rc == IBV_WC_SUCCESS,
+        "h) ibv_rereg_mr of that MR: IBV_REREG_MR_ERR_INPUT, EBUSY, the MR "
+        "and the window unchanged and working",
+        fmt("rc %d errno %d, lkey %#x -> %#x, READ status %d", rr, rr_err,
+            lkey_before, bmr->lkey, rc));
   // Beyond the window: the QP of the access fails (a fresh pair after).
   rc = rdma_status(ax, acq.get(), true, 703, buf, kSrc, buf.addr(kWin + 200),
                    m1->rkey, 128);

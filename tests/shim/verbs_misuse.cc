@@ -833,14 +833,16 @@ void sub_rereg_mr(Dev& d) {
     std::string why = write_read_scratch(d, sp.p.a, b, m->rkey, 4096);
     check(why.empty(), "e) ... WRITE and READ through its rkey reach b", why);
   }
-  if (rkey1 != m->rkey) {
+  {
     ScopedPair sp(d);
     fill(a, 8192, 75);
     Outcome o = rdma(sp.p.a, IBV_WR_RDMA_WRITE, d.scratch, 64,
                      d.scratch_mr->lkey, addr_of(a), rkey1, 76);
-    check(o.is(IBV_WC_REM_ACCESS_ERR, 76) && same_as_pattern(a, 8192, 75),
-          "e) ... the rkey it had before is refused and a is untouched",
-          o.text());
+    check(rkey1 != m->rkey && o.is(IBV_WC_REM_ACCESS_ERR, 76) &&
+              same_as_pattern(a, 8192, 75),
+          "e) ... the rkey changed, the one it had before is refused and a is "
+          "untouched",
+          o.text() + fmt(" (rkey %#x -> %#x)", rkey1, m->rkey));
   }
   check(ibv_dereg_mr(m) == 0, "e) ibv_dereg_mr of the re-registered MR");
   free(a);
