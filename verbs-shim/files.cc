@@ -171,21 +171,17 @@ URNIC_EXPORT int open(const char* path, int flags, ...) {
   return open_common(URNIC_REAL(open, nullptr), path, flags, mode);
 }
 
-URNIC_EXPORT int open64(const char* path, int flags, ...) {
-  va_list ap;
-  va_start(ap, flags);
-  const mode_t mode = mode_arg(flags, ap);
-  va_end(ap);
-  return open_common(URNIC_REAL(open64, nullptr), path, flags, mode);
-}
+// On LP64 glibc the *64 variants are the same functions: the same body.
+static_assert(sizeof(off_t) == 8, "open64 is open only with a 64-bit off_t");
+URNIC_EXPORT int open64(const char* path, int flags, ...)
+    __attribute__((alias("open")));
 
 URNIC_EXPORT FILE* fopen(const char* path, const char* mode) {
   return fopen_common(URNIC_REAL(fopen, nullptr), path, mode);
 }
 
-URNIC_EXPORT FILE* fopen64(const char* path, const char* mode) {
-  return fopen_common(URNIC_REAL(fopen64, nullptr), path, mode);
-}
+URNIC_EXPORT FILE* fopen64(const char* path, const char* mode)
+    __attribute__((alias("fopen")));
 
 URNIC_EXPORT int stat(const char* path, struct stat* st) {
   return stat_common(URNIC_REAL(stat, "GLIBC_2.33"), path, st);
