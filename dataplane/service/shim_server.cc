@@ -222,6 +222,8 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kAllocMw: {
       AllocMwReq r;
       if (!body_as(req, &r) || !c.pds.count(r.pd)) return EINVAL;
+      // Checked before it becomes an ibv_mw_type (any value can come).
+      if (r.type != IBV_MW_TYPE_1 && r.type != IBV_MW_TYPE_2) return EINVAL;
       // Windows are keys like MRs: they count against the same limit.
       if (over_limit("max_mr", c.mrs.size() + c.mws.size(), 1,
                      env_.client_limits.max_mr))

@@ -531,6 +531,11 @@ TEST_F(ShimServerTest, RefusesForeignHandlesAndUnsealedMemory) {
   Buf b = reg(pd, 4096);
   ASSERT_NE(b.h, 0u);
   EXPECT_EQ(call(Op::kDeallocPd, HandleReq{pd}).status, -EBUSY);
+  // A memory window of a type verbs does not have, or on another's PD.
+  EXPECT_EQ(call(Op::kAllocMw, AllocMwReq{pd, 99}).status, -EINVAL);
+  EXPECT_EQ(call(Op::kAllocMw, AllocMwReq{pd + 100, IBV_MW_TYPE_2}).status,
+            -EINVAL);
+  EXPECT_EQ(call(Op::kAllocMw, AllocMwReq{pd, IBV_MW_TYPE_2}).status, 0);
 }
 
 TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
