@@ -15,6 +15,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_user_cm.h>
 
 #include <atomic>
 #include <cstddef>
@@ -24,7 +25,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 3;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 4;  // OpenReq.abi must equal this
 constexpr uint32_t kMaxSge = 16;  // = transport::kMaxSge
 constexpr uint32_t kMaxInline = 256;
 constexpr uint32_t kMaxGids = 16;
@@ -60,6 +61,11 @@ enum class Op : uint16_t {
   kResizeCq,        // ResizeCqReq -> CreateCqRep + fd: the CQ's new memory
   kAllocMw,         // AllocMwReq -> AllocMwRep
   kDeallocMw,       // HandleReq
+  // RDMA CM (verbs-shim/rdmacm.cc, dataplane/service/cm_server.cc): one
+  // connection per event channel (an open of /dev/infiniband/rdma_cm).
+  kCmOpen = 150,  // CmOpenReq + fd: the channel's event socket -> CmOpenRep
+  kCmCommand,     // CmCommandReq + the ucma command body (+ option bytes)
+                  //   -> the command's response bytes (none for most)
 };
 
 struct OpenReq {
@@ -218,6 +224,36 @@ struct AsyncRequeueReq {
   uint32_t n = 0;
   uint32_t pad = 0;
   AsyncMsg msgs[kMaxRequeue];
+};
+
+// --- RDMA CM
+// ------------------------------------------------------------------ The
+// kernel's ucma commands (rdma/rdma_user_cm.h) travel as librdmacm wrote them;
+// the shim adds what lives in its own address space: the bytes an option
+// pointer names (SET_OPTION) and which channel an fd is (MIGRATE_ID).
+struct CmOpenReq {
+  uint32_t abi = kShimAbi;
+  uint32_t pid = 0;
+};
+struct CmOpenRep {
+  uint64_t token = 0;  // names this channel in another's MIGRATE_ID
+};
+constexpr uint32_t kCmMaxOption = 256;
+struct CmCommandReq {
+  uint32_t cmd = 0;           // RDMA_USER_CM_CMD_*
+  uint16_t in = 0;            // body bytes that follow
+  uint16_t out = 0;           // response bytes the caller has room for
+  uint64_t migrate_from = 0;  // MIGRATE_ID: the old channel's token
+  uint32_t optlen = 0;        // SET_OPTION: option bytes after the body
+  uint32_t pad = 0;
+};
+// One message on a channel's event socket per event, in order. `count_id`
+// is the id whose events_reported it counts in (the listener's for a
+// CONNECT_REQUEST, whose resp.id is the new id).
+struct CmEventMsg {
+  uint32_t count_id = 0;
+  uint32_t pad = 0;
+  rdma_ucm_event_resp resp{};
 };
 
 // --- shared memory -----------------------------------------------------------

@@ -217,6 +217,12 @@ uint32_t gid_table_len(const Context& c) {
 
 }  // namespace
 
+std::string cm_service_path() {
+  init_paths();
+  Registry& r = reg();
+  return r.ndev ? r.devices[0].path : std::string(kDefaultSocket);
+}
+
 Device* urnic_device(const ibv_device* d) {
   Registry& r = reg();
   // Ours are the `dev` members of one array: a range check first.

@@ -106,6 +106,7 @@ bool read_only_mode(const char* mode) {
 
 template <typename Fn>
 int open_common(Fn real, const char* path, int flags, mode_t mode) {
+  if (is_cm_node(path)) return cm_open(flags);
   std::string content;
   int err = ENOENT;
   const DevPath kind = device_path(path, &content, &err);

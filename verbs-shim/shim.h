@@ -99,6 +99,12 @@ enum class DevPath {
 };
 DevPath device_path(const char* path, std::string* content, int* err);
 
+// The RDMA CM node (rdmacm.cc): open() of /dev/infiniband/rdma_cm is an
+// event channel of the first urnic device's service (cm_service_path()).
+bool is_cm_node(const char* path);
+int cm_open(int flags);  // an fd, or -1 with errno
+std::string cm_service_path();
+
 // --- contexts
 // -------------------------------------------------------------------
 

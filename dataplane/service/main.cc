@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dataplane/service/cm_server.h"
 #include "dataplane/service/control.h"
 #include "dataplane/service/service.h"
 
@@ -256,6 +257,8 @@ int run(const config::Config& cfg, char* prog) {
     std::vector<std::unique_ptr<Worker>> workers;
     std::unique_ptr<ZeroCopyTx> zero_copy;
     std::unique_ptr<ShimServer> shim;
+    std::unique_ptr<CmServer> cm;
+    rte_ring* gsi = nullptr;  // QP1 frames, workers -> control thread
     // After `shim`: closing a connection releases that client's objects in
     // the shim, so the connections must close first.
     std::unique_ptr<ControlServer> ctl;
@@ -265,8 +268,17 @@ int run(const config::Config& cfg, char* prog) {
       g_quit.store(true);
       rte_eal_mp_wait_lcore();
       if (shim) shim->shutdown();
+      if (cm) cm->shutdown(now_ns());
       ctl.reset();
       shim.reset();  // releases what is left (lcores stopped)
+      cm.reset();
+      if (gsi) {
+        void* m = nullptr;
+        while (rte_ring_dequeue(gsi, &m) == 0)
+          rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+        rte_ring_free(gsi);
+        gsi = nullptr;
+      }
       workers.clear();
       if (port.started) port_teardown(port);
     };
@@ -342,6 +354,52 @@ int run(const config::Config& cfg, char* prog) {
       }
       shim = std::make_unique<ShimServer>(std::move(env));
       workers[0]->make_transport(shim.get());
+      // RDMA CM: MADs for QP1 reach the control thread by ring; the ones
+      // it sends leave through worker 0 as commands.
+      gsi = rte_ring_create("urnic_gsi", 1024, SOCKET_ID_ANY, RING_F_SC_DEQ);
+      if (!gsi)
+        throw std::runtime_error("GSI ring: " +
+                                 std::string(rte_strerror(rte_errno)));
+      for (auto& w : workers) w->set_gsi(gsi);
+      {
+        CmEnv ce;
+        ce.addrs = addrs;
+        uint8_t g4[16];
+        wire::gid_from_ipv4(addrs.ipv4, g4);
+        ce.sgid_index = host::GidTable(addrs).find(g4);
+        ce.node_guid = shim_info(dc).node_guid;
+        ce.active_mtu = static_cast<uint8_t>(dc.active_mtu);
+        ce.vlan_tci = cfg.port.vlan;
+        ce.send_frame = [&](const uint8_t dgid[16], const uint8_t* frame,
+                            uint32_t len) {
+          rte_mbuf* m = rte_pktmbuf_alloc(port.pool);
+          if (!m) return false;
+          char* p = rte_pktmbuf_append(m, static_cast<uint16_t>(len));
+          if (!p) {
+            rte_pktmbuf_free(m);
+            return false;
+          }
+          std::memcpy(p, frame, len);
+          auto c = std::make_unique<Command>();
+          c->kind = Command::Kind::kSendFrame;
+          std::memcpy(c->gid, dgid, 16);
+          c->frame = m;
+          if (!workers[0]->post(c.get())) return false;  // c frees m
+          commands.push_back(std::move(c));
+          return true;
+        };
+        ce.neighbour = [&](const uint8_t dgid[16]) -> int {
+          wire::MacAddr mac;
+          if (neigh->lookup(dgid, now_ns(), mac) == host::Lookup::kHit)
+            return 0;
+          auto c = std::make_unique<Command>();
+          c->kind = Command::Kind::kResolve;
+          std::memcpy(c->gid, dgid, 16);
+          if (workers[0]->post(c.get())) commands.push_back(std::move(c));
+          return EINPROGRESS;
+        };
+        cm = std::make_unique<CmServer>(std::move(ce));
+      }
       for (size_t i = 1; i < workers.size(); ++i)
         workers[i]->hand_roce_to(workers[0].get());
       printf(
@@ -378,6 +436,8 @@ int run(const config::Config& cfg, char* prog) {
         }
         s.neigh_entries = neigh->size();
         if (shim) s.shim = shim->stats();
+        if (cm)
+          for (const auto& kv : cm->stats()) s.shim.push_back(kv);
         if (ctl) s.shim.push_back({"control_refusals", ctl->refused()});
         return s;
       };
@@ -484,15 +544,21 @@ int run(const config::Config& cfg, char* prog) {
         return "unknown operation " + std::to_string(static_cast<int>(op));
       };
       auto handler = [&](CtlRequest& req, CtlReply& rep) {
+        if (CmServer::is_cm_op(static_cast<uint16_t>(req.op))) {
+          cm->handle(req, rep);
+          return;
+        }
         if (ShimServer::is_shim_op(static_cast<uint16_t>(req.op))) {
           shim->handle(req, rep);
           return;
         }
         rep.payload = handle_ctl(req.op, req.body, rep.status);
       };
-      ctl = std::make_unique<ControlServer>(
-          cfg.control, handler,
-          [&](const ClientInfo& ci) { shim->on_close(ci); });
+      ctl = std::make_unique<ControlServer>(cfg.control, handler,
+                                            [&](const ClientInfo& ci) {
+                                              cm->on_close(ci);
+                                              shim->on_close(ci);
+                                            });
 
       for (auto& w : workers) {
         w->gate().set_running(true);  // before launch: park() waits for it
@@ -513,8 +579,26 @@ int run(const config::Config& cfg, char* prog) {
       uint64_t next_link_check = 0;
       uint64_t next_print = now_ns() + uint64_t{cfg.stats.period_ms} * 1000000;
       while (!g_quit.load()) {
-        ctl->poll(20);
+        ctl->poll(cm->busy() ? 2 : 20);
         shim->pump_events();
+        {
+          // CM MADs the workers received (whole frames, ICRC checked).
+          void* obj = nullptr;
+          uint8_t buf[2048];
+          while (rte_ring_dequeue(gsi, &obj) == 0) {
+            auto* m = static_cast<rte_mbuf*>(obj);
+            const uint32_t len = std::min<uint32_t>(m->pkt_len, sizeof buf);
+            const auto* p =
+                static_cast<const uint8_t*>(rte_pktmbuf_read(m, 0, len, buf));
+            wire::FrameInfo fi;
+            wire::decode(p, len, fi);
+            if (fi.kind == wire::FrameKind::kRoce)
+              cm->rx(fi.roce, p + fi.payload_off, fi.roce.payload_len,
+                     now_ns());
+            rte_pktmbuf_free(m);
+          }
+          cm->tick(now_ns());
+        }
         while (!commands.empty() &&
                commands.front()->result.load(std::memory_order_acquire) != 1)
           commands.pop_front();
@@ -539,6 +623,7 @@ int run(const config::Config& cfg, char* prog) {
         }
       }
       rte_eal_mp_wait_lcore();
+      cm->shutdown(now_ns());
       if (const size_t live = shim->clients_open()) {
         shim->shutdown();
         printf(

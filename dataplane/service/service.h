@@ -52,9 +52,18 @@ void port_teardown(PortInfo& p);  // idempotent
 // A request from the control thread to a worker (rte_ring of pointers).
 struct Command {
   // kPing: one ICMP echo to gid. kResolve: start ARP/ND for gid.
-  enum class Kind : uint8_t { kPing, kResolve } kind = Kind::kPing;
+  // kSendFrame: transmit `frame` (a whole frame but for its destination
+  // MAC) to gid, resolving it first; the worker owns the mbuf from then on.
+  enum class Kind : uint8_t { kPing, kResolve, kSendFrame } kind = Kind::kPing;
   uint8_t gid[16] = {};
+  rte_mbuf* frame = nullptr;
   std::atomic<int> result{1};  // 1: pending, then 0 or -errno
+  Command() = default;
+  Command(const Command&) = delete;
+  Command& operator=(const Command&) = delete;
+  ~Command() {
+    if (frame) rte_pktmbuf_free(frame);  // never taken (shutdown)
+  }
 };
 
 // Application memory (MR views) the transport lcore transmits from without
@@ -127,6 +136,8 @@ class alignas(64) Worker final : public transport::PacketIo {
   void make_transport(ShimServer* shim);
   void hand_roce_to(Worker* transport) { transport_ = transport; }
   void set_zero_copy(const ZeroCopyTx* zc) { zc_ = zc; }
+  // Where frames for QP1 (CM MADs) go: the control thread's ring (MP/SC).
+  void set_gsi(rte_ring* r) { gsi_ = r; }
   // Control thread, before launch or while parked: the fault stages' new
   // settings (each direction and lcore draws from its own stream of `seed`).
   void set_fault(const config::FaultConfig& f, uint64_t seed);
@@ -169,6 +180,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   ShimServer* shim_ = nullptr;
   const ZeroCopyTx* zc_ = nullptr;  // null: every payload is copied
   Worker* transport_ = nullptr;     // set on the other workers
+  rte_ring* gsi_ = nullptr;         // QP1 frames to the control thread
   rte_ring* handoff_ = nullptr;     // transport worker: RoCE frames (MP/SC)
   // Frames to our own MAC (a QP talking to a QP of this service) loop back
   // here, whole and with their ICRC, and are received on the next loop.

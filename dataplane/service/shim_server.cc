@@ -171,6 +171,9 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
   switch (op) {
     case Op::kOpen:
       break;
+    case Op::kCmOpen:  // main.cc routes these to the CmServer
+    case Op::kCmCommand:
+      return EOPNOTSUPP;
     case Op::kQueryPort: {
       ibv_port_attr pa = env_.info.port;
       if (env_.port_state) env_.port_state(pa);

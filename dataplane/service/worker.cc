@@ -432,6 +432,9 @@ void Worker::commands_st(uint64_t now) {
       bool full = false;
       if (nt_.start(c->gid, now, &full)) send_resolve_request_st(c->gid);
       result = full ? -ENOSPC : 0;
+    } else if (c->kind == Command::Kind::kSendFrame) {
+      send_ip_st(c->frame, c->gid, now);
+      c->frame = nullptr;
     } else if (c->kind == Command::Kind::kPing) {
       rte_mbuf* m = rte_pktmbuf_alloc(port_.pool);
       if (!m) {
@@ -504,6 +507,15 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
     case FrameKind::kRoce:
       if (gids_.find(fi.roce.dgid) < 0) {
         ctr_.inc(Ctr::not_for_us);
+        break;
+      }
+      if (fi.roce.dqpn == 1) {
+        // QP1, the GSI: CM MADs for the control thread (cm_server.h).
+        if (gsi_ && rte_ring_enqueue(gsi_, m) == 0) {
+          ctr_.inc(Ctr::gsi_rx);
+          return;
+        }
+        ctr_.inc(Ctr::gsi_dropped);
         break;
       }
       if (transport_) {

@@ -1,0 +1,237 @@
+// RDMA CM in urnicd: the kernel's ucma (the commands librdmacm writes to
+// /dev/infiniband/rdma_cm, forwarded by verbs-shim/rdmacm.cc) over an IBTA
+// communication manager that speaks CM MADs on QP1 (IBTA vol. 1 ch. 12, as
+// Linux's cm.c and cma.c put them on RoCEv2), so urnic connects to urnic and
+// to the kernel's CM (rxe, RoCE HCAs).
+//
+// Threads: everything here runs on the control thread. Received MADs come
+// from the workers by ring (main.cc), sent ones go to a worker as whole
+// frames (CmEnv::send_frame); MADs between two ids of this service are
+// looped back here, encoded and decoded like any other.
+#pragma once
+
+#include <rdma/ib_user_verbs.h>
+#include <rdma/rdma_user_cm.h>
+#include <sys/types.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dataplane/host/host.h"
+#include "dataplane/service/control.h"
+#include "dataplane/wire/cm_mad.h"
+#include "verbs-shim/abi.h"
+
+namespace urnic::service {
+
+struct CmEnv {
+  host::HostAddrs addrs;   // the port's addresses (IPv4 ids only for now)
+  int sgid_index = 0;      // the IPv4-mapped GID's index (AV sgid_index)
+  uint64_t node_guid = 0;  // network byte order, as ibv_get_device_guid
+  uint8_t active_mtu = IBV_MTU_1024;  // enum ibv_mtu
+  uint8_t ca_ack_delay = 15;          // ibv_device_attr.local_ca_ack_delay
+  uint16_t vlan_tci = 0;              // port.vlan (0: untagged)
+  // A whole RoCEv2 frame to `dgid` (its destination MAC is filled in by the
+  // worker once the neighbour is known). False when it could not be queued
+  // (the CM's retransmission covers it).
+  std::function<bool(const uint8_t dgid[16], const uint8_t* frame,
+                     uint32_t len)>
+      send_frame;
+  // Whether `dgid`'s MAC is known: 0 yes, EINPROGRESS asked (ask again
+  // later), EHOSTUNREACH resolution failed.
+  std::function<int(const uint8_t dgid[16])> neighbour;
+  // CM response timeout (IBTA 12.7.29: 4.096 us * 2^t) and retries of a REQ,
+  // REP or DREQ, as Linux's cma uses them.
+  uint8_t cm_response_timeout = 20;
+  uint8_t max_cm_retries = 15;
+};
+
+struct CmCounters {
+  std::atomic<uint64_t> channels{0}, ids{0}, commands{0}, command_errors{0},
+      mads_rx{0}, mads_tx{0}, mads_bad{0}, mads_unmatched{0},
+      mads_retransmitted{0}, rej_tx{0}, rej_rx{0}, events{0}, events_dropped{0},
+      connections{0}, timeouts{0};
+};
+
+class CmServer {
+ public:
+  explicit CmServer(CmEnv env);
+  ~CmServer();
+  CmServer(const CmServer&) = delete;
+  CmServer& operator=(const CmServer&) = delete;
+
+  static bool is_cm_op(uint16_t op) {
+    return op == static_cast<uint16_t>(shim::Op::kCmOpen) ||
+           op == static_cast<uint16_t>(shim::Op::kCmCommand);
+  }
+  void handle(CtlRequest& req, CtlReply& rep);
+  // A control connection closed: its channel's ids go, as ucma_close.
+  void on_close(const ClientInfo& ci);
+  // A RoCEv2 frame for QP1, decoded (`f`, the MAD in `mad`/`len`).
+  void rx(const wire::RoceFields& f, const uint8_t* mad, uint32_t len,
+          uint64_t now);
+  // Timers: address resolution, retransmission, timewait. Cheap when idle.
+  void tick(uint64_t now);
+  // Service shutdown: every connection is disconnected (DREQ), every
+  // channel told DEVICE_REMOVAL.
+  void shutdown(uint64_t now);
+  std::vector<std::pair<const char*, uint64_t>> stats() const;
+  // Something is in flight (a MAD to loop back, an address being resolved,
+  // a message awaiting its answer): the control loop should poll often.
+  bool busy() const;
+  const CmCounters& counters() const { return ctr_; }
+
+ private:
+  enum class St : uint8_t {
+    kIdle,
+    kAddrQuery,  // resolving the destination's MAC
+    kAddrResolved,
+    kRouteResolved,
+    kListen,
+    kReqSent,  // active: REQ out, waiting for REP (or MRA, REJ)
+    kRepRcvd,  // active: CONNECT_RESPONSE given, RTU when accepted
+    kReqRcvd,  // passive: CONNECT_REQUEST given, waiting for accept
+    kRepSent,  // passive: REP out, waiting for RTU
+    kEstablished,
+    kDreqSent,
+    kDreqRcvd,  // DISCONNECTED given; DREP when the user disconnects
+    kTimewait,
+    kDisconnected,  // timewait over, or a refused / failed connection
+  };
+  struct Channel;
+  struct Id {
+    uint32_t id = 0;
+    Channel* ch = nullptr;
+    uint64_t uid = 0;
+    bool uid_set = true;  // a passive id's events wait for its ACCEPT
+    uint16_t ps = 0;
+    uint8_t qp_type = 0;  // IBV_QPT_RC / IBV_QPT_UD
+    St st = St::kIdle;
+    uint16_t family = 0;              // what the user gave: AF_INET or AF_INET6
+    uint32_t src_ip = 0, dst_ip = 0;  // IPv4, host order
+    uint16_t src_port = 0, dst_port = 0;
+    bool bound = false;
+    bool device = false;  // bound to urnic's port (not a wildcard)
+    uint8_t tos = 0;
+    bool reuseaddr = false, afonly = false;
+    uint8_t ack_timeout = 0;  // RDMA_OPTION_ID_ACK_TIMEOUT, 0: not set
+    uint32_t backlog = 0;
+    uint32_t listener = 0;  // passive: the listener that made it
+    // The connection (Linux cm_id_priv fields of the same meaning).
+    uint32_t local_comm_id = 0, remote_comm_id = 0;
+    uint64_t remote_guid = 0;
+    uint64_t tid = 0;
+    uint32_t local_qpn = 0, remote_qpn = 0;
+    uint32_t seq_num = 0;  // our random PSN: our rq_psn
+    uint32_t sq_psn = 0;   // the peer's starting PSN
+    uint8_t mtu = IBV_MTU_1024;
+    uint8_t responder_resources = 0, initiator_depth = 0;
+    uint8_t retry_count = 7, rnr_retry_count = 7, flow_control = 0, srq = 0;
+    uint8_t qp_timeout = 0;  // the QP's local ACK timeout
+    uint8_t peer_cm_timeout = 20, peer_max_retries = 15;
+    uint32_t flow_label = 0;
+    uint16_t udp_sport = 0xc000;
+    // The last MAD sent that is retransmitted until answered.
+    std::array<uint8_t, wire::cm::kMadSize> mad{};
+    bool mad_valid = false;
+    uint32_t retries_left = 0;
+    uint64_t retry_at = 0;     // ns; 0: no timer
+    uint64_t retry_every = 0;  // ns
+    uint64_t deadline = 0;     // address resolution / timewait end
+    // REJ / DREQ / event private data kept for the user.
+    uint32_t event_pending = 0;
+  };
+  struct Channel {
+    uint64_t client = 0;
+    pid_t pid = 0;
+    uid_t uid = 0;
+    int ev_fd = -1;
+    uint64_t token = 0;
+    std::vector<uint32_t> ids;
+    std::deque<shim::CmEventMsg> backlog;  // the socket was full
+  };
+
+  int command(Channel& ch, const shim::CmCommandReq& req, const uint8_t* body,
+              const uint8_t* opt, std::string& out);
+  int cmd_create(Channel& ch, const uint8_t* b, std::string& out);
+  int cmd_destroy(Id& id);
+  int cmd_bind_ip(Id& id, const uint8_t* b);
+  int cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now);
+  int cmd_resolve_route(Id& id);
+  int cmd_query_route(const Id& id, std::string& out);
+  int cmd_listen(Id& id, const uint8_t* b);
+  int cmd_connect(Id& id, const uint8_t* b, uint64_t now);
+  int cmd_accept(Id& id, const uint8_t* b, uint64_t now);
+  int cmd_reject(Id& id, const uint8_t* b);
+  int cmd_disconnect(Id& id, uint64_t now);
+  int cmd_init_qp_attr(const Id& id, const uint8_t* b, std::string& out);
+  int cmd_set_option(Id& id, const uint8_t* b, const uint8_t* opt,
+                     uint32_t optlen);
+  int cmd_migrate(Channel& to, Id& id);
+
+  static constexpr uint32_t kMaxIds = 65535;
+  uint32_t alloc_id();  // 1..kMaxIds, or 0 when all are taken
+  Id* find(Channel& ch, uint32_t id);
+  Id* by_comm(uint32_t local_comm_id);
+  void drop(Id& id);  // removes an id from every table
+  bool port_in_use(uint16_t ps, uint32_t ip, uint16_t port,
+                   const Id* except) const;
+  int auto_bind(Id& id);
+  bool local_ip(uint32_t ip) const;
+  bool on_link(uint32_t ip) const;
+
+  // Events: queued to the channel's socket in order.
+  void emit(Id& id, uint32_t event, int32_t status,
+            const std::function<void(rdma_ucm_event_resp&)>& fill = nullptr,
+            uint32_t count_id = 0);
+  void flush(Channel& ch);
+  void conn_param(const Id& id, rdma_ucm_conn_param& p, const uint8_t* pdata,
+                  size_t plen) const;
+
+  // MADs.
+  wire::cm::MadHdr hdr_for(const Id& id) const;
+  void send(const uint32_t peer_ip, const uint8_t mad[wire::cm::kMadSize],
+            uint16_t sport);
+  void send_tracked(Id& id, uint64_t now);  // id.mad, with retransmission
+  void send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
+                uint32_t remote_comm, uint8_t msg_rejected, uint16_t reason,
+                const uint8_t* pdata, size_t plen);
+  void send_dreq(Id& id, uint64_t now);
+  void send_drep(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
+                 uint32_t remote_comm);
+  void on_req(const wire::RoceFields& f, const wire::cm::MadHdr& h,
+              const uint8_t* mad, uint64_t now);
+  void on_rep(const wire::RoceFields& f, const wire::cm::MadHdr& h,
+              const uint8_t* mad, uint64_t now);
+  void on_rtu(const uint8_t* mad);
+  void on_rej(const uint8_t* mad);
+  void on_mra(const uint8_t* mad, uint64_t now);
+  void on_dreq(const wire::RoceFields& f, const wire::cm::MadHdr& h,
+               const uint8_t* mad, uint64_t now);
+  void on_drep(const uint8_t* mad, uint64_t now);
+  void enter_timewait(Id& id, uint64_t now);
+  void stop_timer(Id& id);
+  uint64_t cm_timeout_ns(uint8_t peer_timeout) const;
+
+  CmEnv env_;
+  std::map<uint64_t, Channel> channels_;  // by control client id
+  std::unordered_map<uint32_t, Id> ids_;
+  std::unordered_map<uint32_t, uint32_t> comm_;  // local comm id -> id
+  uint32_t next_id_ = 1;
+  uint32_t next_comm_;
+  uint32_t psn_ = 0;
+  bool shut_down_ = false;                 // of the MADs we send (UD: any PSN)
+  std::deque<std::vector<uint8_t>> loop_;  // MADs to ourselves
+  uint64_t now_ = 0;
+  CmCounters ctr_;
+  std::string why_;
+};
+
+}  // namespace urnic::service
