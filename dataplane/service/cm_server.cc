@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -74,6 +76,47 @@ uint8_t ack_timeout(uint8_t ca_ack_delay, uint8_t packet_life) {
 
 uint64_t ms_ns(uint64_t ms) {
   return ms * 1'000'000;
+}
+
+// URNIC_CM_TRACE=1 in urnicd's environment: one line per CM MAD sent or
+// received, for following a connection (or an interop problem) by eye.
+bool trace_on() {
+  static const bool on = getenv("URNIC_CM_TRACE") != nullptr;
+  return on;
+}
+
+const char* attr_name(uint16_t a) {
+  switch (static_cast<cm::Attr>(a)) {
+    case cm::Attr::kReq:
+      return "REQ";
+    case cm::Attr::kMra:
+      return "MRA";
+    case cm::Attr::kRej:
+      return "REJ";
+    case cm::Attr::kRep:
+      return "REP";
+    case cm::Attr::kRtu:
+      return "RTU";
+    case cm::Attr::kDreq:
+      return "DREQ";
+    case cm::Attr::kDrep:
+      return "DREP";
+    case cm::Attr::kSidrReq:
+      return "SIDR_REQ";
+    case cm::Attr::kSidrRep:
+      return "SIDR_REP";
+  }
+  return "?";
+}
+
+void trace(const char* dir, uint32_t peer, const uint8_t* mad) {
+  if (!trace_on()) return;
+  // Every CM message opens with the two comm IDs (SIDR: the request ID).
+  fprintf(stderr,
+          "urnicd: cm %s %s %u.%u.%u.%u local_comm %08x remote_comm %08x\n",
+          dir, attr_name(wire::load_be16(mad + 16)), peer >> 24,
+          (peer >> 16) & 255, (peer >> 8) & 255, peer & 255,
+          wire::load_be32(mad + 24), wire::load_be32(mad + 28));
 }
 
 // An IPv4 address from a sockaddr slot (sockaddr_in, or sockaddr_in6 holding
@@ -1018,6 +1061,7 @@ void CmServer::send(uint32_t peer_ip, const uint8_t mad[cm::kMadSize],
   const uint32_t len = wire::encode_frame(f, mad, frame, sizeof frame);
   if (!len) return;
   ctr_.mads_tx.fetch_add(1, std::memory_order_relaxed);
+  trace("tx", peer_ip, mad);
   if (local_ip(peer_ip)) {
     loop_.emplace_back(frame, frame + len);  // handled on the next tick
     return;
@@ -1103,6 +1147,7 @@ void CmServer::rx(const wire::RoceFields& f, const uint8_t* mad, uint32_t len,
     ctr_.mads_bad.fetch_add(1, std::memory_order_relaxed);
     return;
   }
+  trace("rx", wire::gid_to_ipv4(f.sgid), mad);
   switch (static_cast<cm::Attr>(h.attr_id)) {
     case cm::Attr::kReq:
       on_req(f, h, mad, now);

@@ -80,11 +80,12 @@ finish() {
 # $IN_NS if set) at IP/24 with its control socket at SOCK, worker lcore 1,
 # yielding when idle, no periodic stats, log $TMP/urnicd-ROLE.log
 # (appended). The options given (the port first) come after these.
+# URNICD_ENV: VAR=value words for urnicd's environment (URNIC_CM_TRACE=1).
 urnicd_start() {
   local role=$1 ip=$2 sock=$3 pre=()
   shift 3
   [ -n "${IN_NS:-}" ] && pre=(ip netns exec "$IN_NS")
-  "${pre[@]}" "$URNICD" -o "port.ipv4=$ip/24" -o "control.socket=$sock" \
+  "${pre[@]}" env ${URNICD_ENV:-} "$URNICD" -o "port.ipv4=$ip/24" -o "control.socket=$sock" \
     -o "eal.main_lcore=0" -o "eal.workers=[1]" \
     -o "eal.file_prefix=${ID:-it}-$role" -o stats.period_ms=0 \
     -o lcores.idle.yield=true "$@" >>"$TMP/urnicd-$role.log" 2>&1 &

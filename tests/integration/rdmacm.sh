@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Integration: librdmacm programs (rdmacm-utils, perftest -R), unmodified, on
+# urnic through the verbs shim: the RDMA CM commands go to urnicd, the
+# connections are made with IB CM MADs on QP1 on the wire.
+#  Two services joined by a net_memif pair (10.98.0.1 and .2):
+#   - rping -V -v -C 100 (server on A, client on B): both exit 0, every
+#     ping's data validated (-V) and printed by both ends;
+#   - rping within one service (its own address: MADs looped back);
+#   - ucmatose (RDMA_PS_TCP, data transfers) and rdma_server/rdma_client
+#     (synchronous ids: rdma_create_ep, rdma_get_request's MIGRATE_ID);
+#   - perftest ib_write_bw -R and ib_send_lat -R (two CM phases on one port);
+#   - refusals: a port nobody listens on is REJECTED with reason 8 at once;
+#     an address nobody answers is ADDR_ERROR; a client killed mid-transfer
+#     is a DISCONNECTED at the server, which exits;
+#   - afterwards no CM id or channel is left in either service, and the
+#     services counted the connections and MADs.
+# Every started process is stopped by PID on exit, pass or fail.
+# usage: rdmacm.sh URNICD URNICCTL SHIM_SO
+set -euo pipefail
+URNICD=$1
+URNICCTL=$2
+SHIM=$(realpath "$3")
+ID=rdmacm-$$
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+for p in rping ucmatose rdma_server rdma_client ib_write_bw; do
+  command -v "$p" >/dev/null ||
+    { echo "SKIP: $p not installed (rdmacm-utils, perftest)"; exit 77; }
+done
+shim_preload "$SHIM"
+lib_init
+
+SA=$TMP/a.sock
+SB=$TMP/b.sock
+memif_start server 02:00:00:00:98:01 10.98.0.1 "$SA"
+memif_start client 02:00:00:00:98:02 10.98.0.2 "$SB"
+check "both services up, links up" wait_link "$SA"
+check "  on both services" wait_link "$SB"
+
+on() {  # on SOCK CMD...: CMD as a client of the service at SOCK
+  local sock=$1
+  shift
+  env $CLIENT_ENV URNIC_SOCKET="$sock" LD_PRELOAD="$PRELOAD" \
+    URNIC_POLL_YIELD=1 "$@"
+}
+# bg_on SOCK CMD... &: the same, as the background job itself (exec: $! is
+# the program, so it is the one killed and stopped by PID)
+bg_on() {
+  local sock=$1
+  shift
+  exec env $CLIENT_ENV URNIC_SOCKET="$sock" LD_PRELOAD="$PRELOAD" \
+    URNIC_POLL_YIELD=1 "$@"
+}
+
+# pair NAME SERVER_SOCK CLIENT_SOCK "SERVER CMD" "CLIENT CMD": both exit 0
+# within 60 s (outputs in $TMP/NAME-{srv,cli}.out).
+pair() {
+  local name=$1 ssock=$2 csock=$3 scmd=$4 ccmd=$5 sp rc=0
+  # shellcheck disable=SC2086
+  bg_on "$ssock" timeout 60 $scmd >"$TMP/$name-srv.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  sleep 1
+  # shellcheck disable=SC2086
+  on "$csock" timeout 60 $ccmd >"$TMP/$name-cli.out" 2>&1 || rc=$?
+  wait "$sp" || rc=$((rc ? rc : $?))
+  if [ "$rc" != 0 ]; then
+    echo "  $name: exit $rc"
+    tail -5 "$TMP/$name-srv.out" "$TMP/$name-cli.out"
+  fi
+  return "$rc"
+}
+
+# pings FILE PATTERN N: N lines of validated ping data in FILE
+pings() { [ "$(grep -c "$2" "$1")" = "$3" ]; }
+# both PATTERN NAME: in the server's and in the client's output
+both() { grep -q "$1" "$TMP/$2-srv.out" && grep -q "$1" "$TMP/$2-cli.out"; }
+
+check "rping -V -v -C 100 across two services" \
+  pair rping "$SA" "$SB" "rping -s -V -v -C 100 -a 10.98.0.1" \
+  "rping -c -V -v -C 100 -a 10.98.0.1"
+check "  server printed 100 validated pings" \
+  pings "$TMP/rping-srv.out" '^server ping data: rdma-ping-' 100
+check "  client printed 100 validated pings" \
+  pings "$TMP/rping-cli.out" '^ping data: rdma-ping-' 100
+check "rping -V -C 20 within one service" \
+  pair rping1 "$SA" "$SA" "rping -s -V -v -C 20 -a 10.98.0.1 -p 7175" \
+  "rping -c -V -v -C 20 -a 10.98.0.1 -p 7175"
+check "  client printed 20 validated pings" \
+  pings "$TMP/rping1-cli.out" '^ping data: rdma-ping-' 20
+check "ucmatose (PS_TCP, data transfers)" \
+  pair ucmatose "$SA" "$SB" "ucmatose" "ucmatose -s 10.98.0.1"
+check "  both report status 0" \
+  both 'return status 0' ucmatose
+check "rdma_server / rdma_client (synchronous ids, MIGRATE_ID)" \
+  pair rdma_sc "$SA" "$SB" "rdma_server" "rdma_client -s 10.98.0.1"
+check "  both ends 0" both 'end 0' rdma_sc
+check "ib_write_bw -R 64 KiB" \
+  pair write_bw "$SA" "$SB" "ib_write_bw -R -d urnic0 -s 65536 -n 500" \
+  "ib_write_bw -R -d urnic0 -s 65536 -n 500 10.98.0.1"
+check "ib_send_lat -R" \
+  pair send_lat "$SA" "$SB" "ib_send_lat -R -d urnic0 -n 500" \
+  "ib_send_lat -R -d urnic0 -n 500 10.98.0.1"
+
+# A port nobody listens on: REJ "invalid service ID" (8), not a timeout.
+rejected() {
+  local t0=$SECONDS rc=0
+  on "$SB" timeout 20 rping -c -a 10.98.0.1 -p 7999 -C 1 >"$TMP/rej.out" 2>&1 ||
+    rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ $((SECONDS - t0)) -lt 5 ] &&
+    grep -q 'REJECTED, error 8' "$TMP/rej.out"
+}
+check "no listener: REJECTED, error 8, at once" rejected
+
+# An address nobody answers: ADDR_ERROR once rping's 2 s resolution ends.
+unreachable() {
+  local rc=0
+  on "$SB" timeout 20 rping -c -a 10.98.0.9 -C 1 >"$TMP/unr.out" 2>&1 || rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] &&
+    grep -q 'ADDR_ERROR' "$TMP/unr.out"
+}
+check "unreachable address: ADDR_ERROR" unreachable
+
+# A client killed mid-transfer: its service disconnects it (DREQ), the
+# server sees DISCONNECTED and ends instead of waiting forever.
+killed_client() {
+  local sp cp rc=0
+  bg_on "$SA" timeout 30 rping -s -a 10.98.0.1 -p 7176 -C 1000000 \
+    >"$TMP/kill-srv.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  sleep 1
+  bg_on "$SB" rping -c -a 10.98.0.1 -p 7176 -C 1000000 >"$TMP/kill-cli.out" 2>&1 &
+  cp=$!
+  PIDS+=("$cp")
+  sleep 2
+  kill -9 "$cp"
+  wait "$sp" || rc=$?
+  [ "$rc" != 124 ] && grep -q 'DISCONNECT EVENT' "$TMP/kill-srv.out" ||
+    { echo "  server exit $rc"; return 1; }
+}
+check "client killed mid-transfer: the server sees DISCONNECTED" killed_client
+
+# Nothing left behind, and the work was counted.
+settled() {  # settled SOCK: no CM id or channel left (within 5 s)
+  for _ in $(seq 50); do
+    [ "$(counter "$1" cm_ids)" = 0 ] && [ "$(counter "$1" cm_channels)" = 0 ] &&
+      return 0
+    sleep 0.1
+  done
+  echo "  $1: cm_ids $(counter "$1" cm_ids) cm_channels $(counter "$1" cm_channels)"
+  return 1
+}
+check "no CM id or channel left in A" settled "$SA"
+check "  nor in B" settled "$SB"
+at_least() { [ "$(counter "$1" "$2")" -ge "$3" ]; }
+check "A counted the connections it accepted" at_least "$SA" cm_connections 7
+check "B counted a REJ received" at_least "$SB" cm_rej_rx 1
+check "A counted the REJ it sent" at_least "$SA" cm_rej_tx 1
+finish
