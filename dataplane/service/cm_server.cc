@@ -447,7 +447,9 @@ void CmServer::drop(Id& id) {
 // (Linux cm_destroy_id), then the id is forgotten.
 int CmServer::cmd_destroy(Id& id) {
   const uint32_t peer = id.dst_ip;
-  switch (id.st) {
+  // A UD id's only CM exchange is SIDR: nothing to end on the wire (an
+  // unanswered SIDR_REQ just stops being sent).
+  switch (id.qp_type == IBV_QPT_UD ? St::kIdle : id.st) {
     case St::kReqSent:
       send_rej(peer, id.tid, id.local_comm_id, 0, 0,
                static_cast<uint16_t>(cm::RejReason::kTimeout), nullptr, 0);
@@ -654,10 +656,6 @@ int CmServer::cmd_listen(Id& id, const uint8_t* b) {
     id.src_ip = keep;
     id.device = keep != 0;
   }
-  if (id.qp_type != IBV_QPT_RC) {
-    why_ = "UD (RDMA_PS_UDP) listens are not supported yet";
-    return -EOPNOTSUPP;
-  }
   id.st = St::kListen;
   id.backlog =
       c.backlog == 0 || c.backlog > kMaxBacklog ? kMaxBacklog : c.backlog;
@@ -682,11 +680,8 @@ uint64_t CmServer::cm_timeout_ns(uint8_t peer_timeout) const {
 int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
   const auto c = load<rdma_ucm_connect>(b);
   if (id.st != St::kRouteResolved) return -EINVAL;
-  if (id.qp_type != IBV_QPT_RC) {
-    why_ = "UD (RDMA_PS_UDP) connections (SIDR) are not supported yet";
-    return -EOPNOTSUPP;
-  }
   const rdma_ucm_conn_param& p = c.conn_param;
+  if (id.qp_type == IBV_QPT_UD) return sidr_connect(id, p, now);
   if (p.private_data_len > cm::kReqUserDataSize) {
     why_ = "at most 56 bytes of private data fit in a REQ";
     return -EINVAL;
@@ -731,13 +726,7 @@ int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
   r.primary.traffic_class = id.tos;
   r.primary.hop_limit = env_.addrs.ttl;
   r.primary.local_ack_timeout = id.qp_timeout;
-  cm::CmaHdr ch;
-  ch.ip_version = 4;
-  ch.src_port = id.src_port;
-  const uint32_t sbe = htonl(id.src_ip), dbe = htonl(id.dst_ip);
-  std::memcpy(ch.src_addr + 12, &sbe, 4);
-  std::memcpy(ch.dst_addr + 12, &dbe, 4);
-  cm::encode(ch, r.private_data);
+  cma_hdr(id, r.private_data);
   std::memcpy(r.private_data + cm::kCmaHdrSize, p.private_data,
               p.private_data_len);
   cm::encode(hdr_for(id), r, id.mad.data());
@@ -784,6 +773,13 @@ int CmServer::cmd_accept(Id& id, const uint8_t* b, uint64_t now) {
   if (id.st != St::kReqRcvd) return -EINVAL;
   id.uid = c.uid;
   id.uid_set = true;
+  if (id.qp_type == IBV_QPT_UD) {
+    if (p.private_data_len > cm::kSidrRepPrivateDataSize) return -EINVAL;
+    id.local_qpn = p.qp_num & wire::kMask24;
+    sidr_reply(id, cm::SidrStatus::kSuccess, p.private_data,
+               p.private_data_len);
+    return 0;
+  }
   if (p.valid) {
     if (p.private_data_len > cm::kRepPrivateDataSize) return -EINVAL;
     id.local_qpn = p.qp_num & wire::kMask24;
@@ -817,6 +813,11 @@ int CmServer::cmd_accept(Id& id, const uint8_t* b, uint64_t now) {
 int CmServer::cmd_reject(Id& id, const uint8_t* b) {
   const auto c = load<rdma_ucm_reject>(b);
   if (id.st != St::kReqRcvd && id.st != St::kRepRcvd) return -EINVAL;
+  if (id.qp_type == IBV_QPT_UD) {
+    if (c.private_data_len > cm::kSidrRepPrivateDataSize) return -EINVAL;
+    sidr_reply(id, cm::SidrStatus::kReject, c.private_data, c.private_data_len);
+    return 0;
+  }
   if (c.private_data_len > cm::kRejPrivateDataSize) return -EINVAL;
   // cma accepts only 28 (consumer defined) and 35 (ECE); 0 means 28.
   uint16_t reason = static_cast<uint16_t>(cm::RejReason::kConsumerDefined);
@@ -832,6 +833,7 @@ int CmServer::cmd_reject(Id& id, const uint8_t* b) {
 }
 
 int CmServer::cmd_disconnect(Id& id, uint64_t now) {
+  if (id.qp_type == IBV_QPT_UD) return 0;  // no connection (SIDR only)
   switch (id.st) {
     case St::kEstablished:
     case St::kRepSent:
@@ -1170,22 +1172,11 @@ void CmServer::rx(const wire::RoceFields& f, const uint8_t* mad, uint32_t len,
     case cm::Attr::kDrep:
       on_drep(mad, now);
       break;
-    case cm::Attr::kSidrReq: {
-      // No UD listens yet: "unsupported" is what a kernel without a
-      // listener answers (cm_sidr_req_handler).
-      cm::SidrReq q;
-      cm::decode(mad, q);
-      cm::SidrRep r;
-      r.request_id = q.request_id;
-      r.service_id = q.service_id;
-      r.status = static_cast<uint8_t>(cm::SidrStatus::kUnsupported);
-      uint8_t out[cm::kMadSize];
-      cm::encode(h, r, out);
-      send(wire::gid_to_ipv4(f.sgid), out, 0xc000);
+    case cm::Attr::kSidrReq:
+      on_sidr_req(f, h, mad);
       break;
-    }
     case cm::Attr::kSidrRep:
-      ctr_.mads_unmatched.fetch_add(1, std::memory_order_relaxed);
+      on_sidr_rep(mad);
       break;
   }
 }
@@ -1217,8 +1208,9 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
   const uint16_t port = static_cast<uint16_t>(q.service_id);
   Id* lis = nullptr;
   for (auto& [n, o] : ids_)
-    if (o.st == St::kListen && o.ps == ps && o.src_port == port &&
-        (q.service_id >> 32) == 0 && (!o.src_ip || o.src_ip == dst))
+    if (o.st == St::kListen && o.qp_type == IBV_QPT_RC && o.ps == ps &&
+        o.src_port == port && (q.service_id >> 32) == 0 &&
+        (!o.src_ip || o.src_ip == dst))
       lis = &o;
   if (!lis) {
     // Nobody listens on this service ID: REJ "invalid service ID", echoing
@@ -1450,6 +1442,191 @@ void CmServer::on_drep(const uint8_t* mad, uint64_t now) {
   }
   enter_timewait(*id, now);
   emit(*id, kDisconnected, 0);
+}
+
+// --- SIDR: UD ids
+// ---------------------------------------------------------------
+
+void CmServer::cma_hdr(const Id& id, uint8_t out[cm::kCmaHdrSize]) const {
+  // The addresses the passive side's id takes (cma_format_hdr).
+  cm::CmaHdr ch;
+  ch.ip_version = 4;
+  ch.src_port = id.src_port;
+  const uint32_t sbe = htonl(id.src_ip), dbe = htonl(id.dst_ip);
+  std::memcpy(ch.src_addr + 12, &sbe, 4);
+  std::memcpy(ch.dst_addr + 12, &dbe, 4);
+  cm::encode(ch, out);
+}
+
+void CmServer::ah_of(const Id& id, ib_uverbs_ah_attr& ah) const {
+  gid_of(id.dst_ip, ah.grh.dgid);
+  ah.grh.flow_label = id.flow_label;
+  ah.grh.sgid_index = static_cast<uint8_t>(env_.sgid_index);
+  ah.grh.hop_limit = env_.addrs.ttl;
+  ah.grh.traffic_class = id.tos;
+  ah.is_global = 1;
+  ah.port_num = 1;
+}
+
+int CmServer::sidr_connect(Id& id, const rdma_ucm_conn_param& p, uint64_t now) {
+  if (p.private_data_len > cm::kSidrReqUserDataSize) {
+    why_ = "at most 180 bytes of private data fit in a SIDR_REQ";
+    return -EINVAL;
+  }
+  id.local_qpn = p.qp_num & wire::kMask24;
+  while (next_comm_ == 0 || comm_.count(next_comm_)) ++next_comm_;
+  id.local_comm_id = next_comm_++;
+  comm_[id.local_comm_id] = id.id;
+  id.tid = uint64_t{0x75726e69} << 32 | id.local_comm_id;
+  id.udp_sport = static_cast<uint16_t>(0xc000 | (id.local_comm_id & 0x3fff));
+  cm::SidrReq r;
+  r.request_id = id.local_comm_id;
+  r.pkey = 0xffff;
+  r.service_id = cm::service_id(id.ps, id.dst_port);
+  cma_hdr(id, r.private_data);
+  std::memcpy(r.private_data + cm::kCmaHdrSize, p.private_data,
+              p.private_data_len);
+  cm::encode(hdr_for(id), r, id.mad.data());
+  id.st = St::kReqSent;
+  id.retries_left = env_.max_cm_retries;
+  id.retry_every = ms_ns(cm::timeout_ms(env_.cm_response_timeout));
+  send_tracked(id, now);
+  return 0;
+}
+
+// The answer to a SIDR_REQ: sent once, kept for a repeated request.
+void CmServer::sidr_reply(Id& id, cm::SidrStatus st, const uint8_t* pdata,
+                          size_t plen) {
+  cm::MadHdr h;
+  h.tid = id.tid;
+  cm::SidrRep r;
+  r.request_id = id.remote_comm_id;
+  r.status = static_cast<uint8_t>(st);
+  r.service_id = cm::service_id(id.ps, id.src_port);
+  if (st == cm::SidrStatus::kSuccess) {
+    r.qpn = id.local_qpn;
+    r.qkey = kUdpQkey;
+  }
+  if (pdata)
+    std::memcpy(r.private_data, pdata,
+                std::min<size_t>(plen, sizeof r.private_data));
+  cm::encode(h, r, id.mad.data());
+  id.mad_valid = true;  // for duplicates; no timer
+  id.retry_at = 0;
+  send(id.dst_ip, id.mad.data(), id.udp_sport);
+  id.st = st == cm::SidrStatus::kSuccess ? St::kEstablished : St::kDisconnected;
+}
+
+void CmServer::on_sidr_req(const wire::RoceFields& f, const cm::MadHdr& h,
+                           const uint8_t* mad) {
+  cm::SidrReq q;
+  cm::decode(mad, q);
+  const uint32_t peer = wire::gid_to_ipv4(f.sgid);
+  for (auto& [n, o] : ids_) {
+    if (o.listener && o.qp_type == IBV_QPT_UD &&
+        o.remote_comm_id == q.request_id && o.dst_ip == peer) {
+      if (o.mad_valid) send(o.dst_ip, o.mad.data(), o.udp_sport);
+      return;  // answered again, or the user has not answered yet
+    }
+  }
+  auto reply = [&](cm::SidrStatus st) {
+    cm::SidrRep r;
+    r.request_id = q.request_id;
+    r.service_id = q.service_id;
+    r.status = static_cast<uint8_t>(st);
+    uint8_t out[cm::kMadSize];
+    cm::encode(h, r, out);
+    send(peer, out, 0xc000);
+  };
+  cm::CmaHdr ch;
+  const bool ip = cm::decode(q.private_data, ch) && ch.ip_version == 4;
+  uint32_t dst = 0, src = 0;
+  if (ip) {
+    std::memcpy(&dst, ch.dst_addr + 12, 4);
+    std::memcpy(&src, ch.src_addr + 12, 4);
+    dst = ntohl(dst);
+    src = ntohl(src);
+  }
+  const uint16_t ps = static_cast<uint16_t>(q.service_id >> 16);
+  const uint16_t port = static_cast<uint16_t>(q.service_id);
+  Id* lis = nullptr;
+  for (auto& [n, o] : ids_)
+    if (o.st == St::kListen && o.qp_type == IBV_QPT_UD && o.ps == ps &&
+        o.src_port == port && (q.service_id >> 32) == 0 &&
+        (!o.src_ip || o.src_ip == dst))
+      lis = &o;
+  if (!lis) {
+    // No UD listener: "unsupported" (cm_sidr_req_handler).
+    reply(cm::SidrStatus::kUnsupported);
+    return;
+  }
+  if (!ip || !local_ip(dst) || src != peer) {
+    reply(cm::SidrStatus::kReject);
+    return;
+  }
+  const uint32_t nid = alloc_id();
+  if (!nid) return;  // the SIDR_REQ will come again
+  Id& id = ids_[nid];
+  id.id = nid;
+  id.ch = lis->ch;
+  id.uid_set = false;
+  id.ps = ps;
+  id.qp_type = IBV_QPT_UD;
+  id.st = St::kReqRcvd;
+  id.family = AF_INET;
+  id.src_ip = dst;
+  id.src_port = port;
+  id.dst_ip = src;
+  id.dst_port = ch.src_port;
+  id.bound = id.device = true;
+  id.listener = lis->id;
+  id.remote_comm_id = q.request_id;
+  id.tid = h.tid;
+  id.udp_sport = f.udp_sport;
+  lis->ch->ids.push_back(id.id);
+  ctr_.ids.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t luid = lis->uid;
+  emit(
+      id, kConnectRequest, 0,
+      [&](rdma_ucm_event_resp& e) {
+        e.uid = luid;
+        // No AH: the passive side answers with ibv_create_ah_from_wc.
+        std::memcpy(e.param.ud.private_data, q.private_data + cm::kCmaHdrSize,
+                    cm::kSidrReqUserDataSize);
+        e.param.ud.private_data_len = cm::kSidrReqUserDataSize;
+      },
+      lis->id);
+}
+
+void CmServer::on_sidr_rep(const uint8_t* mad) {
+  cm::SidrRep r;
+  cm::decode(mad, r);
+  Id* id = by_comm(r.request_id);
+  if (!id || id->qp_type != IBV_QPT_UD || id->st != St::kReqSent) {
+    ctr_.mads_unmatched.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  stop_timer(*id);
+  comm_.erase(id->local_comm_id);
+  id->local_comm_id = 0;
+  Id& ref = *id;
+  // cma_sidr_rep_handler: a refusal is UNREACHABLE with the SIDR status; a
+  // Q_Key other than the port space's is refused too.
+  if (r.status != static_cast<uint8_t>(cm::SidrStatus::kSuccess) ||
+      r.qkey != kUdpQkey) {
+    ref.st = St::kDisconnected;
+    emit(ref, kUnreachable, r.status ? r.status : -EINVAL);
+    return;
+  }
+  ref.remote_qpn = r.qpn;
+  ref.st = St::kEstablished;
+  emit(ref, kEstablished, 0, [&](rdma_ucm_event_resp& e) {
+    e.param.ud.qp_num = r.qpn;
+    e.param.ud.qkey = r.qkey;
+    ah_of(ref, e.param.ud.ah_attr);
+    std::memcpy(e.param.ud.private_data, r.private_data, sizeof r.private_data);
+    e.param.ud.private_data_len = sizeof r.private_data;
+  });
 }
 
 // --- timers ------------------------------------------------------------------

@@ -216,6 +216,16 @@ class CmServer {
   void on_dreq(const wire::RoceFields& f, const wire::cm::MadHdr& h,
                const uint8_t* mad, uint64_t now);
   void on_drep(const uint8_t* mad, uint64_t now);
+  // SIDR (IBTA 12.11): how UD ids (RDMA_PS_UDP) find the peer's QPN and
+  // Q_Key.
+  int sidr_connect(Id& id, const rdma_ucm_conn_param& p, uint64_t now);
+  void sidr_reply(Id& id, wire::cm::SidrStatus st, const uint8_t* pdata,
+                  size_t plen);
+  void on_sidr_req(const wire::RoceFields& f, const wire::cm::MadHdr& h,
+                   const uint8_t* mad);
+  void on_sidr_rep(const uint8_t* mad);
+  void ah_of(const Id& id, ib_uverbs_ah_attr& ah) const;
+  void cma_hdr(const Id& id, uint8_t out[wire::cm::kCmaHdrSize]) const;
   void enter_timewait(Id& id, uint64_t now);
   void stop_timer(Id& id);
   uint64_t cm_timeout_ns(uint8_t peer_timeout) const;

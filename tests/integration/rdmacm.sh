@@ -8,7 +8,9 @@
 #   - rping within one service (its own address: MADs looped back);
 #   - ucmatose (RDMA_PS_TCP, data transfers) and rdma_server/rdma_client
 #     (synchronous ids: rdma_create_ep, rdma_get_request's MIGRATE_ID);
-#   - perftest ib_write_bw -R and ib_send_lat -R (two CM phases on one port);
+#   - udaddy (RDMA_PS_UDP: SIDR_REQ/REP, UD sends to the AH of the event);
+#   - perftest ib_write_bw -R, ib_send_bw -R -c UD and ib_send_lat -R (two
+#     CM phases on one port);
 #   - refusals: a port nobody listens on is REJECTED with reason 8 at once;
 #     an address nobody answers is ADDR_ERROR; a client killed mid-transfer
 #     is a DISCONNECTED at the server, which exits;
@@ -24,7 +26,7 @@ ID=rdmacm-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-for p in rping ucmatose rdma_server rdma_client ib_write_bw; do
+for p in rping ucmatose udaddy rdma_server rdma_client ib_write_bw; do
   command -v "$p" >/dev/null ||
     { echo "SKIP: $p not installed (rdmacm-utils, perftest)"; exit 77; }
 done
@@ -99,6 +101,12 @@ check "  both ends 0" both 'end 0' rdma_sc
 check "ib_write_bw -R 64 KiB" \
   pair write_bw "$SA" "$SB" "ib_write_bw -R -d urnic0 -s 65536 -n 500" \
   "ib_write_bw -R -d urnic0 -s 65536 -n 500 10.98.0.1"
+check "udaddy (RDMA_PS_UDP: SIDR, then UD sends to the AH it gave)" \
+  pair udaddy "$SA" "$SB" "udaddy" "udaddy -s 10.98.0.1"
+check "  both report status 0" both 'return status 0' udaddy
+check "ib_send_bw -R -c UD" \
+  pair ud_bw "$SA" "$SB" "ib_send_bw -R -c UD -d urnic0 -n 500" \
+  "ib_send_bw -R -c UD -d urnic0 -n 500 10.98.0.1"
 check "ib_send_lat -R" \
   pair send_lat "$SA" "$SB" "ib_send_lat -R -d urnic0 -n 500" \
   "ib_send_lat -R -d urnic0 -n 500 10.98.0.1"
