@@ -332,7 +332,17 @@ bool cm_fstat(int fd, struct stat* st) {
   std::memset(st, 0, sizeof *st);
   st->st_mode = S_IFCHR | 0666;
   st->st_nlink = 1;
-  st->st_rdev = makedev(kMiscMajor, kCmMinor);
+  // Where the kernel has its own rdma_cm (ib_core loaded, as in a host
+  // with rxe), librdmacm asks netlink for its dev_t and wants the node it
+  // opened to carry it: report the real node's number.
+  static const dev_t rdev = [] {
+    struct stat real;
+    auto real_stat = URNIC_REAL(stat, "GLIBC_2.33");
+    return real_stat && real_stat(kCmNode, &real) == 0 && S_ISCHR(real.st_mode)
+               ? real.st_rdev
+               : makedev(kMiscMajor, kCmMinor);
+  }();
+  st->st_rdev = rdev;
   st->st_blksize = 4096;
   return true;
 }

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Sourced (bash) by rxiA.sh and rxiB.sh, the guest sides of tools/vm-rxe-interop.
-# The caller sets ME (A|B), OTHER, PEER_MGMT (the other guest's management IP)
+# The caller sets ME (A|B), OTHER, PEER_MGMT (the other guest's management IP),
+# ROCE_IP and PEER_ROCE (this guest's and the other's RoCE-link address)
 # and, before run_tests, DEV, GIDX and VERBS (a command prefix, e.g. env with
 # LD_PRELOAD for the shim; empty for rxe), and may define pre_test/post_test.
 # Run directory: /share/rxi (the host's share/rxi); markers and outputs live there.
@@ -29,30 +30,44 @@ post_test() { :; }
 # by 30 s is stopped. Output: $R/N.NAME.<A|B>-<server|client>.out, last line
 # "rc=STATUS"; one line "RXI N NAME ROLE ME rc=STATUS" in the guest log.
 run_tests() {
-  local n=0 line name srv prog args port devargs out rc P i j role
+  local n=0 line name srv prog args port devargs out rc P i j role cm peer
   while read -r line <&3; do
     case "$line" in '' | '#'*) continue ;; esac
     [ -f "$R/abort" ] && { log "abort marker: stop testing"; break; }
     n=$((n + 1))
     read -r name srv prog args <<<"$line"
     port=$((18600 + n))
+    # RDMA CM programs (rping, ucmatose, udaddy, perftest -R) connect to the
+    # peer's RoCE address (ROCE_IP / PEER_ROCE), not the management one, and
+    # listen on no TCP port: the server gets a few seconds instead of ss.
+    cm=0 peer=$PEER_MGMT
+    case "$prog $args " in
+      rping* | ucmatose* | udaddy* | *" -R "*) cm=1 peer=$PEER_ROCE ;;
+    esac
     case "$prog" in
       ibv_*) devargs="-d $DEV -g $GIDX" ;;
+      rping) devargs= ;;
+      ucmatose | udaddy) devargs="-b $ROCE_IP" ;;
       *) devargs="-d $DEV -x $GIDX" ;;
     esac
     pre_test "$n" "$name"
     if [ "$srv" = "$ME" ]; then
       role=server
       out=$R/$n.$name.$ME-server.out
+      [ "$prog" = rping ] && devargs="-s -a $ROCE_IP"
       echo "+ $prog $devargs $args -p $port" > "$out"
       log "test $n $name: server: $prog $devargs $args -p $port"
       # shellcheck disable=SC2086
       timeout "$T_PROG" $VERBS "$prog" $devargs $args -p "$port" >> "$out" 2>&1 &
       P=$!
       i=0
-      while ! ss -Hltn "sport = :$port" | grep -q . && kill -0 "$P" 2>/dev/null && [ "$i" -lt 120 ]; do
-        sleep 0.5; i=$((i + 1))
-      done
+      if [ "$cm" = 1 ]; then
+        sleep 8; i=16
+      else
+        while ! ss -Hltn "sport = :$port" | grep -q . && kill -0 "$P" 2>/dev/null && [ "$i" -lt 120 ]; do
+          sleep 0.5; i=$((i + 1))
+        done
+      fi
       log "server listening after $((i / 2)) s (alive: $(kill -0 "$P" 2>/dev/null && echo yes || echo no))"
       touch "$R/srv.$n"
       j=0
@@ -72,11 +87,16 @@ run_tests() {
       out=$R/$n.$name.$ME-client.out
       waitfile "srv.$n" 300 || true
       sleep 1
-      echo "+ $prog $devargs $args -p $port $PEER_MGMT" > "$out"
-      log "test $n $name: client: $prog $devargs $args -p $port $PEER_MGMT"
+      local dest=$peer
+      case "$prog" in
+        rping) devargs="-c -a $peer" dest= ;;
+        ucmatose | udaddy) devargs="-s $peer" dest= ;;
+      esac
+      echo "+ $prog $devargs $args -p $port $dest" > "$out"
+      log "test $n $name: client: $prog $devargs $args -p $port $dest"
       rc=0
       # shellcheck disable=SC2086
-      timeout "$T_PROG" $VERBS "$prog" $devargs $args -p "$port" "$PEER_MGMT" >> "$out" 2>&1 || rc=$?
+      timeout "$T_PROG" $VERBS "$prog" $devargs $args -p "$port" $dest >> "$out" 2>&1 || rc=$?
       echo "rc=$rc" >> "$out"
       touch "$R/cdone.$n"
       waitfile "sdone.$n" 240 || true

@@ -4,7 +4,7 @@
 # (management link, 10.98.0.1/24, perftest's TCP exchange only). Verbs
 # programs run through the shim as device urnic0, GID index 0.
 [ -n "$BASH_VERSION" ] || exec bash "$0" "$@"
-ME=A OTHER=B PEER_MGMT=10.98.0.2
+ME=A OTHER=B PEER_MGMT=10.98.0.2 ROCE_IP=10.99.0.1 PEER_ROCE=10.99.0.2
 # shellcheck source=rxi-common.sh
 . /share/rxi-common.sh
 log "script start nproc=$(nproc) kernel=$(uname -r)"

@@ -5,7 +5,7 @@
 # Per test: tcpdump of the RoCE NIC ($R/N.B.pcap), rxe counters and new
 # kernel messages ($R/N.B-rxe.txt).
 [ -n "$BASH_VERSION" ] || exec bash "$0" "$@"
-ME=B OTHER=A PEER_MGMT=10.98.0.1
+ME=B OTHER=A PEER_MGMT=10.98.0.1 ROCE_IP=10.99.0.2 PEER_ROCE=10.99.0.1
 # shellcheck source=rxi-common.sh
 . /share/rxi-common.sh
 log "script start nproc=$(nproc) kernel=$(uname -r)"
@@ -20,7 +20,7 @@ ip addr add 10.99.0.2/24 dev "$RX"; ip link set "$RX" up
 ip addr add 10.98.0.2/24 dev "$MG"; ip link set "$MG" up
 sleep 3
 ethtool -i "$RX" | head -2; ethtool "$RX" | grep -E 'Speed|Link detected'
-modprobe ib_uverbs; modprobe rdma_rxe
+modprobe ib_uverbs; modprobe rdma_rxe; modprobe rdma_ucm
 rdma link add rxe0 type rxe netdev "$RX"
 rdma link show
 ibv_devices
