@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -388,10 +390,23 @@ int run(const config::Config& cfg, char* prog) {
           commands.push_back(std::move(c));
           return true;
         };
-        ce.neighbour = [&](const uint8_t dgid[16]) -> int {
+        ce.neighbour = [&,
+                        asked = std::map<std::array<uint8_t, 16>, uint64_t>{}](
+                           const uint8_t dgid[16]) mutable -> int {
           wire::MacAddr mac;
-          if (neigh->lookup(dgid, now_ns(), mac) == host::Lookup::kHit)
-            return 0;
+          const uint64_t now = now_ns();
+          if (neigh->lookup(dgid, now, mac) == host::Lookup::kHit) return 0;
+          // The worker retries a resolution itself; asking again only
+          // restarts one that failed (a few times a second is plenty).
+          std::array<uint8_t, 16> g;
+          std::memcpy(g.data(), dgid, 16);
+          std::erase_if(asked, [&](const auto& kv) {
+            return now - kv.second > 1'000'000'000;
+          });
+          if (auto it = asked.find(g);
+              it != asked.end() && now - it->second < 200'000'000)
+            return EINPROGRESS;
+          asked[g] = now;
           auto c = std::make_unique<Command>();
           c->kind = Command::Kind::kResolve;
           std::memcpy(c->gid, dgid, 16);
