@@ -451,13 +451,15 @@ int CmServer::cmd_destroy(Id& id) {
   // unanswered SIDR_REQ just stops being sent).
   switch (id.qp_type == IBV_QPT_UD ? St::kIdle : id.st) {
     case St::kReqSent:
-      send_rej(peer, id.tid, id.local_comm_id, 0, 0,
+      send_rej(peer, id.tid, id.local_comm_id, 0, 2,
                static_cast<uint16_t>(cm::RejReason::kTimeout), nullptr, 0);
       break;
     case St::kReqRcvd:
     case St::kRepRcvd:
     case St::kRepSent:
-      send_rej(peer, id.tid, id.local_comm_id, id.remote_comm_id,
+      // In REQ_RCVD Linux sends local comm ID 0 (cm_format_rej).
+      send_rej(peer, id.tid, id.st == St::kReqRcvd ? 0 : id.local_comm_id,
+               id.remote_comm_id,
                id.st == St::kReqRcvd   ? 0
                : id.st == St::kRepRcvd ? 1
                                        : 2,
@@ -670,11 +672,11 @@ cm::MadHdr CmServer::hdr_for(const Id& id) const {
   return h;
 }
 
-uint64_t CmServer::cm_timeout_ns(uint8_t peer_timeout) const {
-  // Linux: the response wait is 2 * packet life + the peer's CM response
-  // timeout (cm.c ib_send_cm_req / cm_req_handler).
+uint64_t CmServer::req_wait_ns() const {
+  // The active side waits 2 * packet life + the remote CM response timeout
+  // it asks for (cm.c ib_send_cm_req): 4.6 s with Linux's values.
   return ms_ns(2ull * cm::timeout_ms(kPacketLife) +
-               cm::timeout_ms(peer_timeout));
+               cm::timeout_ms(env_.cm_response_timeout));
 }
 
 int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
@@ -731,8 +733,10 @@ int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
               p.private_data_len);
   cm::encode(hdr_for(id), r, id.mad.data());
   id.st = St::kReqSent;
-  id.retries_left = env_.max_cm_retries;
-  id.retry_every = cm_timeout_ns(env_.cm_response_timeout);
+  id.cm_wait_ns = req_wait_ns();
+  id.cm_retries = env_.max_cm_retries;
+  id.retries_left = id.cm_retries;
+  id.retry_every = id.cm_wait_ns;
   send_tracked(id, now);
   return 0;
 }
@@ -804,8 +808,8 @@ int CmServer::cmd_accept(Id& id, const uint8_t* b, uint64_t now) {
   if (p.valid) std::memcpy(r.private_data, p.private_data, p.private_data_len);
   cm::encode(hdr_for(id), r, id.mad.data());
   id.st = St::kRepSent;
-  id.retries_left = id.peer_max_retries;
-  id.retry_every = cm_timeout_ns(id.peer_cm_timeout);
+  id.retries_left = id.cm_retries;
+  id.retry_every = id.cm_wait_ns;
   send_tracked(id, now);
   return 0;
 }
@@ -822,9 +826,9 @@ int CmServer::cmd_reject(Id& id, const uint8_t* b) {
   // cma accepts only 28 (consumer defined) and 35 (ECE); 0 means 28.
   uint16_t reason = static_cast<uint16_t>(cm::RejReason::kConsumerDefined);
   if (c.reason == 35) reason = 35;
-  send_rej(id.dst_ip, id.tid, id.local_comm_id, id.remote_comm_id,
-           id.st == St::kReqRcvd ? 0 : 1, reason, c.private_data,
-           c.private_data_len);
+  send_rej(id.dst_ip, id.tid, id.st == St::kReqRcvd ? 0 : id.local_comm_id,
+           id.remote_comm_id, id.st == St::kReqRcvd ? 0 : 1, reason,
+           c.private_data, c.private_data_len);
   stop_timer(id);
   comm_.erase(id.local_comm_id);
   id.local_comm_id = 0;
@@ -1114,8 +1118,8 @@ void CmServer::send_dreq(Id& id, uint64_t now) {
   d.remote_qpn = id.remote_qpn;
   cm::encode(hdr_for(id), d, id.mad.data());
   id.st = St::kDreqSent;
-  id.retries_left = env_.max_cm_retries;
-  id.retry_every = cm_timeout_ns(id.peer_cm_timeout);
+  id.retries_left = id.cm_retries;
+  id.retry_every = id.cm_wait_ns ? id.cm_wait_ns : req_wait_ns();
   send_tracked(id, now);
 }
 
@@ -1161,7 +1165,7 @@ void CmServer::rx(const wire::RoceFields& f, const uint8_t* mad, uint32_t len,
       on_rtu(mad);
       break;
     case cm::Attr::kRej:
-      on_rej(mad);
+      on_rej(mad, now);
       break;
     case cm::Attr::kMra:
       on_mra(mad, now);
@@ -1192,6 +1196,22 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
         o.remote_guid == q.local_ca_guid && o.dst_ip == peer) {
       if (o.st == St::kRepSent && o.mad_valid)
         send(o.dst_ip, o.mad.data(), o.udp_sport);
+      return;
+    }
+  }
+  // The same remote QP (CA GUID, QPN) still connected or in timewait here:
+  // REJ "stale connection", and a live old connection is ended
+  // (cm_match_req / cm_insert_remote_qpn).
+  for (auto& [n, o] : ids_) {
+    if (o.qp_type != IBV_QPT_RC || o.remote_guid != q.local_ca_guid ||
+        o.remote_qpn != q.local_qpn || o.dst_ip != peer)
+      continue;
+    if (o.st == St::kTimewait || o.st == St::kEstablished ||
+        o.st == St::kRepSent || o.st == St::kDreqSent ||
+        o.st == St::kDreqRcvd) {
+      send_rej(peer, h.tid, 0, q.local_comm_id, 0,
+               static_cast<uint16_t>(cm::RejReason::kStaleConn), nullptr, 0);
+      if (o.st == St::kEstablished) send_dreq(o, now);
       return;
     }
   }
@@ -1274,8 +1294,9 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
   id.rnr_retry_count = q.rnr_retry_count;
   id.flow_control = q.flow_control;
   id.srq = q.srq;
-  id.peer_cm_timeout = q.local_cm_response_timeout;
-  id.peer_max_retries = q.max_cm_retries;
+  // The REP waits the REQ's local CM response timeout (cm_req_handler).
+  id.cm_wait_ns = ms_ns(cm::timeout_ms(q.local_cm_response_timeout));
+  id.cm_retries = q.max_cm_retries;
   id.flow_label = q.primary.flow_label;
   id.qp_timeout = ack_timeout(
       env_.ca_ack_delay,
@@ -1354,21 +1375,40 @@ void CmServer::on_rtu(const uint8_t* mad) {
   });
 }
 
-void CmServer::on_rej(const uint8_t* mad) {
+void CmServer::on_rej(const uint8_t* mad, uint64_t now) {
   cm::Rej r;
   cm::decode(mad, r);
   ctr_.rej_rx.fetch_add(1, std::memory_order_relaxed);
   Id* id = by_comm(r.remote_comm_id);
-  if (!id || (id->st != St::kReqSent && id->st != St::kRepSent &&
-              id->st != St::kRepRcvd)) {
+  if (!id && r.reason == static_cast<uint16_t>(cm::RejReason::kTimeout) &&
+      r.ari_length >= 8) {
+    // A REQ its sender withdrew (destroyed in REQ_SENT) names itself by the
+    // sender's CA GUID in the ARI and its comm ID (cm_acquire_rejected_id).
+    uint64_t guid;
+    std::memcpy(&guid, r.ari, 8);
+    guid = be64toh(guid);
+    for (auto& [n, o] : ids_)
+      if (o.listener && o.remote_guid == guid &&
+          o.remote_comm_id == r.local_comm_id)
+        id = &o;
+  }
+  if (!id || (id->st != St::kReqSent && id->st != St::kReqRcvd &&
+              id->st != St::kRepSent && id->st != St::kRepRcvd &&
+              id->st != St::kEstablished)) {
     ctr_.mads_unmatched.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   stop_timer(*id);
-  comm_.erase(id->local_comm_id);
-  id->local_comm_id = 0;
-  id->st = St::kDisconnected;
   Id& ref = *id;
+  if (ref.st == St::kEstablished) {
+    // A REJ after the connection was up (our RTU was lost and the peer gave
+    // up): timewait, and the user is told (cm_rej_handler).
+    enter_timewait(ref, now);
+  } else {
+    comm_.erase(ref.local_comm_id);
+    ref.local_comm_id = 0;
+    ref.st = St::kDisconnected;
+  }
   // The user sees the IB reason as the status (positive) and the private
   // data (ucma's REJECTED).
   emit(ref, kRejected, r.reason, [&](rdma_ucm_event_resp& e) {
@@ -1383,6 +1423,12 @@ void CmServer::on_mra(const uint8_t* mad, uint64_t now) {
   cm::decode(mad, m);
   Id* id = by_comm(m.remote_comm_id);
   if (!id || !id->mad_valid) {
+    ctr_.mads_unmatched.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Only an MRA of what we are waiting for counts: 0 the REQ, 1 the REP.
+  if ((m.message_mraed == 0 && id->st != St::kReqSent) ||
+      (m.message_mraed == 1 && id->st != St::kRepSent) || m.message_mraed > 1) {
     ctr_.mads_unmatched.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -1424,8 +1470,12 @@ void CmServer::on_dreq(const wire::RoceFields& f, const cm::MadHdr& h,
       emit(*id, kDisconnected, 0);
       break;
     case St::kTimewait:
-    case St::kDreqRcvd:
       send_drep(id->dst_ip, h.tid, id->local_comm_id, id->remote_comm_id);
+      break;
+    case St::kDreqRcvd:
+      // A repeated DREQ: the DREP waits for our user's rdma_disconnect
+      // (Linux counts and drops it in DREQ_RCVD).
+      ctr_.mads_unmatched.fetch_add(1, std::memory_order_relaxed);
       break;
     default:
       break;

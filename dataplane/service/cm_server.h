@@ -135,7 +135,12 @@ class CmServer {
     uint8_t responder_resources = 0, initiator_depth = 0;
     uint8_t retry_count = 7, rnr_retry_count = 7, flow_control = 0, srq = 0;
     uint8_t qp_timeout = 0;  // the QP's local ACK timeout
-    uint8_t peer_cm_timeout = 20, peer_max_retries = 15;
+    // How long a REQ, REP or DREQ of this connection waits for its answer,
+    // and how often it is sent again (Linux cm_id_priv timeout_ms and
+    // max_cm_retries: the active side's own, the passive side's from the
+    // REQ).
+    uint64_t cm_wait_ns = 0;
+    uint8_t cm_retries = 15;
     uint32_t flow_label = 0;
     uint16_t udp_sport = 0xc000;
     // The last MAD sent that is retransmitted until answered.
@@ -211,7 +216,7 @@ class CmServer {
   void on_rep(const wire::RoceFields& f, const wire::cm::MadHdr& h,
               const uint8_t* mad, uint64_t now);
   void on_rtu(const uint8_t* mad);
-  void on_rej(const uint8_t* mad);
+  void on_rej(const uint8_t* mad, uint64_t now);
   void on_mra(const uint8_t* mad, uint64_t now);
   void on_dreq(const wire::RoceFields& f, const wire::cm::MadHdr& h,
                const uint8_t* mad, uint64_t now);
@@ -228,7 +233,7 @@ class CmServer {
   void cma_hdr(const Id& id, uint8_t out[wire::cm::kCmaHdrSize]) const;
   void enter_timewait(Id& id, uint64_t now);
   void stop_timer(Id& id);
-  uint64_t cm_timeout_ns(uint8_t peer_timeout) const;
+  uint64_t req_wait_ns() const;
 
   CmEnv env_;
   std::map<uint64_t, Channel> channels_;  // by control client id
