@@ -106,7 +106,13 @@ bool read_only_mode(const char* mode) {
 
 template <typename Fn>
 int open_common(Fn real, const char* path, int flags, mode_t mode) {
-  if (is_cm_node(path)) return cm_open(flags);
+  if (is_cm_node(path)) {
+    // urnic's RDMA CM; without a urnicd to talk to, the kernel's (rxe or a
+    // HCA), so a stray LD_PRELOAD does not take rdma_cm away.
+    const int fd = cm_open(flags);
+    if (fd >= 0 || errno != ENODEV || !real) return fd;
+    return real(path, flags, mode);
+  }
   std::string content;
   int err = ENOENT;
   const DevPath kind = device_path(path, &content, &err);

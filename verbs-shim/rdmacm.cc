@@ -273,8 +273,10 @@ int cm_open(int flags) {
   std::string path = cm_service_path();
   int ctl_fd;
   if (int rc = connect_service(path, &ctl_fd)) {
-    say("rdma_cm: service not running at %s (connect: %s); set URNIC_SOCKET",
-        path.c_str(), strerror(rc));
+    if (!quiet())
+      say("rdma_cm: service not running at %s (connect: %s); set "
+          "URNIC_SOCKET",
+          path.c_str(), strerror(rc));
     return fail(ENODEV);
   }
   auto ch = std::make_shared<CmChannel>();
