@@ -45,7 +45,7 @@ run_tests() {
       rping* | ucmatose* | udaddy* | *" -R "*) cm=1 peer=$PEER_ROCE ;;
     esac
     case "$prog" in
-      ibv_*) devargs="-d $DEV -g $GIDX" ;;
+      ibv_* | */sdr | */netfr) devargs="-d $DEV -g $GIDX" ;;
       rping) devargs= ;;
       ucmatose | udaddy) devargs="-b $ROCE_IP" ;;
       *) devargs="-d $DEV -x $GIDX" ;;
