@@ -30,7 +30,7 @@ post_test() { :; }
 # by 30 s is stopped. Output: $R/N.NAME.<A|B>-<server|client>.out, last line
 # "rc=STATUS"; one line "RXI N NAME ROLE ME rc=STATUS" in the guest log.
 run_tests() {
-  local n=0 line name srv prog args port devargs out rc P i j role cm peer
+  local n=0 line name srv prog args port devargs out rc P i j role cm peer pa
   while read -r line <&3; do
     case "$line" in '' | '#'*) continue ;; esac
     [ -f "$R/abort" ] && { log "abort marker: stop testing"; break; }
@@ -44,6 +44,9 @@ run_tests() {
     case "$prog $args " in
       rping* | ucmatose* | udaddy* | *" -R "*) cm=1 peer=$PEER_ROCE ;;
     esac
+    # udaddy's -p is the port space, not the port: it keeps its default.
+    pa="-p $port"
+    [ "$prog" = udaddy ] && pa=
     case "$prog" in
       ibv_* | */sdr | */netfr) devargs="-d $DEV -g $GIDX" ;;
       rping) devargs= ;;
@@ -55,10 +58,10 @@ run_tests() {
       role=server
       out=$R/$n.$name.$ME-server.out
       [ "$prog" = rping ] && devargs="-s -a $ROCE_IP"
-      echo "+ $prog $devargs $args -p $port" > "$out"
-      log "test $n $name: server: $prog $devargs $args -p $port"
+      echo "+ $prog $devargs $args $pa" > "$out"
+      log "test $n $name: server: $prog $devargs $args $pa"
       # shellcheck disable=SC2086
-      timeout "$T_PROG" $VERBS "$prog" $devargs $args -p "$port" >> "$out" 2>&1 &
+      timeout "$T_PROG" $VERBS "$prog" $devargs $args $pa >> "$out" 2>&1 &
       P=$!
       i=0
       if [ "$cm" = 1 ]; then
@@ -92,11 +95,11 @@ run_tests() {
         rping) devargs="-c -a $peer" dest= ;;
         ucmatose | udaddy) devargs="-s $peer" dest= ;;
       esac
-      echo "+ $prog $devargs $args -p $port $dest" > "$out"
-      log "test $n $name: client: $prog $devargs $args -p $port $dest"
+      echo "+ $prog $devargs $args $pa $dest" > "$out"
+      log "test $n $name: client: $prog $devargs $args $pa $dest"
       rc=0
       # shellcheck disable=SC2086
-      timeout "$T_PROG" $VERBS "$prog" $devargs $args -p "$port" $dest >> "$out" 2>&1 || rc=$?
+      timeout "$T_PROG" $VERBS "$prog" $devargs $args $pa $dest >> "$out" 2>&1 || rc=$?
       echo "rc=$rc" >> "$out"
       touch "$R/cdone.$n"
       waitfile "sdone.$n" 240 || true
