@@ -52,13 +52,15 @@ inline uint64_t now_ns() {
 
 // Options every seed program takes, perftest-style: no host = server.
 struct Common {
-  std::string dev;            // -d: default the first device
-  int gid_index = 0;          // -g
-  uint16_t tcp_port = 0;      // -p: the side channel
-  std::string host;           // client role when given
-  bool verify = false;        // --verify
-  uint32_t period_ms = 1000;  // --period: live lines (0: none)
-  uint32_t timeout_s = 10;    // --timeout: no progress for this long = lost
+  std::string dev;               // -d: default the first device
+  int gid_index = 0;             // -g
+  uint16_t tcp_port = 0;         // -p: the side channel's (--cm: RDMA CM's)
+  std::string host;              // client role when given
+  bool verify = false;           // --verify
+  uint32_t period_ms = 1000;     // --period: live lines (0: none)
+  uint32_t timeout_s = 10;       // --timeout: no progress for this long = lost
+  bool cm = false;               // --cm: set up with RDMA CM (seeds_cm.h)
+  std::string bind = "0.0.0.0";  // -b: the --cm server's address
 };
 
 inline uint64_t parse_u64(const char* opt, const char* s, uint64_t lo,
@@ -74,18 +76,22 @@ inline uint64_t parse_u64(const char* opt, const char* s, uint64_t lo,
 }
 
 // getopt_long ids of the common long options (above any short option).
-enum : int { kOptVerify = 1000, kOptPeriod, kOptTimeout, kOptFirstOwn };
+enum : int { kOptVerify = 1000, kOptPeriod, kOptTimeout, kOptCm, kOptFirstOwn };
 
 inline constexpr option kCommonLong[] = {
     {"verify", no_argument, nullptr, kOptVerify},
     {"period", required_argument, nullptr, kOptPeriod},
     {"timeout", required_argument, nullptr, kOptTimeout},
+    {"cm", no_argument, nullptr, kOptCm},
 };
-inline constexpr const char* kCommonShort = "d:g:p:h";
+inline constexpr const char* kCommonShort = "b:d:g:p:h";
 inline constexpr const char* kCommonHelp =
     "  -d DEV          verbs device (default: the first one)\n"
     "  -g GID_INDEX    source GID index (default 0)\n"
-    "  -p PORT         TCP port of the side channel\n"
+    "  -p PORT         TCP port of the side channel (--cm: RDMA CM port)\n"
+    "  --cm            set up with RDMA CM (librdmacm), not TCP: HOST is\n"
+    "                  then the server's RDMA address; -d does not apply\n"
+    "  -b ADDR         --cm server: listen on ADDR (default 0.0.0.0)\n"
     "  --verify        check every byte received\n"
     "  --period MS     live statistics every MS ms (0: off; default 1000)\n"
     "  --timeout S     no progress for S seconds = peer lost (default 10)\n";
@@ -93,6 +99,9 @@ inline constexpr const char* kCommonHelp =
 // Handles one common option; false when `c` is not one of them.
 inline bool parse_common(int c, const char* arg, Common& o) {
   switch (c) {
+    case 'b':
+      o.bind = arg;
+      return true;
     case 'd':
       o.dev = arg;
       return true;
@@ -110,6 +119,9 @@ inline bool parse_common(int c, const char* arg, Common& o) {
       return true;
     case kOptTimeout:
       o.timeout_s = uint32_t(parse_u64("--timeout", arg, 1, 86400));
+      return true;
+    case kOptCm:
+      o.cm = true;
       return true;
     default:
       return false;

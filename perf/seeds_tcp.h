@@ -1,6 +1,8 @@
-// The seed programs' TCP side channel (as perftest's): connection set-up
-// data, then small fixed-size control messages. A closed channel is the
-// peer lost: every read that finds EOF exits with kPeerLost.
+// The seed programs' control channel: a byte stream for connection set-up
+// data and small fixed-size control messages. A closed channel is the
+// peer lost: every read that finds EOF exits with kPeerLost. Channel is
+// the interface; SideChannel is the TCP one (as perftest's), CmChannel
+// (seeds_cm.h) carries the same bytes in SENDs on an RC QP (--cm).
 #pragma once
 
 #include <netdb.h>
@@ -18,12 +20,33 @@
 
 namespace seeds {
 
-class SideChannel {
+class Channel {
  public:
-  SideChannel() = default;
-  SideChannel(const SideChannel&) = delete;
-  SideChannel& operator=(const SideChannel&) = delete;
-  ~SideChannel() {
+  Channel() = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  virtual ~Channel() = default;
+
+  virtual void send_all(const void* p, size_t n) = 0;
+  virtual void recv_all(void* p, size_t n) = 0;
+  // True when a message (or EOF) can be read without blocking.
+  virtual bool readable(int timeout_ms = 0) = 0;
+  // Waits up to `ms` for the peer to close (the end of a run).
+  virtual void wait_close(int ms) = 0;
+
+  template <typename T>
+  void send_obj(const T& v) {
+    send_all(&v, sizeof v);
+  }
+  template <typename T>
+  void recv_obj(T& v) {
+    recv_all(&v, sizeof v);
+  }
+};
+
+class SideChannel final : public Channel {
+ public:
+  ~SideChannel() override {
     if (fd_ >= 0) close(fd_);
   }
 
@@ -77,7 +100,7 @@ class SideChannel {
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
 
-  void send_all(const void* p, size_t n) {
+  void send_all(const void* p, size_t n) override {
     const auto* b = static_cast<const uint8_t*>(p);
     while (n) {
       const ssize_t k = send(fd_, b, n, MSG_NOSIGNAL);
@@ -89,7 +112,7 @@ class SideChannel {
       n -= size_t(k);
     }
   }
-  void recv_all(void* p, size_t n) {
+  void recv_all(void* p, size_t n) override {
     auto* b = static_cast<uint8_t*>(p);
     while (n) {
       const ssize_t k = recv(fd_, b, n, 0);
@@ -101,23 +124,12 @@ class SideChannel {
       n -= size_t(k);
     }
   }
-  template <typename T>
-  void send_obj(const T& v) {
-    send_all(&v, sizeof v);
-  }
-  template <typename T>
-  void recv_obj(T& v) {
-    recv_all(&v, sizeof v);
-  }
-
-  // True when a message (or EOF) can be read without blocking.
-  bool readable(int timeout_ms = 0) const {
+  bool readable(int timeout_ms) override {
     pollfd p{fd_, POLLIN, 0};
     return poll(&p, 1, timeout_ms) > 0;
   }
 
-  // Waits up to `ms` for the peer to close (the end of a run).
-  void wait_close(int ms) const {
+  void wait_close(int ms) override {
     char b[64];
     for (uint64_t end = now_ns() + uint64_t(ms) * 1'000'000u; now_ns() < end;)
       if (readable(10) && recv(fd_, b, sizeof b, 0) <= 0) return;

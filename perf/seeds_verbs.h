@@ -27,6 +27,21 @@ struct Device {
   std::string name;
 };
 
+// Queries an open device (d.ctx, d.port_num) and allocates its PD.
+inline void init_device(Device& d, int gid_index) {
+  if (ibv_query_device(d.ctx, &d.attr))
+    die(kSetup, "ibv_query_device: %s", strerror(errno));
+  if (ibv_query_port(d.ctx, d.port_num, &d.port))
+    die(kSetup, "ibv_query_port: %s", strerror(errno));
+  if (d.port.state != IBV_PORT_ACTIVE)
+    die(kSetup, "%s port %u is not active", d.name.c_str(), d.port_num);
+  d.gid_index = gid_index;
+  if (ibv_query_gid(d.ctx, d.port_num, gid_index, &d.gid))
+    die(kSetup, "ibv_query_gid(%d): %s", gid_index, strerror(errno));
+  d.pd = ibv_alloc_pd(d.ctx);
+  if (!d.pd) die(kSetup, "ibv_alloc_pd: %s", strerror(errno));
+}
+
 inline Device open_device(const std::string& want, int gid_index) {
   Device d;
   int n = 0;
@@ -41,17 +56,7 @@ inline Device open_device(const std::string& want, int gid_index) {
   ibv_free_device_list(list);
   if (!d.ctx)
     die(kSetup, "ibv_open_device(%s): %s", d.name.c_str(), strerror(errno));
-  if (ibv_query_device(d.ctx, &d.attr))
-    die(kSetup, "ibv_query_device: %s", strerror(errno));
-  if (ibv_query_port(d.ctx, d.port_num, &d.port))
-    die(kSetup, "ibv_query_port: %s", strerror(errno));
-  if (d.port.state != IBV_PORT_ACTIVE)
-    die(kSetup, "%s port %u is not active", d.name.c_str(), d.port_num);
-  d.gid_index = gid_index;
-  if (ibv_query_gid(d.ctx, d.port_num, gid_index, &d.gid))
-    die(kSetup, "ibv_query_gid(%d): %s", gid_index, strerror(errno));
-  d.pd = ibv_alloc_pd(d.ctx);
-  if (!d.pd) die(kSetup, "ibv_alloc_pd: %s", strerror(errno));
+  init_device(d, gid_index);
   return d;
 }
 

@@ -69,10 +69,14 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Both QPs and the CQ; their ends go to the peer.
-void make_qps(Conn& c, uint32_t recv_depth, seeds::QpEnd* self) {
+// The CQ for both QPs.
+void make_cq(Conn& c, uint32_t recv_depth) {
   c.sq_depth = 2 * c.p.ring + 8;  // sender: WRITE + SEND per credit
   c.cq = seeds::make_cq(c.dev, kQps * (c.sq_depth + recv_depth) + 16);
+}
+
+// Both QPs; their ends go to the peer.
+void make_qps(Conn& c, uint32_t recv_depth, seeds::QpEnd* self) {
   for (uint32_t q = 0; q < kQps; ++q)
     c.qp[q] = seeds::make_qp(c.dev, IBV_QPT_RC, c.cq, c.sq_depth, recv_depth,
                              self[q]);
@@ -83,45 +87,96 @@ void connect_qps(Conn& c, const seeds::QpEnd* self, const seeds::QpEnd* peer) {
     seeds::connect_qp(c.dev, c.qp[q], self[q], peer[q]);
 }
 
-void setup_receiver(Conn& c, const Options& o) {
-  c.ch.accept_one(o.common.tcp_port);
-  c.ch.recv_obj(c.p);
-  if (c.p.magic != kMagic || c.p.ring == 0 || c.p.ring > 1024 ||
-      c.p.frame_size == 0 || c.p.count == 0)
+void check_params(const Params& p) {
+  if (p.magic != kMagic || p.ring == 0 || p.ring > 1024 || p.frame_size == 0 ||
+      p.count == 0)
     die(seeds::kUsage, "bad parameters from the sender");
-  seeds::QpEnd self[kQps], peer[kQps];
-  make_qps(c, c.p.ring, self);
-  c.ch.recv_obj(peer);
+}
+
+// Receiver: the ring and the notify buffers, in one MR.
+void make_ring(Conn& c) {
   c.ring.stride = (c.p.frame_size + 63) & ~63u;
   c.buf = seeds::make_buffer(c.dev, buffer_bytes(c.p, c.ring.stride),
                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   c.ring.addr = reinterpret_cast<uintptr_t>(c.buf.p);
   c.ring.rkey = c.buf.mr->rkey;
+}
+
+void setup_receiver(Conn& c, const Options& o) {
+  auto tcp = std::make_unique<seeds::SideChannel>();
+  tcp->accept_one(o.common.tcp_port);
+  c.ch = std::move(tcp);
+  c.ch->recv_obj(c.p);
+  check_params(c.p);
+  seeds::QpEnd self[kQps], peer[kQps];
+  make_cq(c, c.p.ring);
+  make_qps(c, c.p.ring, self);
+  c.ch->recv_obj(peer);
+  make_ring(c);
   connect_qps(c, self, peer);
-  c.ch.send_obj(self);
-  c.ch.send_obj(c.ring);
-  printf("netfr receiver on %s: %u QPs x %u ring buffers of %u B, %" PRIu64
-         " frames\n",
-         c.dev.name.c_str(), kQps, c.p.ring, c.p.frame_size, c.p.count);
+  c.ch->send_obj(self);
+  c.ch->send_obj(c.ring);
 }
 
 void setup_sender(Conn& c, const Options& o) {
-  c.ch.connect_to(o.common.host, o.common.tcp_port);
+  auto tcp = std::make_unique<seeds::SideChannel>();
+  tcp->connect_to(o.common.host, o.common.tcp_port);
+  c.ch = std::move(tcp);
   c.p = o.p;
-  c.ch.send_obj(c.p);
+  c.ch->send_obj(c.p);
   seeds::QpEnd self[kQps], peer[kQps];
+  make_cq(c, c.p.ring + 2);
   make_qps(c, c.p.ring + 2, self);
-  c.ch.send_obj(self);
-  c.ch.recv_obj(peer);
-  c.ch.recv_obj(c.ring);
+  c.ch->send_obj(self);
+  c.ch->recv_obj(peer);
+  c.ch->recv_obj(c.ring);
   c.buf = seeds::make_buffer(c.dev, buffer_bytes(c.p, c.ring.stride),
                              IBV_ACCESS_LOCAL_WRITE);
   connect_qps(c, self, peer);
-  printf("netfr sender on %s: %" PRIu64
-         " frames of %u B over %u QPs, %u "
-         "credits each, rate %s\n",
-         c.dev.name.c_str(), c.p.count, c.p.frame_size, kQps, c.p.ring,
-         c.p.rate_fps ? std::to_string(c.p.rate_fps).c_str() : "max");
+}
+
+// --cm: the control connection's REQ carries the parameters, its REP the
+// ring; then QP q is connection q + 1, its REQ naming q.
+static_assert(sizeof(Params) <= seeds::kCmReqData);
+static_assert(sizeof(Ring) <= seeds::kCmRepData);
+
+void cm_receiver(Conn& c, const Options& o) {
+  c.cm = std::make_unique<seeds::Cm>(o.common);
+  c.cm->listen();
+  rdma_cm_id* ctl = c.cm->request(&c.p, sizeof c.p, true);
+  c.dev = seeds::Cm::device(ctl, o.common.gid_index);
+  c.ch = std::make_unique<seeds::CmChannel>(*c.cm, c.dev, ctl);
+  check_params(c.p);
+  make_cq(c, c.p.ring);
+  make_ring(c);
+  c.cm->accept(ctl, &c.ring, sizeof c.ring);
+  for (uint32_t q = 0; q < kQps; ++q) {
+    seeds::CmDataReq r;
+    rdma_cm_id* id = c.cm->request(&r, sizeof r);
+    if (r.magic != kMagic || r.index != q)
+      die(seeds::kSetup, "connection %u: not netfr's QP %u", q + 1, q);
+    c.qp[q] = c.cm->create_qp(id, c.dev, c.cq, c.cq, c.sq_depth, c.p.ring);
+    c.cm->accept(id, nullptr, 0);
+  }
+  c.cm->finish_accept();
+}
+
+void cm_sender(Conn& c, const Options& o) {
+  c.cm = std::make_unique<seeds::Cm>(o.common);
+  c.p = o.p;
+  rdma_cm_id* ctl = c.cm->resolve();
+  c.dev = seeds::Cm::device(ctl, o.common.gid_index);
+  c.ch = seeds::CmChannel::connect(*c.cm, c.dev, ctl, &c.p, sizeof c.p, &c.ring,
+                                   sizeof c.ring);
+  make_cq(c, c.p.ring + 2);
+  for (uint32_t q = 0; q < kQps; ++q) {
+    rdma_cm_id* id = c.cm->resolve();
+    c.qp[q] = c.cm->create_qp(id, c.dev, c.cq, c.cq, c.sq_depth, c.p.ring + 2);
+    const seeds::CmDataReq r{kMagic, q};
+    c.cm->connect(id, &r, sizeof r, nullptr, 0);
+  }
+  c.buf = seeds::make_buffer(c.dev, buffer_bytes(c.p, c.ring.stride),
+                             IBV_ACCESS_LOCAL_WRITE);
 }
 
 }  // namespace
@@ -131,12 +186,23 @@ int main(int argc, char** argv) {
   seeds::g_prog = "netfr";
   const netfr::Options o = netfr::parse(argc, argv);
   netfr::Conn c;
-  c.dev = seeds::open_device(o.common.dev, o.common.gid_index);
   const bool receiver = o.common.host.empty();
-  if (receiver)
-    netfr::setup_receiver(c, o);
-  else
-    netfr::setup_sender(c, o);
+  if (!o.common.cm)
+    c.dev = seeds::open_device(o.common.dev, o.common.gid_index);
+  const char* how = o.common.cm ? ", RDMA CM" : "";
+  if (receiver) {
+    (o.common.cm ? netfr::cm_receiver : netfr::setup_receiver)(c, o);
+    printf("netfr receiver on %s: %u QPs x %u ring buffers of %u B, %" PRIu64
+           " frames%s\n",
+           c.dev.name.c_str(), netfr::kQps, c.p.ring, c.p.frame_size, c.p.count,
+           how);
+  } else {
+    (o.common.cm ? netfr::cm_sender : netfr::setup_sender)(c, o);
+    printf("netfr sender on %s: %" PRIu64
+           " frames of %u B over %u QPs, %u credits each, rate %s%s\n",
+           c.dev.name.c_str(), c.p.count, c.p.frame_size, netfr::kQps, c.p.ring,
+           c.p.rate_fps ? std::to_string(c.p.rate_fps).c_str() : "max", how);
+  }
   fflush(stdout);
   return receiver ? netfr::run_receiver(c, o) : netfr::run_sender(c, o);
 }

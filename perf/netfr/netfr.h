@@ -3,7 +3,10 @@
 
 #include <infiniband/verbs.h>
 
+#include <memory>
+
 #include "perf/netfr/protocol.h"
+#include "perf/seeds_cm.h"
 #include "perf/seeds_common.h"
 #include "perf/seeds_tcp.h"
 #include "perf/seeds_verbs.h"
@@ -17,7 +20,8 @@ struct Options {
 
 struct Conn {
   seeds::Device dev;
-  seeds::SideChannel ch;
+  std::unique_ptr<seeds::Cm> cm;       // --cm
+  std::unique_ptr<seeds::Channel> ch;  // TCP, or SENDs with --cm
   ibv_cq* cq = nullptr;  // one CQ for both QPs, sends and receives
   ibv_qp* qp[kQps] = {};
   // Receiver: the ring, then kQps x ring notify receive buffers.

@@ -43,7 +43,7 @@ class Receiver {
       for (uint32_t i = 0; i < p_.ring; ++i)
         post_notify_receive(table_.acquire(Ctx{Ctx::kNotify, q, i}));
     // The sender starts once it has our QP ends: receives are posted.
-    c_.ch.send_obj(uint32_t{1});
+    c_.ch->send_obj(uint32_t{1});
     last_progress_ = last_live_ = now_ns();
     uint64_t last_ctl = 0;
     while (delivered_ < p_.count) {
@@ -53,16 +53,16 @@ class Receiver {
       const uint64_t now = now_ns();
       if (now - last_ctl < kControlNs) continue;
       last_ctl = now;
-      if (c_.ch.readable())
+      if (c_.ch->readable())
         die(seeds::kPeerLost, "peer lost: side channel closed");
       live(now);
       if (now - last_progress_ > uint64_t{o_.common.timeout_s} * 1'000'000'000)
         die(seeds::kPeerLost, "peer lost: nothing received for %u s",
             o_.common.timeout_s);
     }
-    c_.ch.send_obj(Done{seeds::kOk, 0});
+    c_.ch->send_obj(Done{seeds::kOk, 0});
     summary();
-    c_.ch.wait_close(5000);
+    c_.ch->wait_close(5000);
     return seeds::kOk;
   }
 
@@ -126,8 +126,8 @@ class Receiver {
     const uint64_t seed = pattern_seed(a.seq);
     const size_t bad = seeds::check_pattern(f, 0, a.len, seed);
     if (a.len != p_.frame_size || bad != a.len) {
-      c_.ch.send_obj(Done{seeds::kVerify, 0});
-      c_.ch.wait_close(2000);  // closing first could reset what it must read
+      c_.ch->send_obj(Done{seeds::kVerify, 0});
+      c_.ch->wait_close(2000);  // closing first could reset what it must read
       die(seeds::kVerify,
           "verification failed: frame %" PRIu64
           " (QP %u, buffer %u, %u B): "

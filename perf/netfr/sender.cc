@@ -33,7 +33,7 @@ class Sender {
   int run() {
     post_credit_receives();
     uint32_t ready = 0;  // the receiver's notify receives are posted
-    c_.ch.recv_obj(ready);
+    c_.ch->recv_obj(ready);
     t_start_ = last_live_ = last_progress_ = now_ns();
     const uint64_t period =
         p_.rate_fps ? 1'000'000'000ull / p_.rate_fps : 0;  // ns per frame
@@ -147,9 +147,9 @@ class Sender {
   // A failed completion. When the receiver ended first (a verification
   // failure, or it is gone) its side channel says so: that is the error.
   [[noreturn]] void wc_error(const ibv_wc& wc) {
-    if (c_.ch.readable(100)) {  // EOF: exits "peer lost"
+    if (c_.ch->readable(100)) {  // EOF: exits "peer lost"
       Done d;
-      c_.ch.recv_obj(d);
+      c_.ch->recv_obj(d);
       if (d.status == seeds::kVerify)
         die(seeds::kVerify, "the receiver found a byte that was not sent");
     }
@@ -158,14 +158,14 @@ class Sender {
   }
 
   void control(uint64_t now) {
-    if (!c_.ch.readable()) {
+    if (!c_.ch->readable()) {
       if (now - last_progress_ > uint64_t{o_.common.timeout_s} * 1'000'000'000)
         die(seeds::kPeerLost, "peer lost: no answer for %u s",
             o_.common.timeout_s);
       return;
     }
     Done d;
-    c_.ch.recv_obj(d);
+    c_.ch->recv_obj(d);
     done_ = true;
     done_status_ = d.status;
     t_end_ = now;

@@ -119,22 +119,20 @@ void set_chunks(Conn& c) {
         c.p.msg_size, c.table.chunk, kMaxChunks);
 }
 
-// Receiver: parameters from the client; the table; QP to RTR/RTS with
-// every receive posted before the sender learns the table.
-void setup_receiver(Conn& c, const Options& o) {
-  c.ch.accept_one(o.common.tcp_port);
-  c.ch.recv_obj(c.p);
-  if (c.p.magic != kMagic || c.p.slots == 0 || c.p.slots > kMaxSlots ||
-      c.p.msg_size < kHeaderBytes || c.p.count == 0)
+void check_params(const Params& p) {
+  if (p.magic != kMagic || p.slots == 0 || p.slots > kMaxSlots ||
+      p.msg_size < kHeaderBytes || p.count == 0)
     die(seeds::kUsage, "bad parameters from the sender");
+}
+
+// Receiver: the CQ and the table in its root MR; chunks of the path MTU
+// (the smaller port MTU) unless --chunk.
+void make_table(Conn& c, uint32_t peer_mtu) {
   c.rq_depth = std::min<uint32_t>(kRecvDepth, uint32_t(c.dev.attr.max_qp_wr));
   c.cq = seeds::make_cq(c.dev, c.rq_depth + 16);
-  seeds::QpEnd self, peer;
-  c.qp = seeds::make_qp(c.dev, c.p.uc ? IBV_QPT_UC : IBV_QPT_RC, c.cq, 1,
-                        c.rq_depth, self);
-  c.ch.recv_obj(peer);
-  c.table.chunk =
-      c.p.chunk ? c.p.chunk : seeds::mtu_bytes(std::min(self.mtu, peer.mtu));
+  c.table.chunk = c.p.chunk ? c.p.chunk
+                            : seeds::mtu_bytes(std::min<uint32_t>(
+                                  c.dev.port.active_mtu, peer_mtu));
   set_chunks(c);
   c.table.stride = (c.p.msg_size + 4095) & ~4095u;
   const size_t len = size_t{c.p.slots} * c.table.stride;
@@ -142,38 +140,119 @@ void setup_receiver(Conn& c, const Options& o) {
                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   c.table.addr = reinterpret_cast<uintptr_t>(c.buf.p);
   c.table.rkey = c.buf.mr->rkey;
+}
+
+ibv_qp* make_qp(Conn& c, uint32_t send_wr, uint32_t recv_wr,
+                seeds::QpEnd& self) {
+  return seeds::make_qp(c.dev, c.p.uc ? IBV_QPT_UC : IBV_QPT_RC, c.cq, send_wr,
+                        recv_wr, self);
+}
+
+// Receiver: parameters from the client; the table; QP to RTR/RTS with
+// every receive posted before the sender learns the table.
+void setup_receiver(Conn& c, const Options& o) {
+  auto tcp = std::make_unique<seeds::SideChannel>();
+  tcp->accept_one(o.common.tcp_port);
+  c.ch = std::move(tcp);
+  c.ch->recv_obj(c.p);
+  check_params(c.p);
+  seeds::QpEnd self, peer;
+  c.ch->recv_obj(peer);
+  make_table(c, peer.mtu);
+  c.qp = make_qp(c, 1, c.rq_depth, self);
   post_receives(c);
   seeds::connect_qp(c.dev, c.qp, self, peer);
-  c.ch.send_obj(self);
-  c.ch.send_obj(c.table);
-  printf(
-      "sdr receiver on %s: %s, %u slots of %u B in one MR, %u B chunks, "
-      "%u receives posted\n",
-      c.dev.name.c_str(), mode(c.p), c.p.slots, c.p.msg_size, c.table.chunk,
-      c.rq_depth);
+  c.ch->send_obj(self);
+  c.ch->send_obj(c.table);
 }
 
 void setup_sender(Conn& c, const Options& o) {
-  c.ch.connect_to(o.common.host, o.common.tcp_port);
+  auto tcp = std::make_unique<seeds::SideChannel>();
+  tcp->connect_to(o.common.host, o.common.tcp_port);
+  c.ch = std::move(tcp);
   c.p = o.p;
-  c.ch.send_obj(c.p);
+  c.ch->send_obj(c.p);
   c.sq_depth = std::min<uint32_t>(kSendDepth, uint32_t(c.dev.attr.max_qp_wr));
   c.cq = seeds::make_cq(c.dev, c.sq_depth + 16);
   seeds::QpEnd self, peer;
-  c.qp = seeds::make_qp(c.dev, c.p.uc ? IBV_QPT_UC : IBV_QPT_RC, c.cq,
-                        c.sq_depth, 1, self);
-  c.ch.send_obj(self);
-  c.ch.recv_obj(peer);
-  c.ch.recv_obj(c.table);
+  c.qp = make_qp(c, c.sq_depth, 1, self);
+  c.ch->send_obj(self);
+  c.ch->recv_obj(peer);
+  c.ch->recv_obj(c.table);
   set_chunks(c);
   c.buf = seeds::make_buffer(c.dev, size_t{c.p.slots} * c.table.stride,
                              IBV_ACCESS_LOCAL_WRITE);
   seeds::connect_qp(c.dev, c.qp, self, peer);
-  printf("sdr sender on %s: %s, %" PRIu64
-         " messages of %u B, %u B chunks, "
-         "%u slots, drop %u ppm\n",
-         c.dev.name.c_str(), mode(c.p), c.p.count, c.p.msg_size, c.table.chunk,
-         c.p.slots, o.drop_ppm);
+}
+
+// --cm: the control connection's REQ carries the parameters and the
+// sender's port MTU, its REP the table. Over RC the data QP is a second
+// connection; urnic's RDMA CM connects RC (and UD) QPs only, so a UC QP
+// is connected by hand with the QP ends sent over the control channel,
+// as over TCP.
+struct Hello {
+  Params p;
+  uint32_t mtu = 0;  // the sender's ibv_mtu
+  uint32_t pad = 0;
+};
+static_assert(sizeof(Hello) <= seeds::kCmReqData);
+static_assert(sizeof(Table) <= seeds::kCmRepData);
+
+void cm_receiver(Conn& c, const Options& o) {
+  c.cm = std::make_unique<seeds::Cm>(o.common);
+  c.cm->listen();
+  Hello h;
+  rdma_cm_id* ctl = c.cm->request(&h, sizeof h, true);
+  c.dev = seeds::Cm::device(ctl, o.common.gid_index);
+  c.ch = std::make_unique<seeds::CmChannel>(*c.cm, c.dev, ctl);
+  c.p = h.p;
+  check_params(c.p);
+  make_table(c, h.mtu);
+  if (c.p.uc) {
+    seeds::QpEnd self, peer;
+    c.qp = make_qp(c, 1, c.rq_depth, self);
+    post_receives(c);
+    c.cm->accept(ctl, &c.table, sizeof c.table);
+    c.ch->recv_obj(peer);
+    seeds::connect_qp(c.dev, c.qp, self, peer);
+    c.ch->send_obj(self);
+  } else {
+    c.cm->accept(ctl, &c.table, sizeof c.table);
+    seeds::CmDataReq r;
+    rdma_cm_id* id = c.cm->request(&r, sizeof r);
+    if (r.magic != kMagic) die(seeds::kSetup, "a connection not from sdr");
+    c.qp = c.cm->create_qp(id, c.dev, c.cq, c.cq, 1, c.rq_depth);
+    post_receives(c);
+    c.cm->accept(id, nullptr, 0);
+  }
+  c.cm->finish_accept();
+}
+
+void cm_sender(Conn& c, const Options& o) {
+  c.cm = std::make_unique<seeds::Cm>(o.common);
+  c.p = o.p;
+  rdma_cm_id* ctl = c.cm->resolve();
+  c.dev = seeds::Cm::device(ctl, o.common.gid_index);
+  const Hello h{c.p, c.dev.port.active_mtu, 0};
+  c.ch = seeds::CmChannel::connect(*c.cm, c.dev, ctl, &h, sizeof h, &c.table,
+                                   sizeof c.table);
+  set_chunks(c);
+  c.sq_depth = std::min<uint32_t>(kSendDepth, uint32_t(c.dev.attr.max_qp_wr));
+  c.cq = seeds::make_cq(c.dev, c.sq_depth + 16);
+  if (c.p.uc) {
+    seeds::QpEnd self, peer;
+    c.qp = make_qp(c, c.sq_depth, 1, self);
+    c.ch->send_obj(self);
+    c.ch->recv_obj(peer);
+    seeds::connect_qp(c.dev, c.qp, self, peer);
+  } else {
+    rdma_cm_id* id = c.cm->resolve();
+    c.qp = c.cm->create_qp(id, c.dev, c.cq, c.cq, c.sq_depth, 1);
+    const seeds::CmDataReq r{kMagic, 0};
+    c.cm->connect(id, &r, sizeof r, nullptr, 0);
+  }
+  c.buf = seeds::make_buffer(c.dev, size_t{c.p.slots} * c.table.stride,
+                             IBV_ACCESS_LOCAL_WRITE);
 }
 
 }  // namespace
@@ -183,12 +262,24 @@ int main(int argc, char** argv) {
   seeds::g_prog = "sdr";
   const sdr::Options o = sdr::parse(argc, argv);
   sdr::Conn c;
-  c.dev = seeds::open_device(o.common.dev, o.common.gid_index);
   const bool receiver = o.common.host.empty();
-  if (receiver)
-    sdr::setup_receiver(c, o);
-  else
-    sdr::setup_sender(c, o);
+  if (!o.common.cm)
+    c.dev = seeds::open_device(o.common.dev, o.common.gid_index);
+  if (receiver) {
+    (o.common.cm ? sdr::cm_receiver : sdr::setup_receiver)(c, o);
+    printf(
+        "sdr receiver on %s: %s, %u slots of %u B in one MR, %u B chunks, "
+        "%u receives posted%s\n",
+        c.dev.name.c_str(), sdr::mode(c.p), c.p.slots, c.p.msg_size,
+        c.table.chunk, c.rq_depth, o.common.cm ? ", RDMA CM" : "");
+  } else {
+    (o.common.cm ? sdr::cm_sender : sdr::setup_sender)(c, o);
+    printf("sdr sender on %s: %s, %" PRIu64
+           " messages of %u B, %u B chunks, %u slots, drop %u ppm%s\n",
+           c.dev.name.c_str(), sdr::mode(c.p), c.p.count, c.p.msg_size,
+           c.table.chunk, c.p.slots, o.drop_ppm,
+           o.common.cm ? ", RDMA CM" : "");
+  }
   fflush(stdout);
   return receiver ? sdr::run_receiver(c, o) : sdr::run_sender(c, o);
 }

@@ -63,9 +63,9 @@ class Receiver {
         die(seeds::kPeerLost, "peer lost: nothing received for %u s",
             o_.common.timeout_s);
     }
-    c_.ch.send_obj(CtlMsg{Ctl::kDone, seeds::kOk, 0, 0});
+    c_.ch->send_obj(CtlMsg{Ctl::kDone, seeds::kOk, 0, 0});
     summary();
-    c_.ch.wait_close(5000);
+    c_.ch->wait_close(5000);
     return seeds::kOk;
   }
 
@@ -147,14 +147,14 @@ class Receiver {
     lat_[completed_] = now - h.t0_ns;
     ++completed_;
     t_last_ = now;
-    c_.ch.send_obj(CtlMsg{Ctl::kComplete, s, sl.use, 0});
+    c_.ch->send_obj(CtlMsg{Ctl::kComplete, s, sl.use, 0});
     table_.recycle(s);
   }
 
   void control(uint64_t now) {
-    while (c_.ch.readable()) {
+    while (c_.ch->readable()) {
       CtlMsg m;
-      c_.ch.recv_obj(m);
+      c_.ch->recv_obj(m);
       if (m.type != Ctl::kSent || m.slot >= table_.size())
         die(seeds::kPeerLost, "side channel: unexpected message %u",
             unsigned(m.type));
@@ -185,8 +185,8 @@ class Receiver {
     table_.missing(s, missing_.data());
     uint32_t n = 0;
     for (uint64_t w : missing_) n += uint32_t(std::popcount(w));
-    c_.ch.send_obj(CtlMsg{Ctl::kMissing, s, sl.use, table_.words()});
-    c_.ch.send_all(missing_.data(), missing_.size() * sizeof(uint64_t));
+    c_.ch->send_obj(CtlMsg{Ctl::kMissing, s, sl.use, table_.words()});
+    c_.ch->send_all(missing_.data(), missing_.size() * sizeof(uint64_t));
     if (sl.round_end) ++marker_nacks_;
     sl.round_end = sl.due = false;
     ++missing_reports_;
@@ -243,8 +243,8 @@ class Receiver {
   // Tells the sender (so it exits with the same status), then exits.
   [[noreturn, gnu::format(printf, 2, 3)]] void fail_verify(const char* fmt,
                                                            ...) {
-    c_.ch.send_obj(CtlMsg{Ctl::kDone, seeds::kVerify, 0, 0});
-    c_.ch.wait_close(2000);  // closing first could reset what it has to read
+    c_.ch->send_obj(CtlMsg{Ctl::kDone, seeds::kVerify, 0, 0});
+    c_.ch->wait_close(2000);  // closing first could reset what it has to read
     char what[256];
     va_list ap;
     va_start(ap, fmt);

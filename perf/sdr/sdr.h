@@ -3,7 +3,10 @@
 
 #include <infiniband/verbs.h>
 
+#include <memory>
+
 #include "perf/sdr/protocol.h"
+#include "perf/seeds_cm.h"
 #include "perf/seeds_common.h"
 #include "perf/seeds_tcp.h"
 #include "perf/seeds_verbs.h"
@@ -19,7 +22,8 @@ struct Options {
 
 struct Conn {
   seeds::Device dev;
-  seeds::SideChannel ch;
+  std::unique_ptr<seeds::Cm> cm;       // --cm
+  std::unique_ptr<seeds::Channel> ch;  // TCP, or SENDs with --cm
   ibv_cq* cq = nullptr;
   ibv_qp* qp = nullptr;
   seeds::Buffer buf;     // receiver: the root MR (slot table); sender: sources

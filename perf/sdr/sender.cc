@@ -172,18 +172,18 @@ class Sender {
       if (!(id & kRoundEnd)) continue;
       const uint32_t s = uint32_t(id >> 16) & (kMaxSlots - 1);
       if ((use_[s] & 0xffff) == (id & 0xffff))  // else completed meanwhile
-        c_.ch.send_obj(CtlMsg{Ctl::kSent, s, use_[s], 0});
+        c_.ch->send_obj(CtlMsg{Ctl::kSent, s, use_[s], 0});
     }
   }
 
   // A failed completion. When the receiver ended first (a verification
   // failure, or it is gone) its side channel says so: that is the error.
   [[noreturn]] void wc_error(const ibv_wc& wc) {
-    while (c_.ch.readable(100)) {  // EOF: exits "peer lost"
+    while (c_.ch->readable(100)) {  // EOF: exits "peer lost"
       CtlMsg m;
-      c_.ch.recv_obj(m);
+      c_.ch->recv_obj(m);
       if (m.type == Ctl::kMissing && m.nwords == missing_.size())
-        c_.ch.recv_all(missing_.data(), m.nwords * sizeof(uint64_t));
+        c_.ch->recv_all(missing_.data(), m.nwords * sizeof(uint64_t));
       if (m.type == Ctl::kDone && m.slot == seeds::kVerify)
         die(seeds::kVerify, "the receiver found a byte that was not sent");
     }
@@ -192,9 +192,9 @@ class Sender {
   }
 
   void control(uint64_t now) {
-    while (c_.ch.readable()) {
+    while (c_.ch->readable()) {
       CtlMsg m;
-      c_.ch.recv_obj(m);
+      c_.ch->recv_obj(m);
       last_progress_ = now;
       if (m.type == Ctl::kDone) {
         done_ = true;
@@ -208,7 +208,7 @@ class Sender {
         free_[(free_head_ + nfree_++) % kMaxSlots] = m.slot;
         if (++completed_ == p_.count) t_end_ = last_progress_;
       } else if (m.type == Ctl::kMissing && m.nwords == missing_.size()) {
-        c_.ch.recv_all(missing_.data(), m.nwords * sizeof(uint64_t));
+        c_.ch->recv_all(missing_.data(), m.nwords * sizeof(uint64_t));
         ++missing_reports_;
         if (m.use == use_[m.slot]) resend(m.slot, m.use);
       } else {

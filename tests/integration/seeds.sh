@@ -8,6 +8,10 @@
 #    purpose (--drop-ppm 20000): every message recovered by selective
 #    resend (resends > 0);
 #  - netfr with 1 KiB and with 64 KiB frames;
+#  - --cm (set-up with RDMA CM: the receiver listens on service A's
+#    address 10.95.0.1, the sender resolves it; parameters and memory in
+#    the CM private data, the control messages in SENDs): sdr over RC and
+#    netfr, both QPs connected; no CM id left behind;
 #  - a byte corrupted at the sender (SEEDS_CORRUPT): both ends exit 5;
 #    the receiver killed mid-run: the sender exits 3 and says why.
 # Every started process is stopped by PID on exit, pass or fail.
@@ -43,9 +47,10 @@ ON_B=(env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD" URNIC_POLL_YIELD=
 
 port=18700
 # run NAME PROG ARGS...: the receiver on A, then the sender on B with the
-# same arguments (it retries its connection while the receiver starts);
-# RC_R and RC_S are their exit codes. Extra environment (SEEDS_CORRUPT)
-# goes to the sender only.
+# same arguments (it retries its connection while the receiver starts)
+# and $HOST (default 127.0.0.1: the TCP side channel); RC_R and RC_S are
+# their exit codes. Extra environment (SEEDS_CORRUPT) goes to the sender
+# only.
 run() {
   local name=$1 prog=$2
   shift 2
@@ -57,7 +62,7 @@ run() {
   RC_S=0
   # shellcheck disable=SC2086
   "${ON_B[@]}" ${SENDER_ENV:-} timeout 30 "$prog" -p $port --period 0 "$@" \
-    127.0.0.1 >"$TMP/$name-s.out" 2>&1 || RC_S=$?
+    "${HOST:-127.0.0.1}" >"$TMP/$name-s.out" 2>&1 || RC_S=$?
   RC_R=0
   wait "$RP" || RC_R=$?
 }
@@ -93,6 +98,22 @@ check "netfr 64 KiB frames over two QPs, in order, --verify" \
   pair netfr-64k "$NETFR" -s 65536 -n 500 --verify
 check "  ... the receiver delivered all 500 (over both QPs)" \
   grep -qE '^  RX-frames: 500 +QP0: 250 +QP1: 250 ' "$TMP/netfr-64k-r.out"
+
+# cm_pair NAME PROG ARGS...: pair with --cm: the receiver listens on
+# service A's address (10.95.0.1), the sender is given that address.
+cm_pair() {
+  local name=$1 prog=$2
+  shift 2
+  HOST=10.95.0.1 pair "$name" "$prog" --cm -b 10.95.0.1 "$@" &&
+    grep -q ', RDMA CM$' "$TMP/$name-r.out" &&
+    grep -q ', RDMA CM$' "$TMP/$name-s.out"
+}
+check "sdr --cm over RC: RDMA CM set-up, 300 x 64 KiB, --verify" \
+  cm_pair sdr-cm "$SDR" -n 300 --verify
+check "netfr --cm: two QPs = two CM connections, 500 x 64 KiB, --verify" \
+  cm_pair netfr-cm "$NETFR" -s 65536 -n 500 --verify
+check "  ... frames delivered over both QPs" \
+  grep -qE '^  RX-frames: 500 +QP0: 250 +QP1: 250 ' "$TMP/netfr-cm-r.out"
 
 # corrupt NAME PROG ARGS...: the sender flips a byte of message/frame 5.
 corrupt() {
@@ -132,5 +153,17 @@ lost() {
   [ "$rc" = 3 ] && grep -q '^sdr: peer lost' "$TMP/lost-s.out"
 }
 check "sdr sender exits 3 (peer lost) when its receiver is killed" lost
+
+# The --cm runs left no RDMA CM id behind (within 5 s of their end).
+settled() {
+  for _ in $(seq 50); do
+    [ "$(counter "$1" cm_ids)" = 0 ] && return 0
+    sleep 0.1
+  done
+  echo "  $1: cm_ids $(counter "$1" cm_ids)"
+  return 1
+}
+check "no RDMA CM id left in service A" settled "$SA"
+check "  nor in service B" settled "$SB"
 
 finish
