@@ -36,6 +36,8 @@ int check_length(const Qp& q, ibv_wr_opcode op, uint64_t len, bool inl,
                  uint32_t num_sge, uint32_t first_len) {
   if (len > kMaxMsgSize) return EINVAL;
   if (is_atomic(op) && (inl || num_sge != 1 || first_len != 8)) return EINVAL;
+  // ATOMIC_WRITE carries its 8 bytes in the WQE, no SGE or inline data.
+  if (op == IBV_WR_ATOMIC_WRITE && (inl || num_sge || len)) return EINVAL;
   if (inl && (op == IBV_WR_RDMA_READ || len > q.cap.max_inline_data))
     return EINVAL;
   if (q.type == IBV_QPT_UD) {
@@ -67,6 +69,9 @@ int set_bind(Qp& q, ShmSendWqe& w, ibv_mw* mw, uint32_t rkey,
 // Copies one ibv_send_wr into its slot (the slot is not yet published).
 int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
   if (!valid_opcode(q.type, wr->opcode)) return EINVAL;
+  // ibv_send_wr has no room for ATOMIC_WRITE's 8 bytes: rdma-core's
+  // providers take it through ibv_wr_atomic_write only, and so do we.
+  if (wr->opcode == IBV_WR_ATOMIC_WRITE) return EINVAL;
   if (wr->num_sge < 0) return EINVAL;
   const bool inl = wr->send_flags & IBV_SEND_INLINE;
   // A bind or a local invalidate carries no data.
@@ -602,6 +607,17 @@ void wr_atomic_fetch_add(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr,
   }
 }
 
+// ATOMIC WRITE: the 8 bytes at `atomic_wr` are copied now (the caller may
+// reuse them at once), in compare_add, and written as they lie in memory.
+void wr_atomic_write(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr,
+                     const void* atomic_wr) {
+  if (ShmSendWqe* w = wr_begin(qx, IBV_WR_ATOMIC_WRITE)) {
+    w->rkey = rkey;
+    w->remote_addr = raddr;
+    std::memcpy(&w->compare_add, atomic_wr, 8);
+  }
+}
+
 // The WQE the setters apply to; a setter without an operation is an error.
 ShmSendWqe* wr_target(Qp& q) {
   if (!q.wr_cur && !q.wr_err) q.wr_err = EINVAL;
@@ -693,6 +709,7 @@ void set_qp_ex_ops(Qp& q, uint64_t ops) {
     x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
   if (ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
     x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+  if (ops & IBV_QP_EX_WITH_ATOMIC_WRITE) x.wr_atomic_write = wr_atomic_write;
 }
 
 }  // namespace urnic::shim

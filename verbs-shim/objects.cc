@@ -635,7 +635,7 @@ uint64_t supported_send_ops(ibv_qp_type t) {
              IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
              IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
              IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_LOCAL_INV |
-             IBV_QP_EX_WITH_BIND_MW;
+             IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_ATOMIC_WRITE;
     case IBV_QPT_UC:
       return send | write | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
     case IBV_QPT_UD:

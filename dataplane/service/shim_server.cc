@@ -1000,7 +1000,8 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     transport::SendWr wr;
     wr.wr_id = w.wr_id;
     // An opcode the enum does not hold is never converted to it (UBSan).
-    bool ok = w.opcode <= IBV_WR_SEND_WITH_INV;  // through BIND_MW, LOCAL_INV
+    bool ok = w.opcode <= IBV_WR_SEND_WITH_INV ||  // through SEND_WITH_INV
+              w.opcode == IBV_WR_ATOMIC_WRITE;
     wr.opcode = ok ? static_cast<ibv_wr_opcode>(w.opcode) : IBV_WR_SEND;
     wr.send_flags = w.send_flags & kSendFlagsKnown;
     wr.imm_data = w.imm_data;

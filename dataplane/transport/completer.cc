@@ -18,7 +18,7 @@ bool ack_through(Engine& e, Qp& qp, uint32_t end) {
   while (qp.sq_head_ != qp.sq_tail_ && qp.state_ != IBV_QPS_ERR) {
     SendWqe& w = qp.sqe(qp.sq_head_);
     if (!w.started || psn_diff(w.last_psn, end) >= 0) break;
-    if (is_rd_atomic(w.wr.opcode) && !w.done) return true;
+    if (needs_response(w.wr.opcode) && !w.done) return true;
     e.complete_head(qp, IBV_WC_SUCCESS);
   }
   return false;

@@ -39,6 +39,8 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
       return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE:
+      return IBV_WC_ATOMIC_WRITE;
     case IBV_WR_BIND_MW:
       return IBV_WC_BIND_MW;
     case IBV_WR_LOCAL_INV:
@@ -422,6 +424,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
       (!wr.ah || len > mtu_bytes(dev_.config().active_mtu)))
     return EINVAL;
   if (is_atomic(wr.opcode) && len != 8) return EINVAL;
+  if (wr.opcode == IBV_WR_ATOMIC_WRITE && wr.num_sge) return EINVAL;
   if (inl && (is_rd_atomic(wr.opcode) || len > qp->cap_.max_inline_data))
     return EINVAL;
   if (qp->sq_tail_ - qp->sq_head_ > qp->sq_mask_) return ENOMEM;

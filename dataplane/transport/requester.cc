@@ -94,6 +94,16 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
     f.reth_len = w.length - off;
     f.ack_req = true;
     psn_used = w.npkts - off / mtu;
+  } else if (op == IBV_WR_ATOMIC_WRITE) {
+    // One packet: RETH for 8 bytes, the 8 bytes as its payload (A19.4).
+    f.opcode = kRcAtomicWrite;
+    f.reth_va = w.wr.remote_addr;
+    f.reth_rkey = w.wr.rkey;
+    f.reth_len = 8;
+    pieces[0] = {reinterpret_cast<const uint8_t*>(&w.wr.compare_add), 8};
+    npieces = 1;
+    f.payload_len = 8;
+    f.ack_req = true;
   } else if (is_atomic(op)) {
     const bool cs = op == IBV_WR_ATOMIC_CMP_AND_SWP;
     f.opcode = cs ? kRcCmpSwap : kRcFetchAdd;
@@ -229,7 +239,8 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
         Completer::check_head_st(e, qp);
         break;
       }
-      w.npkts = qp.type_ == IBV_QPT_UD || is_atomic(w.wr.opcode)
+      w.npkts = qp.type_ == IBV_QPT_UD || is_atomic(w.wr.opcode) ||
+                        w.wr.opcode == IBV_WR_ATOMIC_WRITE
                     ? 1
                     : pkts_for(w.length, qp.mtu_);
     }

@@ -307,6 +307,31 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
   return Res::ok;
 }
 
+// ATOMIC WRITE (IBTA 1.5 A19.4, as rxe executes it): 8 bytes at an 8-byte
+// aligned address, stored as one release store once every earlier request
+// of the QP has executed (they have: requests execute in PSN order); the
+// R_Key must allow remote write. A duplicate is acknowledged again, not
+// executed again (duplicate(): SEND/WRITE), so a later write to the same
+// word is never undone by a retransmission. A plain ACK answers it.
+Res do_atomic_write(Engine& e, Qp& qp, const RxPkt& p) {
+  if (p.f.payload_len != 8 || p.f.reth_len != 8) return Res::opcode_length;
+  if (p.f.reth_va & 7) return Res::atomic_misaligned;
+  uint8_t* host;
+  const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, 8,
+                             IBV_ACCESS_REMOTE_WRITE, &host);
+  if (res != Res::ok) return res;
+  if (reinterpret_cast<uintptr_t>(host) & 7) return Res::atomic_misaligned;
+  uint64_t v;
+  HostSge dst{reinterpret_cast<uint8_t*>(&v), 8};
+  scatter(&dst, 1, 0, p.segs, p.fi.payload_off, 8);
+  // The application may read or CAS the word concurrently.
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(host))
+      .store(v, std::memory_order_release);
+  qp.resp_.msn = psn_add(qp.resp_.msn, 1);
+  e.ctr_.inc(ECtr::atomic_writes);
+  return Res::ok;
+}
+
 // The resource slot a new READ/ATOMIC takes; null if every slot still has
 // responses to send (more outstanding than max_dest_rd_atomic, which the
 // requester promised not to exceed: an invalid request, IBTA 9.7.5.1).
@@ -461,7 +486,9 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
   }
   Res res;
   uint32_t used = 1;
-  if (p.op.mask & wire::kSend) {
+  if (p.op.mask & wire::kAtomicWrite) {
+    res = do_atomic_write(e, qp, p);
+  } else if (p.op.mask & wire::kSend) {
     res = do_send(e, qp, p);
   } else if (p.op.mask & wire::kWrite) {
     res = do_write(e, qp, p);

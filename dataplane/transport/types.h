@@ -42,8 +42,14 @@ static_assert(mtu_bytes(IBV_MTU_256) == 256 && mtu_bytes(IBV_MTU_4096) == 4096);
 constexpr bool is_atomic(ibv_wr_opcode op) {
   return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
-// READ and atomics: they hold a max_rd_atomic credit and need a response.
+// READ, atomics and ATOMIC WRITE hold a max_rd_atomic credit (the
+// responder keeps a resource for each, IBTA 9.7.5.1.4 / A19.4).
 constexpr bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || is_atomic(op) || op == IBV_WR_ATOMIC_WRITE;
+}
+// READ and atomics complete with their response (data, original value); an
+// ACK alone cannot complete them. ATOMIC WRITE completes with an ACK.
+constexpr bool needs_response(ibv_wr_opcode op) {
   return op == IBV_WR_RDMA_READ || is_atomic(op);
 }
 
@@ -60,13 +66,14 @@ constexpr bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:
     case IBV_WR_SEND_WITH_INV:
       return t == IBV_QPT_RC;
     case IBV_WR_LOCAL_INV:
     case IBV_WR_BIND_MW:
       return t == IBV_QPT_RC || t == IBV_QPT_UC;
     default:
-      return false;  // TSO, ATOMIC_WRITE, FLUSH, ...
+      return false;  // TSO, FLUSH, ...
   }
 }
 
@@ -122,7 +129,8 @@ struct SendWr {
   // the rkey to invalidate (host order: ibv_send_wr's invalidate_rkey).
   uint32_t imm_data = 0;
   // RDMA (remote_addr, rkey) and atomics (remote_addr, rkey, compare_add,
-  // swap).
+  // swap); ATOMIC_WRITE: the 8 bytes to write, as they lie in memory, in
+  // compare_add (it carries no SGE).
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;

@@ -60,6 +60,9 @@ enum OpMask : uint32_t {
   kRead = 1u << 20,    // read request or read response
   kAtomic = 1u << 21,  // atomic request or atomic ack
   kAck = 1u << 22,     // carries an AETH meaning "acknowledge"
+  // ATOMIC WRITE (IBTA 1.5, A19.4): an RDMA WRITE ONLY of 8 bytes that the
+  // responder stores as one atomic, ordered store.
+  kAtomicWrite = 1u << 23,
   kRc = 1u << 24,
   kUc = 1u << 25,
   kUd = 1u << 26,
@@ -88,7 +91,8 @@ constexpr uint8_t kRcSendFirst = 0x00, kRcSendMiddle = 0x01, kRcSendLast = 0x02,
                   kRcReadRespFirst = 0x0d, kRcReadRespMiddle = 0x0e,
                   kRcReadRespLast = 0x0f, kRcReadRespOnly = 0x10, kRcAck = 0x11,
                   kRcAtomicAck = 0x12, kRcCmpSwap = 0x13, kRcFetchAdd = 0x14,
-                  kRcSendLastInv = 0x16, kRcSendOnlyInv = 0x17;
+                  kRcSendLastInv = 0x16, kRcSendOnlyInv = 0x17,
+                  kRcAtomicWrite = 0x1d;
 constexpr uint8_t kUcBase = 0x20;  // UC opcode = kUcBase + RC send/write op
 constexpr uint8_t kUdSendOnly = 0x64, kUdSendOnlyImm = 0x65;
 constexpr uint8_t kCnp = 0x81;
@@ -127,6 +131,7 @@ constexpr OpDef kOpDefs[] = {
   {0x14, "RC_FETCH_ADD",               kRc | kReq | kAtomic | kOnly | kAtomicEth},
   {0x16, "RC_SEND_LAST_WITH_INVALIDATE",kRc | kReq | kSend | kPayload | kLast | kIeth},
   {0x17, "RC_SEND_ONLY_WITH_INVALIDATE",kRc | kReq | kSend | kPayload | kOnly | kIeth},
+  {0x1d, "RC_ATOMIC_WRITE",            kRc | kReq | kWrite | kAtomicWrite | kPayload | kOnly | kReth},
   {0x20, "UC_SEND_FIRST",              kUc | kReq | kSend | kPayload | kFirst},
   {0x21, "UC_SEND_MIDDLE",             kUc | kReq | kSend | kPayload | kMiddle},
   {0x22, "UC_SEND_LAST",               kUc | kReq | kSend | kPayload | kLast},
@@ -189,6 +194,7 @@ static_assert(opcode_info(opcode::kRcCmpSwap).hdr_len == 12 + 28);
 static_assert(opcode_info(opcode::kUdSendOnlyImm)
                   .ext_offset[static_cast<uint8_t>(Ext::kImmDt)] == 12 + 8);
 static_assert(opcode_info(opcode::kCnp).hdr_len == 12 + 16);
+static_assert(opcode_info(opcode::kRcAtomicWrite).hdr_len == 12 + 16);
 static_assert(!opcode_info(0x15).valid() && !opcode_info(0x40).valid());
 
 }  // namespace urnic::wire

@@ -150,7 +150,7 @@ TEST(Codec, RoundTripEveryOpcode) {
       ++n;
     }
   }
-  EXPECT_EQ(n, 38 * 8);
+  EXPECT_EQ(n, 39 * 8);
 }
 
 // Headers in one buffer, payload in another, trailer in a third: what the

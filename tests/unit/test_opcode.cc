@@ -40,7 +40,7 @@ TEST(Opcode, EverySupportedOpcodeIsConsistent) {
     // UD carries a DETH, nothing else does.
     EXPECT_EQ(!!(i.mask & kUd), !!(i.mask & kDeth));
   }
-  EXPECT_EQ(n, 23 + 12 + 2 + 1);  // RC, UC, UD, CNP
+  EXPECT_EQ(n, 24 + 12 + 2 + 1);  // RC (ATOMIC_WRITE too), UC, UD, CNP
 }
 
 TEST(Opcode, UcMirrorsRcSendAndWrite) {

@@ -1714,6 +1714,128 @@ TEST_F(TransportTrace, MisalignedAtomicNaksInvalidRequest) {
             static_cast<uint64_t>(RespResult::atomic_misaligned));
 }
 
+TEST_F(TransportTrace, AtomicWriteSendsRethAndEightBytesCompletesOnAck) {
+  ASSERT_TRUE(up());
+  // Post: ATOMIC_WRITE of 8 bytes (as they lie in memory) to kPeerVa, then
+  // a SEND behind it.
+  SendWr w = rdma(1, IBV_WR_ATOMIC_WRITE, {}, kPeerVa);
+  const uint8_t value[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::memcpy(&w.compare_add, value, 8);
+  ASSERT_EQ(post(w), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 16)})), 0);
+  poll(0);
+  auto p = sent();
+  // Expect: RC_ATOMIC_WRITE P (RETH va, rkey, length 8; payload = the 8
+  // bytes; AckReq), then the SEND at P+1.
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAtomicWrite);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa);
+  EXPECT_EQ(p[0].f.reth_rkey, kPeerRkey);
+  EXPECT_EQ(p[0].f.reth_len, 8u);
+  EXPECT_EQ(p[0].payload, std::vector<uint8_t>(value, value + 8));
+  EXPECT_TRUE(p[0].f.ack_req);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 1);
+  // Peer: one ACK for both. Expect: ATOMIC_WRITE then SEND complete.
+  inject(ack(kSqPsn + 1, 2));
+  poll(1 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_ATOMIC_WRITE);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+TEST_F(TransportTrace, AtomicWriteHoldsAReadAtomicCredit) {
+  QpOpts o;
+  o.max_rd_atomic = 1;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  // Post: two ATOMIC_WRITEs; max_rd_atomic 1 (the responder keeps a
+  // resource for each, as for READ and atomics).
+  ASSERT_EQ(post(rdma(1, IBV_WR_ATOMIC_WRITE, {}, kPeerVa)), 0);
+  ASSERT_EQ(post(rdma(2, IBV_WR_ATOMIC_WRITE, {}, kPeerVa + 8)), 0);
+  poll(0);
+  // Expect: only the first goes until it is acknowledged.
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  inject(ack(kSqPsn, 1));
+  poll(1 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 8);
+  // An ATOMIC_WRITE carries no SGE: one with data is refused at post.
+  EXPECT_EQ(post(rdma(3, IBV_WR_ATOMIC_WRITE, {sge(0, 8)}, kPeerVa)), EINVAL);
+}
+
+TEST_F(TransportTrace, AtomicWriteExecutesOnceAndIsAcked) {
+  ASSERT_TRUE(up());
+  set_u64(0x70000, 1);
+  const uint64_t v = 0x1122334455667788;
+  std::vector<uint8_t> bytes8(8);
+  std::memcpy(bytes8.data(), &v, 8);
+  // Peer: ATOMIC_WRITE of v at ePSN with AckReq.
+  auto aw = write_req(op::kRcAtomicWrite, kRqPsn, true, addr(0x70000), 8);
+  inject(aw, bytes8);
+  poll(1 * kUs);
+  auto p = sent();
+  // Expect: the word is v, a plain ACK R (MSN 1).
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  EXPECT_EQ(u64(0x70000), v);
+  EXPECT_EQ(ctr(ECtr::atomic_writes), 1u);
+  // The application changes the word; the same ATOMIC_WRITE comes again
+  // (its ACK was lost). Expect: ACK again, the word not written again.
+  set_u64(0x70000, 42);
+  inject(aw, bytes8);
+  poll(2 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(u64(0x70000), 42u);
+  EXPECT_EQ(ctr(ECtr::atomic_writes), 1u);
+}
+
+TEST_F(TransportTrace, AtomicWriteRefusals) {
+  // Misaligned: NAK invalid request, memory untouched.
+  ASSERT_TRUE(up());
+  set_u64(0x70000, 1);
+  inject(write_req(op::kRcAtomicWrite, kRqPsn, true, addr(0x70004), 8),
+         std::vector<uint8_t>(8, 0xee));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(u64(0x70000), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_atomic_misaligned), 1u);
+
+  // A QP without remote write: NAK remote access (C9-88), counted.
+  QpOpts o;
+  o.access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  inject(write_req(op::kRcAtomicWrite, kRqPsn, true, addr(0x70000), 8),
+         std::vector<uint8_t>(8, 0xee));
+  poll(2 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakRemAccess);
+  EXPECT_EQ(u64(0x70000), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_qp_access), 1u);
+
+  // A payload that is not 8 bytes: NAK invalid request.
+  ASSERT_TRUE(up());
+  inject(write_req(op::kRcAtomicWrite, kRqPsn, true, addr(0x70000), 8),
+         std::vector<uint8_t>(4, 0xee));
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(u64(0x70000), 1u);
+}
+
 TEST_F(TransportTrace, ZeroLengthWriteDoesNotCheckRkey) {
   ASSERT_TRUE(up());
   // Peer: WRITE_ONLY length 0 with a bogus rkey and va.
