@@ -11,6 +11,10 @@
 #   - udaddy (RDMA_PS_UDP: SIDR_REQ/REP, UD sends to the AH of the event);
 #   - perftest ib_write_bw -R, ib_send_bw -R -c UD and ib_send_lat -R (two
 #     CM phases on one port);
+#   - libfabric 1.17's verbs provider (fi_pingpong -p 'verbs;ofi_rxd' -e rdm
+#     -c: RDM endpoints over verbs UD QPs, data checked; its MSG endpoints
+#     want the device's address on a kernel interface, which urnic's port is
+#     not, so they are not offered);
 #   - refusals: a port nobody listens on is REJECTED with reason 8 at once;
 #     an address nobody answers is ADDR_ERROR; a client killed mid-transfer
 #     is a DISCONNECTED at the server, which exits;
@@ -110,6 +114,20 @@ check "ib_send_bw -R -c UD" \
 check "ib_send_lat -R" \
   pair send_lat "$SA" "$SB" "ib_send_lat -R -d urnic0 -n 500" \
   "ib_send_lat -R -d urnic0 -n 500 10.98.0.1"
+
+# libfabric: its control exchange goes over TCP on loopback, the data over
+# urnic (both services in this namespace). 64 B and 4 KiB, data checked.
+if command -v fi_pingpong >/dev/null; then
+  check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" \
+    pair fi_64 "$SA" "$SB" "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 64 -B 47601" \
+    "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 64 -P 47601 127.0.0.1"
+  check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 4 KiB" \
+    pair fi_4k "$SA" "$SB" "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 4096 -B 47602" \
+    "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 4096 -P 47602 127.0.0.1"
+  check "  both report the transfers" both '^4k *50 *=50' fi_4k
+else
+  echo "SKIP - fi_pingpong not installed (libfabric-bin)"
+fi
 
 # A port nobody listens on: REJ "invalid service ID" (8), not a timeout.
 rejected() {
