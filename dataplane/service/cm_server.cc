@@ -666,6 +666,64 @@ int CmServer::cmd_listen(Id& id, const uint8_t* b) {
 
 // --- connecting --------------------------------------------------------------
 
+void CmServer::alloc_comm(Id& id) {
+  while (next_comm_ == 0 || comm_.count(next_comm_)) ++next_comm_;
+  id.local_comm_id = next_comm_++;
+  comm_[id.local_comm_id] = id.id;
+}
+
+// The RDMA CM header opening a REQ's or SIDR_REQ's private data, and the
+// port space and port its service ID names (cma_save_ip4_info).
+CmServer::Incoming CmServer::incoming(const uint8_t* pdata,
+                                      uint64_t service_id) const {
+  Incoming in;
+  in.ip = cm::decode(pdata, in.hdr) && in.hdr.ip_version == 4;
+  if (in.ip) {
+    std::memcpy(&in.dst, in.hdr.dst_addr + 12, 4);
+    std::memcpy(&in.src, in.hdr.src_addr + 12, 4);
+    in.dst = ntohl(in.dst);
+    in.src = ntohl(in.src);
+  }
+  in.ps = static_cast<uint16_t>(service_id >> 16);
+  in.port = static_cast<uint16_t>(service_id);
+  in.ip_service = (service_id >> 32) == 0;
+  return in;
+}
+
+// The listener of `type` a request is for: its port space and port, on the
+// address it was sent to or on every address.
+CmServer::Id* CmServer::listener(uint8_t type, const Incoming& in) {
+  if (!in.ip_service) return nullptr;
+  for (auto& [n, o] : ids_)
+    if (o.st == St::kListen && o.qp_type == type && o.ps == in.ps &&
+        o.src_port == in.port && (!o.src_ip || o.src_ip == in.dst))
+      return &o;
+  return nullptr;
+}
+
+// A new passive id on the listener's channel, its addresses from the RDMA
+// CM header; its events wait for the user's accept. Null if no id is free.
+CmServer::Id* CmServer::passive_id(Id& lis, const Incoming& in, uint64_t tid) {
+  const uint32_t nid = alloc_id();
+  if (!nid) return nullptr;
+  Id& id = ids_[nid];
+  id.id = nid;
+  id.ch = lis.ch;
+  id.uid_set = false;
+  id.ps = in.ps;
+  id.qp_type = lis.qp_type;
+  id.st = St::kReqRcvd;
+  id.family = AF_INET;
+  id.src_ip = in.dst;
+  id.src_port = in.port;
+  id.dst_ip = in.src;
+  id.dst_port = in.hdr.src_port;
+  id.bound = id.device = true;
+  id.listener = lis.id;
+  id.tid = tid;
+  return &id;
+}
+
 cm::MadHdr CmServer::hdr_for(const Id& id) const {
   cm::MadHdr h;
   h.tid = id.tid;
@@ -698,9 +756,7 @@ int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
   id.mtu = env_.active_mtu;
   id.qp_timeout = ack_timeout(env_.ca_ack_delay, kPacketLife);
   id.flow_label = (uint32_t{id.src_port} * 31 + id.dst_port) & 0xfffff;
-  while (next_comm_ == 0 || comm_.count(next_comm_)) ++next_comm_;
-  id.local_comm_id = next_comm_++;
-  comm_[id.local_comm_id] = id.id;
+  alloc_comm(id);
   id.tid = uint64_t{0x75726e69} << 32 | id.local_comm_id;  // "urni"
   id.udp_sport = static_cast<uint16_t>(0xc000 | (id.local_comm_id & 0x3fff));
 
@@ -1215,23 +1271,8 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
       return;
     }
   }
-  cm::CmaHdr ch;
-  const bool ip = cm::decode(q.private_data, ch) && ch.ip_version == 4;
-  uint32_t dst = 0, src = 0;
-  if (ip) {
-    std::memcpy(&dst, ch.dst_addr + 12, 4);
-    std::memcpy(&src, ch.src_addr + 12, 4);
-    dst = ntohl(dst);
-    src = ntohl(src);
-  }
-  const uint16_t ps = static_cast<uint16_t>(q.service_id >> 16);
-  const uint16_t port = static_cast<uint16_t>(q.service_id);
-  Id* lis = nullptr;
-  for (auto& [n, o] : ids_)
-    if (o.st == St::kListen && o.qp_type == IBV_QPT_RC && o.ps == ps &&
-        o.src_port == port && (q.service_id >> 32) == 0 &&
-        (!o.src_ip || o.src_ip == dst))
-      lis = &o;
+  const Incoming in = incoming(q.private_data, q.service_id);
+  Id* lis = listener(IBV_QPT_RC, in);
   if (!lis) {
     // Nobody listens on this service ID: REJ "invalid service ID", echoing
     // the REQ's TID (Linux cm_issue_rej).
@@ -1242,7 +1283,7 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
   }
   // What Linux's cma refuses with REJ 28: no RDMA CM header, an address
   // that is not ours, a source that is not the sender (cma_ib_id_from_event).
-  if (!ip || !local_ip(dst) || src != peer) {
+  if (!in.ip || !local_ip(in.dst) || in.src != peer) {
     send_rej(peer, h.tid, 0, q.local_comm_id, 0,
              static_cast<uint16_t>(cm::RejReason::kConsumerDefined), nullptr,
              0);
@@ -1259,31 +1300,15 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
     if (o.listener == lis->id && o.st == St::kReqRcvd) ++waiting;
   if (waiting >= lis->backlog) return;  // full: the REQ will come again
 
-  const uint32_t nid = alloc_id();
-  if (!nid) return;    // no id to give: the REQ will come again
-  Id& id = ids_[nid];  // references to the others stay valid (node map)
-  id.id = nid;
-  id.ch = lis->ch;
-  id.uid_set = false;
-  id.ps = ps;
-  id.qp_type = IBV_QPT_RC;
-  id.st = St::kReqRcvd;
-  id.family = AF_INET;
-  id.src_ip = dst;
-  id.src_port = port;
-  id.dst_ip = src;
-  id.dst_port = ch.src_port;
-  id.bound = id.device = true;
+  Id* child = passive_id(*lis, in, h.tid);
+  if (!child) return;  // no id to give: the REQ will come again
+  Id& id = *child;     // references to the others stay valid (node map)
   id.tos = q.primary.traffic_class;
-  id.listener = lis->id;
   std::random_device rd;
   id.seq_num = rd() & wire::kMask24;
-  while (next_comm_ == 0 || comm_.count(next_comm_)) ++next_comm_;
-  id.local_comm_id = next_comm_++;
-  comm_[id.local_comm_id] = id.id;
+  alloc_comm(id);
   id.remote_comm_id = q.local_comm_id;
   id.remote_guid = q.local_ca_guid;
-  id.tid = h.tid;
   id.remote_qpn = q.local_qpn;
   id.sq_psn = q.starting_psn;
   id.mtu = std::min<uint8_t>(q.path_mtu ? q.path_mtu : uint8_t{IBV_MTU_1024},
@@ -1524,9 +1549,7 @@ int CmServer::sidr_connect(Id& id, const rdma_ucm_conn_param& p, uint64_t now) {
     return -EINVAL;
   }
   id.local_qpn = p.qp_num & wire::kMask24;
-  while (next_comm_ == 0 || comm_.count(next_comm_)) ++next_comm_;
-  id.local_comm_id = next_comm_++;
-  comm_[id.local_comm_id] = id.id;
+  alloc_comm(id);
   id.tid = uint64_t{0x75726e69} << 32 | id.local_comm_id;
   id.udp_sport = static_cast<uint16_t>(0xc000 | (id.local_comm_id & 0x3fff));
   cm::SidrReq r;
@@ -1588,50 +1611,21 @@ void CmServer::on_sidr_req(const wire::RoceFields& f, const cm::MadHdr& h,
     cm::encode(h, r, out);
     send(peer, out, 0xc000);
   };
-  cm::CmaHdr ch;
-  const bool ip = cm::decode(q.private_data, ch) && ch.ip_version == 4;
-  uint32_t dst = 0, src = 0;
-  if (ip) {
-    std::memcpy(&dst, ch.dst_addr + 12, 4);
-    std::memcpy(&src, ch.src_addr + 12, 4);
-    dst = ntohl(dst);
-    src = ntohl(src);
-  }
-  const uint16_t ps = static_cast<uint16_t>(q.service_id >> 16);
-  const uint16_t port = static_cast<uint16_t>(q.service_id);
-  Id* lis = nullptr;
-  for (auto& [n, o] : ids_)
-    if (o.st == St::kListen && o.qp_type == IBV_QPT_UD && o.ps == ps &&
-        o.src_port == port && (q.service_id >> 32) == 0 &&
-        (!o.src_ip || o.src_ip == dst))
-      lis = &o;
+  const Incoming in = incoming(q.private_data, q.service_id);
+  Id* lis = listener(IBV_QPT_UD, in);
   if (!lis) {
     // No UD listener: "unsupported" (cm_sidr_req_handler).
     reply(cm::SidrStatus::kUnsupported);
     return;
   }
-  if (!ip || !local_ip(dst) || src != peer) {
+  if (!in.ip || !local_ip(in.dst) || in.src != peer) {
     reply(cm::SidrStatus::kReject);
     return;
   }
-  const uint32_t nid = alloc_id();
-  if (!nid) return;  // the SIDR_REQ will come again
-  Id& id = ids_[nid];
-  id.id = nid;
-  id.ch = lis->ch;
-  id.uid_set = false;
-  id.ps = ps;
-  id.qp_type = IBV_QPT_UD;
-  id.st = St::kReqRcvd;
-  id.family = AF_INET;
-  id.src_ip = dst;
-  id.src_port = port;
-  id.dst_ip = src;
-  id.dst_port = ch.src_port;
-  id.bound = id.device = true;
-  id.listener = lis->id;
+  Id* child = passive_id(*lis, in, h.tid);
+  if (!child) return;  // the SIDR_REQ will come again
+  Id& id = *child;
   id.remote_comm_id = q.request_id;
-  id.tid = h.tid;
   id.udp_sport = f.udp_sport;
   lis->ch->ids.push_back(id.id);
   ctr_.ids.fetch_add(1, std::memory_order_relaxed);

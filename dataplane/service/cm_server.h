@@ -181,6 +181,18 @@ class CmServer {
                      uint32_t optlen);
   int cmd_migrate(Channel& to, Id& id);
 
+  // What a REQ or SIDR_REQ asks for (its RDMA CM header, service ID).
+  struct Incoming {
+    wire::cm::CmaHdr hdr;
+    bool ip = false;            // a valid IPv4 RDMA CM header
+    bool ip_service = false;    // an RDMA CM service ID (ps << 16 | port)
+    uint32_t src = 0, dst = 0;  // IPv4, host order
+    uint16_t ps = 0, port = 0;
+  };
+  Incoming incoming(const uint8_t* pdata, uint64_t service_id) const;
+  Id* listener(uint8_t type, const Incoming& in);
+  Id* passive_id(Id& lis, const Incoming& in, uint64_t tid);
+  void alloc_comm(Id& id);
   static constexpr uint32_t kMaxIds = 65535;
   uint32_t alloc_id();  // 1..kMaxIds, or 0 when all are taken
   Id* find(Channel& ch, uint32_t id);
