@@ -1167,6 +1167,21 @@ void CmServer::send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
   send(peer_ip, mad, 0xc000);
 }
 
+// MRA (IBTA 12.6.6): the message `mraed` (0 REQ, 1 REP) arrived again
+// while our user has not answered it; the peer waits the service timeout
+// (24: 4.096 us * 2^24, about 69 s) before its next try. Like Linux, only
+// when a duplicate shows the peer is waiting (cm_dup_req_handler).
+void CmServer::send_mra(const Id& id, uint8_t mraed) {
+  cm::Mra m;
+  m.local_comm_id = id.local_comm_id;
+  m.remote_comm_id = id.remote_comm_id;
+  m.message_mraed = mraed;
+  m.service_timeout = 24;
+  uint8_t mad[cm::kMadSize];
+  cm::encode(hdr_for(id), m, mad);
+  send(id.dst_ip, mad, id.udp_sport);
+}
+
 void CmServer::send_dreq(Id& id, uint64_t now) {
   cm::Dreq d;
   d.local_comm_id = id.local_comm_id;
@@ -1252,6 +1267,8 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
         o.remote_guid == q.local_ca_guid && o.dst_ip == peer) {
       if (o.st == St::kRepSent && o.mad_valid)
         send(o.dst_ip, o.mad.data(), o.udp_sport);
+      else if (o.st == St::kReqRcvd)
+        send_mra(o, 0);  // our user has not answered yet: wait longer
       return;
     }
   }
@@ -1362,7 +1379,11 @@ void CmServer::on_rep(const wire::RoceFields& f, const cm::MadHdr& h,
     send(id->dst_ip, out, id->udp_sport);
     return;
   }
-  if (id->st != St::kReqSent) return;  // a duplicate while accepting
+  if (id->st == St::kRepRcvd && id->remote_comm_id == r.local_comm_id) {
+    send_mra(*id, 1);  // our user has not accepted it yet: wait longer
+    return;
+  }
+  if (id->st != St::kReqSent) return;
   stop_timer(*id);
   id->remote_comm_id = r.local_comm_id;
   id->remote_guid = r.local_ca_guid;

@@ -221,6 +221,7 @@ class CmServer {
                 uint32_t remote_comm, uint8_t msg_rejected, uint16_t reason,
                 const uint8_t* pdata, size_t plen);
   void send_dreq(Id& id, uint64_t now);
+  void send_mra(const Id& id, uint8_t mraed);
   void send_drep(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
                  uint32_t remote_comm);
   void on_req(const wire::RoceFields& f, const wire::cm::MadHdr& h,

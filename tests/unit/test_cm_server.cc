@@ -874,10 +874,15 @@ TEST_F(CmServerTest, ReqRetransmittedThenUnreachable) {
 // REP, without a second CONNECT_REQUEST.
 TEST_F(CmServerTest, LostRepAnsweredOnDuplicateReq) {
   ASSERT_NO_FATAL_FAILURE(request_reaches_a());
-  // The network duplicates the REQ before A's user has answered. Expect:
-  // no second CONNECT_REQUEST, nothing sent.
+  // The REQ comes again before A's user has answered. Expect: no second
+  // CONNECT_REQUEST; an MRA for the REQ (service timeout 24) tells B to
+  // wait longer, as Linux's passive side does for a user-space consumer.
   deliver(req, A);
   EXPECT_TRUE(events(a).empty());
+  const auto mra = take(A, Attr::kMra).as<cm::Mra>();
+  EXPECT_EQ(mra.message_mraed, 0u);
+  EXPECT_EQ(mra.service_timeout, 24u);
+  EXPECT_EQ(mra.remote_comm_id, req.as<cm::Req>().local_comm_id);
   EXPECT_TRUE(A.tx.empty());
   advance(1000);  // A's user takes a second to accept
   ASSERT_EQ(accept(a, aid, kUidA, {0x456, 1, 1, "hello B"}), 0);
