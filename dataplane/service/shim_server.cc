@@ -213,6 +213,21 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       MrObj& m = c.mrs[hr.handle];
       {
         ParkGuard park(*env_.gate);
+        // Work requests, a message in progress or READ responses still
+        // point into it: unmapping now would let the lcore touch freed
+        // memory. The application deregisters once its WRs completed.
+        const uint8_t* lo = m.mr->host(m.mr->iova());
+        const uint8_t* hi = lo + m.mr->length();
+        bool in_use = false;
+        env_.engine->for_each_qp([&](const transport::Qp& q) {
+          in_use = in_use || (q.pd_ == m.mr->pd() && q.uses_memory(lo, hi));
+        });
+        if (in_use) {
+          why_ =
+              "the MR is still in use (work requests posted on it have not "
+              "completed, or a transfer into it is under way)";
+          return EBUSY;
+        }
         // EBUSY while memory windows are bound to it (verbs).
         if (const int rc = dev.dereg_mr(m.mr)) return rc;
         if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
@@ -718,6 +733,30 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
 int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   ModifyQpReq r;
   if (!body_as(req, &r) || !c.qps.count(r.handle)) return EINVAL;
+  // The enum fields come from the application: a value the enum does not
+  // hold is undefined behaviour once read as the enum. Those the mask
+  // selects are checked as raw words; the others (garbage is allowed there,
+  // ibv_modify_qp ignores them) are cleared before anything reads them.
+  auto sane = [&](auto& field, int bit, uint32_t max) {
+    static_assert(sizeof field == sizeof(uint32_t));
+    uint32_t v;
+    std::memcpy(&v, &field, sizeof v);
+    if (!(r.mask & bit)) {
+      std::memset(&field, 0, sizeof field);
+      return true;
+    }
+    return v <= max;
+  };
+  // Every field is cleared or checked, whatever the others hold.
+  int bad = 0;
+  bad += !sane(r.attr.qp_state, IBV_QP_STATE, IBV_QPS_UNKNOWN);
+  bad += !sane(r.attr.cur_qp_state, IBV_QP_CUR_STATE, IBV_QPS_UNKNOWN);
+  bad += !sane(r.attr.path_mtu, IBV_QP_PATH_MTU, IBV_MTU_4096);
+  bad += !sane(r.attr.path_mig_state, IBV_QP_PATH_MIG_STATE, IBV_MIG_ARMED);
+  if (bad) {
+    why_ = "a QP state, path MTU or migration state out of range";
+    return EINVAL;
+  }
   QpObj& q = *c.qps[r.handle];
   // Resolve the peer's MAC before parking the lcore that answers ARP.
   if ((r.mask & IBV_QP_AV) && r.attr.ah_attr.is_global && env_.warm_neighbour) {

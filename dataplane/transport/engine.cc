@@ -873,4 +873,24 @@ uint64_t rnr_timer_ns(uint8_t code) {
   return uint64_t{kTenUs[code & 31]} * 10000;
 }
 
+bool Qp::uses_memory(const uint8_t* lo, const uint8_t* hi) const {
+  auto in = [&](const uint8_t* p, uint32_t len) {
+    return p && len && p < hi && p + len > lo;
+  };
+  for (uint32_t i = sq_head_; i != sq_tail_; ++i) {
+    const SendWqe& w = sq_[i & sq_mask_];
+    if (!w.resolved) continue;  // still lkeys: checked when resolved
+    for (uint32_t k = 0; k < w.wr.num_sge && k < kMaxSge; ++k)
+      if (in(w.host_sg[k].p, w.host_sg[k].len)) return true;
+  }
+  if (resp_.have_recv)
+    for (uint32_t k = 0; k < resp_.recv_nsg && k < kMaxSge; ++k)
+      if (in(resp_.recv_sg[k].p, resp_.recv_sg[k].len)) return true;
+  if (resp_.msg == Resp::kWrite && in(resp_.wr_p, resp_.wr_left)) return true;
+  for (const RespResource& r : res_)
+    if (r.pending && r.kind == RespResource::kRead && in(r.tx_p, r.tx_left))
+      return true;
+  return false;
+}
+
 }  // namespace urnic::transport

@@ -210,6 +210,11 @@ class Qp {
   uint32_t sq_next_ = 0;  // requester: WQE being / to be sent
   uint32_t sq_tail_ = 0;  // producer (post_send)
   SendWqe& sqe(uint32_t i) { return sq_[i & sq_mask_]; }
+  // Whether this QP's state points into host memory [lo, hi): a posted
+  // send's resolved buffers, a receive or a WRITE in progress, READ
+  // responses still to send. Memory under such a pointer must stay mapped
+  // (the shim refuses to deregister its MR, EBUSY). Lcore parked.
+  bool uses_memory(const uint8_t* lo, const uint8_t* hi) const;
 
   // Receive queue (unless an SRQ is used).
   std::vector<RecvWqe> rq_;
