@@ -213,16 +213,9 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       MrObj& m = c.mrs[hr.handle];
       {
         ParkGuard park(*env_.gate);
-        // Work requests, a message in progress or READ responses still
-        // point into it: unmapping now would let the lcore touch freed
-        // memory. The application deregisters once its WRs completed.
-        const uint8_t* lo = m.mr->host(m.mr->iova());
-        const uint8_t* hi = lo + m.mr->length();
-        bool in_use = false;
-        env_.engine->for_each_qp([&](const transport::Qp& q) {
-          in_use = in_use || (q.pd_ == m.mr->pd() && q.uses_memory(lo, hi));
-        });
-        if (in_use) {
+        // Unmapping it now would let the lcore touch freed memory; the
+        // application deregisters once its WRs completed.
+        if (env_.engine->mr_in_use(*m.mr)) {
           why_ =
               "the MR is still in use (work requests posted on it have not "
               "completed, or a transfer into it is under way)";

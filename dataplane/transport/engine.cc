@@ -893,4 +893,12 @@ bool Qp::uses_memory(const uint8_t* lo, const uint8_t* hi) const {
   return false;
 }
 
+bool Engine::mr_in_use(const Mr& mr) const {
+  const uint8_t* lo = mr.host(mr.iova());
+  const uint8_t* hi = lo + mr.length();
+  for (const std::unique_ptr<Qp>& q : qps_)
+    if (q && q->pd_ == mr.pd() && q->uses_memory(lo, hi)) return true;
+  return false;
+}
+
 }  // namespace urnic::transport

@@ -167,6 +167,11 @@ class Engine {
       if (q) f(*q);
   }
 
+  // Whether a QP of the MR's PD still points into its memory (posted WRs,
+  // a message in progress, READ responses to send: Qp::uses_memory), so
+  // the memory must stay mapped. Lcore parked.
+  bool mr_in_use(const Mr& mr) const;
+
   // ibv_post_send / ibv_post_recv for one WR: 0, ENOMEM (queue full) or
   // EINVAL (bad WR, or a state that does not accept it). In ERR a posted WR
   // completes with IBV_WC_WR_FLUSH_ERR.

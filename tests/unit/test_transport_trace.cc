@@ -1836,6 +1836,27 @@ TEST_F(TransportTrace, AtomicWriteRefusals) {
   EXPECT_EQ(u64(0x70000), 1u);
 }
 
+TEST_F(TransportTrace, MrInUseWhileAPostedWriteStillPointsIntoIt) {
+  ASSERT_TRUE(up());
+  EXPECT_FALSE(engine_->mr_in_use(*mr_));
+  // Post: a WRITE from the MR; once sent its buffers are resolved to host
+  // pointers, which a retransmission reads again.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_WRITE, {sge(0, 64)}, kPeerVa)), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Expect: the MR may not be unmapped until the WRITE is acknowledged.
+  EXPECT_TRUE(engine_->mr_in_use(*mr_));
+  inject(ack(kSqPsn, 1));
+  poll(1 * kUs);
+  ASSERT_EQ(cq_poll().size(), 1u);
+  EXPECT_FALSE(engine_->mr_in_use(*mr_));
+  // A WRITE into it in progress (FIRST of two) holds it too.
+  inject(write_req(op::kRcWriteFirst, kRqPsn, false, addr(0x1000), 2048),
+         std::vector<uint8_t>(1024, 7));
+  poll(2 * kUs);
+  EXPECT_TRUE(engine_->mr_in_use(*mr_));
+}
+
 TEST_F(TransportTrace, ZeroLengthWriteDoesNotCheckRkey) {
   ASSERT_TRUE(up());
   // Peer: WRITE_ONLY length 0 with a bogus rkey and va.
