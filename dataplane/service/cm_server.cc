@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <type_traits>
 
 #include "dataplane/wire/codec.h"
 #include "dataplane/wire/opcode.h"
@@ -298,79 +299,59 @@ int CmServer::command(Channel& ch, const shim::CmCommandReq& req,
   // it. Commands librdmacm sends only with AF_IB support (BIND, QUERY,
   // RESOLVE_ADDR) are refused, so it falls back to the IP commands.
   auto need = [&](size_t n) { return req.in >= n; };
-  auto id_at = [&](size_t off) -> Id* {
-    return find(ch, load<uint32_t>(b + off));
-  };
-  Id* id = nullptr;
-  auto with = [&](size_t size, size_t id_off) -> int {
-    if (!need(size)) return -EINVAL;
-    id = id_at(id_off);
+  // A command on one id: its struct must fit, its id be this channel's.
+  auto on = [&]<typename Cmd>(std::type_identity<Cmd>, auto&& fn) -> int {
+    if (!need(sizeof(Cmd))) return -EINVAL;
+    Id* id = find(ch, load<uint32_t>(b + offsetof(Cmd, id)));
     if (!id) {
       why_ = "no such RDMA CM id on this channel";
       return -EINVAL;
     }
-    return 0;
+    return fn(*id);
   };
-  int rc;
+  using std::type_identity;
   switch (req.cmd) {
     case RDMA_USER_CM_CMD_CREATE_ID:
       if (!need(sizeof(rdma_ucm_create_id))) return -EINVAL;
       return cmd_create(ch, b, out);
     case RDMA_USER_CM_CMD_DESTROY_ID:
-      if ((rc = with(sizeof(rdma_ucm_destroy_id),
-                     offsetof(rdma_ucm_destroy_id, id))))
-        return rc;
-      append(out, rdma_ucm_destroy_id_resp{});  // the shim counts events
-      return cmd_destroy(*id);
+      return on(type_identity<rdma_ucm_destroy_id>{}, [&](Id& id) {
+        append(out, rdma_ucm_destroy_id_resp{});  // the shim counts events
+        return cmd_destroy(id);
+      });
     case RDMA_USER_CM_CMD_BIND_IP:
-      if ((rc = with(sizeof(rdma_ucm_bind_ip), offsetof(rdma_ucm_bind_ip, id))))
-        return rc;
-      return cmd_bind_ip(*id, b);
+      return on(type_identity<rdma_ucm_bind_ip>{},
+                [&](Id& id) { return cmd_bind_ip(id, b); });
     case RDMA_USER_CM_CMD_RESOLVE_IP:
-      if ((rc = with(sizeof(rdma_ucm_resolve_ip),
-                     offsetof(rdma_ucm_resolve_ip, id))))
-        return rc;
-      return cmd_resolve_ip(*id, b, now);
+      return on(type_identity<rdma_ucm_resolve_ip>{},
+                [&](Id& id) { return cmd_resolve_ip(id, b, now); });
     case RDMA_USER_CM_CMD_RESOLVE_ROUTE:
-      if ((rc = with(sizeof(rdma_ucm_resolve_route),
-                     offsetof(rdma_ucm_resolve_route, id))))
-        return rc;
-      return cmd_resolve_route(*id);
+      return on(type_identity<rdma_ucm_resolve_route>{},
+                [&](Id& id) { return cmd_resolve_route(id); });
     case RDMA_USER_CM_CMD_QUERY_ROUTE:
-      if ((rc = with(sizeof(rdma_ucm_query), offsetof(rdma_ucm_query, id))))
-        return rc;
-      return cmd_query_route(*id, out);
+      return on(type_identity<rdma_ucm_query>{},
+                [&](Id& id) { return cmd_query_route(id, out); });
     case RDMA_USER_CM_CMD_CONNECT:
-      if ((rc = with(sizeof(rdma_ucm_connect), offsetof(rdma_ucm_connect, id))))
-        return rc;
-      return cmd_connect(*id, b, now);
+      return on(type_identity<rdma_ucm_connect>{},
+                [&](Id& id) { return cmd_connect(id, b, now); });
     case RDMA_USER_CM_CMD_LISTEN:
-      if ((rc = with(sizeof(rdma_ucm_listen), offsetof(rdma_ucm_listen, id))))
-        return rc;
-      return cmd_listen(*id, b);
+      return on(type_identity<rdma_ucm_listen>{},
+                [&](Id& id) { return cmd_listen(id, b); });
     case RDMA_USER_CM_CMD_ACCEPT:
-      if ((rc = with(sizeof(rdma_ucm_accept), offsetof(rdma_ucm_accept, id))))
-        return rc;
-      return cmd_accept(*id, b, now);
+      return on(type_identity<rdma_ucm_accept>{},
+                [&](Id& id) { return cmd_accept(id, b, now); });
     case RDMA_USER_CM_CMD_REJECT:
-      if ((rc = with(sizeof(rdma_ucm_reject), offsetof(rdma_ucm_reject, id))))
-        return rc;
-      return cmd_reject(*id, b);
+      return on(type_identity<rdma_ucm_reject>{},
+                [&](Id& id) { return cmd_reject(id, b); });
     case RDMA_USER_CM_CMD_DISCONNECT:
-      if ((rc = with(sizeof(rdma_ucm_disconnect),
-                     offsetof(rdma_ucm_disconnect, id))))
-        return rc;
-      return cmd_disconnect(*id, now);
+      return on(type_identity<rdma_ucm_disconnect>{},
+                [&](Id& id) { return cmd_disconnect(id, now); });
     case RDMA_USER_CM_CMD_INIT_QP_ATTR:
-      if ((rc = with(sizeof(rdma_ucm_init_qp_attr),
-                     offsetof(rdma_ucm_init_qp_attr, id))))
-        return rc;
-      return cmd_init_qp_attr(*id, b, out);
+      return on(type_identity<rdma_ucm_init_qp_attr>{},
+                [&](Id& id) { return cmd_init_qp_attr(id, b, out); });
     case RDMA_USER_CM_CMD_SET_OPTION:
-      if ((rc = with(sizeof(rdma_ucm_set_option),
-                     offsetof(rdma_ucm_set_option, id))))
-        return rc;
-      return cmd_set_option(*id, b, opt, req.optlen);
+      return on(type_identity<rdma_ucm_set_option>{},
+                [&](Id& id) { return cmd_set_option(id, b, opt, req.optlen); });
     case RDMA_USER_CM_CMD_MIGRATE_ID: {
       if (!need(sizeof(rdma_ucm_migrate_id))) return -EINVAL;
       Channel* from = nullptr;
