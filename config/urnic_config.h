@@ -196,9 +196,8 @@ struct TransportConfig {
   uint32_t tx_quantum = 16384;  // bytes one QP may send per turn (DRR)
   uint32_t poll_budget = 256;   // packets one engine poll sends, all QPs
   uint32_t timer_tick_us = 1;   // timer wheel resolution
-  // Tail-loss probe floor (transport::EngineConfig::tail_probe_ns); 0: off
-  // (the default until its spurious probes under back-pressure are fixed).
-  uint32_t tail_probe_us = 0;
+  // Tail-loss probe floor (transport::EngineConfig::tail_probe_ns); 0: off.
+  uint32_t tail_probe_us = 200;
   // Transmit payload from the applications' registered memory as external
   // mbuf buffers instead of copying it (vdev ports; PCI ports always copy).
   bool zero_copy_tx = true;

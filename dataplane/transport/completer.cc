@@ -53,8 +53,11 @@ void progress(Engine& e, Qp& qp) {
   e.cancel_retrans(qp);
   if (psn_before(qp.req_.psn, qp.comp_.psn))
     Requester::go_to_st(e, qp, qp.comp_.psn);
-  else if (qp.comp_.psn != qp.req_.max_psn)
+  else if (qp.comp_.psn != qp.req_.max_psn) {
     e.arm_retrans(qp);
+    // Packets sent after the newest AckReq are answered with the next one.
+    if (!psn_after(qp.comp_.psn, qp.ackreq_psn_)) e.arm_probe(qp);
+  }
   if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
 }
 

@@ -327,6 +327,7 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     s.sq_psn = attr.sq_psn;
     qp->req_.psn = qp->comp_.psn = attr.sq_psn & kPsnMask;
     qp->req_.max_psn = qp->req_.psn;
+    qp->ackreq_psn_ = psn_add(qp->req_.psn, kPsnMask);  // none sent yet
     qp->cc_.reset(cfg_.cc, qp->req_.psn);
     qp->ctr_.cc_window.set(qp->cc_.window());
     qp->rate_.reset();
@@ -778,7 +779,10 @@ void Engine::to_error(Qp& qp) {
 void Engine::arm_retrans(Qp& qp) {
   if (qp.timeout_ns_ && !qp.retrans_timer_.armed())
     timers_.arm(qp.retrans_timer_, now_ + qp.timeout_ns_);
-  if (!cfg_.tail_probe_ns || qp.probe_timer_.armed()) return;
+}
+
+void Engine::arm_probe(Qp& qp) {
+  if (!cfg_.tail_probe_ns) return;
   // RFC 8985's 2 x SRTT, and RFC 6298's SRTT + 4 x RTTVAR: on shared cores
   // the round trip jumps when a peer's lcore is descheduled, and a probe
   // then would only resend what is on its way.
@@ -786,7 +790,14 @@ void Engine::arm_retrans(Qp& qp) {
                                  qp.srtt_ns_ + 4 * qp.rttvar_ns_})
                        << std::min(qp.probes_, 16u);
   // Only ahead of the timeout: at that point the timeout's retry is due.
-  if (qp.timeout_ns_ && pto >= qp.timeout_ns_) return;
+  if (qp.timeout_ns_ && pto >= qp.timeout_ns_) {
+    timers_.cancel(qp.probe_timer_);
+    return;
+  }
+  // From the newest solicited send, as RFC 8985 7.2 restarts it on every
+  // transmission: a paced QP's packets between AckReqs are answered by the
+  // next AckReq, and timing from the first of them fired probes for
+  // packets that had arrived (perf/README.md, "tail-loss probe").
   timers_.arm(qp.probe_timer_, now_ + pto);
 }
 

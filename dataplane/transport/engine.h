@@ -121,11 +121,9 @@ struct EngineConfig {
   // round trip, not the Local ACK Timeout (67 ms at perftest's 14). Backs
   // off x2 per probe without progress; never reaches the timeout; does
   // not count as a retry; the third probe without progress goes back N.
-  // 0: off, the default for now: on a memif pair with back-pressure
-  // (perf_smoke: a 4096-packet window into a 64-slot ring) ~5000 probes
-  // fired in a 2000-message run and 13 % of the packets were resent for
-  // nothing; why is not understood yet.
-  uint64_t tail_probe_ns = 0;
+  // Runs from the newest packet sent with AckReq (Engine::arm_probe).
+  // 0: off.
+  uint64_t tail_probe_ns = 200'000;
   // Congestion control of RC QPs (congestion.h): loss-driven windows (their
   // max_window is max_unacked), ECN and DCQCN.
   CcParams cc;
@@ -225,6 +223,9 @@ class Engine {
   // The retransmit timer (IBTA's Local ACK Timeout) and the tail-loss
   // probe that runs ahead of it; armed while packets are outstanding.
   void arm_retrans(Qp& qp);
+  // The probe, (re)started: a packet with AckReq left, or progress while
+  // one is unanswered.
+  void arm_probe(Qp& qp);
   void cancel_retrans(Qp& qp);
   void cancel_timers(Qp& qp);  // every timer of the QP (reset, error, destroy)
   // Round-trip sample for the tail-loss probe: comp_.psn moved on.

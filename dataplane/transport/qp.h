@@ -253,6 +253,9 @@ class Qp {
   TimerNode pace_timer_;    // the pacer lets the QP send again
   TimerNode probe_timer_;   // tail-loss probe (EngineConfig::tail_probe_ns)
   uint32_t probes_ = 0;     // probes since the last progress
+  // Last PSN of the newest packet sent with AckReq: a response is due only
+  // for packets up to there, so the probe runs from that send.
+  uint32_t ackreq_psn_ = 0;
   bool probe_due_ = false;  // the next packet is a probe: past the window
   // Round trip of the QP: one AckReq packet timed at a time (rtt_psn_),
   // not a resent one (Karn); srtt_ns_ 0 until the first sample.

@@ -187,6 +187,10 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   }
   if (rc) {
     e.arm_retrans(qp);
+    if (f.ack_req) {
+      qp.ackreq_psn_ = psn_add(f.psn, psn_used - 1);
+      e.arm_probe(qp);
+    }
   } else if (last) {
     // UC/UD: nothing will acknowledge it; complete once sent (9.8.3).
     e.complete_head(qp, IBV_WC_SUCCESS);

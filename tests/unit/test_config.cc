@@ -156,7 +156,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.tx_budget, 64u);
   EXPECT_EQ(t.tx_quantum, 16384u);
   EXPECT_EQ(t.timer_tick_us, 1u);
-  EXPECT_EQ(t.tail_probe_us, 0u);
+  EXPECT_EQ(t.tail_probe_us, 200u);
   EXPECT_TRUE(t.zero_copy_tx);
   EXPECT_EQ(t.cc.algorithm, "dcqcn");
   EXPECT_EQ(t.cc.init_window, 32u);

@@ -2248,6 +2248,26 @@ TEST_F(TransportTrace, TailProbeResendsTheLastPacketAndItsAckCompletes) {
   EXPECT_TRUE(sent().empty()) << "nothing outstanding: no more probes";
 }
 
+// The probe runs from the newest packet that asked for an ACK (RFC 8985
+// 7.2 restarts it on every transmission), not from the oldest one still
+// unanswered: a paced QP sends between AckReqs, and timing from the first
+// of them fired probes for packets that had arrived (perf/README.md).
+TEST_F(TransportTrace, TailProbeRunsFromTheNewestSolicitedSend) {
+  use_engine(with_probe());
+  ASSERT_TRUE(up());
+  ASSERT_NO_FATAL_FAILURE(send_burst(1));
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(150 * kUs);
+  ASSERT_EQ(sent().size(), 1u);
+  poll(349 * kUs);
+  EXPECT_TRUE(sent().empty()) << "200 us after the second send, not the first";
+  poll(351 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_EQ(ctr(ECtr::tail_probes), 1u);
+}
+
 // A probe that finds an earlier packet missing draws a sequence NAK and
 // the usual go-back from there.
 TEST_F(TransportTrace, TailProbeAnsweredByASequenceNakGoesBack) {
