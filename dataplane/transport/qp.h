@@ -250,9 +250,9 @@ class Qp {
   DcqcnRate rate_;  // DCQCN reaction point and pacer (congestion.h)
   TimerNode retrans_timer_;
   TimerNode rnr_timer_;
-  TimerNode pace_timer_;    // the pacer lets the QP send again
-  TimerNode probe_timer_;   // tail-loss probe (EngineConfig::tail_probe_ns)
-  uint32_t probes_ = 0;     // probes since the last progress
+  TimerNode pace_timer_;   // the pacer lets the QP send again
+  TimerNode probe_timer_;  // tail-loss probe (EngineConfig::tail_probe_ns)
+  uint32_t probes_ = 0;    // probes since the last progress
   // Last PSN of the newest packet sent with AckReq: a response is due only
   // for packets up to there, so the probe runs from that send.
   uint32_t ackreq_psn_ = 0;
