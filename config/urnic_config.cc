@@ -317,6 +317,7 @@ struct Schema<CcConfig> {
        .min = 1,
        .max = 8388607},
       {.key = "min_window", .member = &S::min_window, .min = 1, .max = 8388607},
+      {.key = "pipe_floor", .member = &S::pipe_floor},
       {.key = "shared_init_window",
        .member = &S::shared_init_window,
        .min = 1,

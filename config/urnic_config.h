@@ -176,6 +176,9 @@ struct CcConfig {
   std::string algorithm = "dcqcn";
   uint32_t init_window = 32;  // packets in flight a QP starts with
   uint32_t min_window = 2;    // packets, after a timeout (and the floor)
+  // A loss cuts a window no lower than the packets the path was seen to
+  // hold (highest delivery rate x lowest round trip lately); false: halve.
+  bool pipe_floor = true;
   // The window all RC QPs of a worker lcore share: each QP may use its
   // share (window / QPs with packets in flight) or its own, the smaller.
   uint32_t shared_init_window = 256;

@@ -3,8 +3,10 @@
 // Two transport engines (the real ones, as urnicd runs them) joined by the
 // simulated link (dataplane/transport/sim_link.h) whose A->B direction is
 // a bottleneck with a buffer and ECN marking. Host A sends RDMA WRITEs on
-// N QPs; flow k starts at k x stagger. B counts the payload that reaches
-// it per QP and per bin. Deterministic: the same arguments print the same
+// N QPs; flow k starts at k x stagger. B counts the payload of the
+// packets its responder accepts (the next PSN; not a duplicate, nor one
+// dropped after a gap: goodput, not what the wire carried), per QP and
+// per bin. Deterministic: the same arguments print the same
 // numbers, on any machine, however loaded (time is simulated, not
 // measured). Not a test: run by hand or by perf/run-suite.
 //
@@ -199,6 +201,7 @@ class Run {
           test::connect_rc(*b_host_.eng, f.qb, pb))
         usage("could not connect the QPs");
       f.start = k * a.stagger_ms * kMs;
+      f.expect = pa.sq_psn & transport::kPsnMask;
       f.bytes.assign(bins_, 0);
       flows_.push_back(std::move(f));
     }
@@ -214,7 +217,8 @@ class Run {
     uint64_t start = 0;
     bool started = false;
     uint64_t posted = 0, done = 0;
-    std::vector<uint64_t> bytes;  // payload B received, per bin
+    std::vector<uint64_t> bytes;  // payload B accepted, per bin
+    uint32_t expect = 0;          // the next PSN B's responder takes
   };
 
   void post(Flow& f) {
@@ -258,8 +262,11 @@ uint32_t Run::deliver(Host& to, int ep) {
     wire::decode(f.data(), len, fi);
     if (fi.kind != wire::FrameKind::kRoce) continue;
     if (ep == 1) {  // A's data reaching B: credit its flow
-      for (Flow& fl : flows_)
-        if (fl.qb->qpn() == fi.roce.dqpn) fl.bytes[bin] += fi.roce.payload_len;
+      for (Flow& fl : flows_) {
+        if (fl.qb->qpn() != fi.roce.dqpn || fi.roce.psn != fl.expect) continue;
+        fl.bytes[bin] += fi.roce.payload_len;
+        fl.expect = transport::psn_add(fl.expect, 1);
+      }
     }
     const wire::ConstBuf seg{f.data(), len};
     to.eng->rx(fi, {&seg, 1}, now_);

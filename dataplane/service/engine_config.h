@@ -28,6 +28,7 @@ inline transport::EngineConfig engine_config(const config::TransportConfig& t,
   ec.cc.dcqcn = cc.algorithm == "dcqcn";
   ec.cc.init_window = cc.init_window;
   ec.cc.min_window = cc.min_window;
+  ec.cc.pipe_floor = cc.pipe_floor;
   ec.cc.shared_init_window = cc.shared_init_window;
   ec.cc.shared_min_window = cc.shared_min_window;
   ec.cc.ecn = cc.ecn;

@@ -782,7 +782,11 @@ void Engine::arm_retrans(Qp& qp) {
 }
 
 void Engine::arm_probe(Qp& qp) {
-  if (!cfg_.tail_probe_ns) return;
+  // Not before the QP's first round-trip sample (RFC 8985 7.2 falls back to
+  // a 1 s PTO; the Local ACK Timeout is that here): 256 QPs started at once
+  // on af_packet each probed at the floor while their first ACKs waited in
+  // the peer's queue, and resent their way into retry exceeded.
+  if (!cfg_.tail_probe_ns || !qp.srtt_ns_) return;
   // RFC 8985's 2 x SRTT, and RFC 6298's SRTT + 4 x RTTVAR: on shared cores
   // the round trip jumps when a peer's lcore is descheduled, and a probe
   // then would only resend what is on its way.
@@ -817,6 +821,10 @@ void Engine::rtt_progress(Qp& qp) {
   if (!qp.rtt_timing_ || !psn_after(qp.comp_.psn, qp.rtt_psn_)) return;
   qp.rtt_timing_ = false;
   const uint64_t sample = now_ - qp.rtt_sent_ns_;
+  qp.cc_.pipe().on_sample(now_, sample,
+                          qp.cc_.delivered() - qp.rtt_delivered_);
+  cc_shared_.pipe().on_sample(
+      now_, sample, cc_shared_.delivered() - qp.rtt_shared_delivered_);
   if (!qp.srtt_ns_) {  // RFC 6298 2.2, 2.3
     qp.srtt_ns_ = sample;
     qp.rttvar_ns_ = sample / 2;

@@ -262,6 +262,9 @@ class Qp {
   uint64_t srtt_ns_ = 0;
   uint64_t rttvar_ns_ = 0;
   uint64_t rtt_sent_ns_ = 0;
+  // Packets ACKed (this QP's, the engine's) when the timed one left.
+  uint64_t rtt_delivered_ = 0;
+  uint64_t rtt_shared_delivered_ = 0;
   uint32_t rtt_psn_ = 0;
   bool rtt_timing_ = false;
 

@@ -159,6 +159,8 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
     qp.rtt_timing_ = true;  // a first transmission: time its ACK
     qp.rtt_psn_ = qp.req_.psn;
     qp.rtt_sent_ns_ = e.now_;
+    qp.rtt_delivered_ = qp.cc_.delivered();
+    qp.rtt_shared_delivered_ = e.cc_shared_.delivered();
   }
 
   qp.req_.pkts_since_ackreq = f.ack_req ? 0 : qp.req_.pkts_since_ackreq + 1;

@@ -161,6 +161,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.cc.algorithm, "dcqcn");
   EXPECT_EQ(t.cc.init_window, 32u);
   EXPECT_EQ(t.cc.min_window, 2u);
+  EXPECT_TRUE(t.cc.pipe_floor);
   // The config's DCQCN defaults are the engine's (congestion.h).
   const transport::DcqcnParams e;
   const DcqcnConfig& d = t.cc.dcqcn;
@@ -407,6 +408,8 @@ field_mutations() {
            [](Config& c) { c.transport.cc.init_window = 64; }},
           {"transport.cc.min_window",
            [](Config& c) { c.transport.cc.min_window = 8; }},
+          {"transport.cc.pipe_floor",
+           [](Config& c) { c.transport.cc.pipe_floor = false; }},
           {"transport.cc.shared_init_window",
            [](Config& c) { c.transport.cc.shared_init_window = 1024; }},
           {"transport.cc.shared_min_window",

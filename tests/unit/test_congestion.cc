@@ -88,6 +88,49 @@ TEST(LossWindow, InitWindowIsClampedToTheLimits) {
   EXPECT_EQ(w.window(), p.min_window);
 }
 
+TEST(PipeEstimate, HighestRateTimesLowestRoundTripOverTheirEpochs) {
+  PipeEstimate e;
+  EXPECT_EQ(e.packets(), 0u) << "no sample: no pipe";
+  // 40 packets in 20 us: 2 per us; then a slower, longer round trip.
+  e.on_sample(1'000, 20'000, 40);
+  EXPECT_EQ(e.packets(), 40u);
+  e.on_sample(2'000, 50'000, 25);
+  EXPECT_EQ(e.packets(), 40u) << "max rate 2/us x min RTT 20 us";
+  // A shorter round trip later: the pipe is the best rate over it.
+  e.on_sample(3'000, 10'000, 5);
+  EXPECT_EQ(e.packets(), 20u);
+  // The rate samples age out after one to two rate epochs...
+  const uint64_t r = PipeEstimate::kRateEpochNs;
+  e.on_sample(1'000 + r, 50'000, 25);  // 0.5/us; the old epoch still counts
+  EXPECT_EQ(e.packets(), 20u);
+  e.on_sample(1'000 + 3 * r, 50'000, 25);
+  EXPECT_EQ(e.packets(), 5u) << "0.5/us x 10 us";
+  // ...the round trips after one to two RTT epochs.
+  e.on_sample(1'000 + 2 * PipeEstimate::kRttEpochNs + 3 * r, 40'000, 20);
+  EXPECT_EQ(e.packets(), 20u) << "0.5/us x 40 us";
+}
+
+TEST(LossWindow, ALossCutsNoLowerThanThePipe) {
+  CcParams p = params();
+  LossWindow w;
+  w.reset(p, 0);
+  w.on_progress(p, 28);  // slow start 4 -> 32
+  ASSERT_EQ(w.window(), 32u);
+  // The path delivered 24 packets per 10 us round trip.
+  w.pipe().on_sample(1'000, 10'000, 24);
+  EXPECT_TRUE(w.on_loss(p, 28, 60));
+  EXPECT_EQ(w.window(), 24u) << "not 16: a window of the pipe costs nothing";
+  // A window already below the pipe is halved: the pipe never raises it.
+  w.on_timeout(p, 30);  // nothing sent past 30 yet
+  w.on_progress(p, 36);  // 8 more ACKed: slow start 2 -> 10 (ssthresh 12)
+  ASSERT_EQ(w.window(), 10u);
+  EXPECT_TRUE(w.on_loss(p, 36, 80));
+  EXPECT_EQ(w.window(), 10u) << "min(cwnd, pipe) = cwnd: kept";
+  p.pipe_floor = false;
+  EXPECT_TRUE(w.on_loss(p, 80, 90));
+  EXPECT_EQ(w.window(), 5u) << "pipe_floor off: halved";
+}
+
 TEST(SharedWindow, ShareIsTheWindowOverActiveQpsWithAFloor) {
   const CcParams p = params();
   SharedWindow s;
