@@ -68,7 +68,7 @@ constexpr DcqcnParams kConnectXDcqcn = {
 };
 
 struct CcParams {
-  bool window = true;         // false: max_unacked alone limits a QP
+  bool window = true;  // false: max_unacked alone limits a QP
   // A loss cuts a window no lower than the pipe (PipeEstimate): random
   // loss then costs go-back-N's resends, not the window. false: halve.
   bool pipe_floor = true;
@@ -106,7 +106,7 @@ struct CcParams {
 // across a go-back).
 class PipeEstimate {
  public:
-  static constexpr uint64_t kRateEpochNs = 10'000'000;  // 10-20 ms
+  static constexpr uint64_t kRateEpochNs = 10'000'000;    // 10-20 ms
   static constexpr uint64_t kRttEpochNs = 1'000'000'000;  // 1-2 s
   void reset() { *this = PipeEstimate{}; }
   // A round trip of `rtt_ns`, in which `delivered` packets were ACKed.

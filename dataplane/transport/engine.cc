@@ -821,8 +821,7 @@ void Engine::rtt_progress(Qp& qp) {
   if (!qp.rtt_timing_ || !psn_after(qp.comp_.psn, qp.rtt_psn_)) return;
   qp.rtt_timing_ = false;
   const uint64_t sample = now_ - qp.rtt_sent_ns_;
-  qp.cc_.pipe().on_sample(now_, sample,
-                          qp.cc_.delivered() - qp.rtt_delivered_);
+  qp.cc_.pipe().on_sample(now_, sample, qp.cc_.delivered() - qp.rtt_delivered_);
   cc_shared_.pipe().on_sample(
       now_, sample, cc_shared_.delivered() - qp.rtt_shared_delivered_);
   if (!qp.srtt_ns_) {  // RFC 6298 2.2, 2.3
