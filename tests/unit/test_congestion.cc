@@ -121,7 +121,7 @@ TEST(LossWindow, ALossCutsNoLowerThanThePipe) {
   EXPECT_TRUE(w.on_loss(p, 28, 60));
   EXPECT_EQ(w.window(), 24u) << "not 16: a window of the pipe costs nothing";
   // A window already below the pipe is halved: the pipe never raises it.
-  w.on_timeout(p, 30);  // nothing sent past 30 yet
+  w.on_timeout(p, 30);   // nothing sent past 30 yet
   w.on_progress(p, 36);  // 8 more ACKed: slow start 2 -> 10 (ssthresh 12)
   ASSERT_EQ(w.window(), 10u);
   EXPECT_TRUE(w.on_loss(p, 36, 80));
