@@ -258,6 +258,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.ctr_.cc_rate_mbps.set(0);
   qp.probes_ = 0;
   qp.probe_due_ = false;
+  qp.probe_one_ = false;
   qp.srtt_ns_ = 0;
   qp.rttvar_ns_ = 0;
   qp.rtt_timing_ = false;

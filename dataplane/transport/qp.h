@@ -257,6 +257,10 @@ class Qp {
   // for packets up to there, so the probe runs from that send.
   uint32_t ackreq_psn_ = 0;
   bool probe_due_ = false;  // the next packet is a probe: past the window
+  // The probe is the oldest unacknowledged packet alone: once it is sent,
+  // the requester goes on from probe_resume_ (cleared by any go_to_st).
+  bool probe_one_ = false;
+  uint32_t probe_resume_ = 0;
   // Round trip of the QP: one AckReq packet timed at a time (rtt_psn_),
   // not a resent one (Karn); srtt_ns_ 0 until the first sample.
   uint64_t srtt_ns_ = 0;

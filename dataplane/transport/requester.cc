@@ -190,7 +190,9 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   if (rc) {
     e.arm_retrans(qp);
     if (f.ack_req) {
-      qp.ackreq_psn_ = psn_add(f.psn, psn_used - 1);
+      // The newest; a probe of an older packet leaves it where it was.
+      const uint32_t end = psn_add(f.psn, psn_used - 1);
+      if (psn_after(end, qp.ackreq_psn_)) qp.ackreq_psn_ = end;
       e.arm_probe(qp);
     }
   } else if (last) {
@@ -271,6 +273,8 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     qp.probe_due_ = false;
     if (rc) e.paced_sent(qp);
     ++sent;
+    // A probe of the oldest packet alone: back to where the pass was.
+    if (qp.probe_one_) go_to_st(e, qp, qp.probe_resume_);
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
   }
   return sent;
@@ -303,6 +307,7 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
           static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * qp.mtu_;
   }
   qp.req_.psn = psn;
+  qp.probe_one_ = false;
   e.cc_sync(qp);
   qp.rtt_timing_ = false;  // Karn: an ACK now may answer either copy
   qp.req_.pkts_since_ackreq = 0;

@@ -2255,6 +2255,48 @@ TEST_F(TransportTrace, TailProbeResendsTheLastPacketAndItsAckCompletes) {
   EXPECT_TRUE(sent().empty()) << "nothing outstanding: no more probes";
 }
 
+// The responder's one NAK was lost: it had P, missed P+1 and drops what
+// follows, the two probes of P+3 too. The third probe sends P+1 alone; its
+// ACK is progress, and the next probe of the last packet draws the NAK
+// for P+2, from which the requester goes back N.
+TEST_F(TransportTrace, TailProbeRecoversFromALostNak) {
+  use_engine(with_probe());
+  ASSERT_TRUE(up());
+  measured_rtt(kUs);
+  ASSERT_NO_FATAL_FAILURE(send_burst(4));
+  inject(ack(kSqPsn, 1));
+  poll(10 * kUs);
+  EXPECT_EQ(cq_poll().size(), 1u);
+  poll(211 * kUs);  // from the ACK: 200 us
+  ASSERT_EQ(sent().size(), 1u);
+  poll(612 * kUs);
+  ASSERT_EQ(sent().size(), 1u);
+  poll(1413 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 1);
+  EXPECT_TRUE(p[0].f.ack_req);
+  inject(ack(kSqPsn + 1, 2));
+  poll(1420 * kUs);
+  EXPECT_EQ(cq_poll().size(), 1u);
+  EXPECT_TRUE(sent().empty()) << "nothing new to send: P+2, P+3 are out";
+  poll(1621 * kUs);  // 200 us after the progress
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 3);
+  inject(nak(kSqPsn + 2, kNakSeq));
+  poll(1622 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
+  EXPECT_EQ(p[1].f.psn, kSqPsn + 3);
+  inject(ack(kSqPsn + 3, 4));
+  poll(1630 * kUs);
+  EXPECT_EQ(cq_poll().size(), 2u);
+  EXPECT_EQ(ctr(ECtr::timeouts), 0u);
+  EXPECT_EQ(ctr(ECtr::tail_probes), 4u);
+}
+
 // Before its first round-trip sample a QP does not probe (RFC 8985 7.2
 // would wait 1 s; the Local ACK Timeout is that here): 256 QPs started
 // together on af_packet probed while their first ACKs were still queued at
@@ -2345,9 +2387,10 @@ TEST_F(TransportTrace, TailProbeCoversAWindowBoundGoBack) {
 }
 
 // Without any answer: the first two probes are the last packet, the next
-// ones go back N (the responder's one NAK for its gap may have been lost);
-// they back off x2, and the Local ACK Timeout still fires when it would
-// have without them.
+// ones the oldest unacknowledged packet alone (the responder's one NAK for
+// its gap may have been lost; or it is only slow, and a whole window
+// resent would be wasted); they back off x2, and the Local ACK Timeout
+// still fires when it would have without them.
 TEST_F(TransportTrace, TailProbesBackOffAndTheTimeoutKeepsItsTime) {
   use_engine(with_probe());
   QpOpts o;
@@ -2357,19 +2400,15 @@ TEST_F(TransportTrace, TailProbesBackOffAndTheTimeoutKeepsItsTime) {
   const uint64_t T = ack_timeout_ns(10);
   ASSERT_NO_FATAL_FAILURE(send_burst(4));
   // Probes at 201 us, then 400, 800 and 1600 us after each: two of the
-  // last packet, then go-back-N.
+  // last packet, then of the first.
   for (uint64_t at : {201u, 602u, 1403u, 3004u}) {
     poll((at - 2) * kUs);
     EXPECT_TRUE(sent().empty()) << "before " << at << " us";
     poll(at * kUs);
     auto p = sent();
-    if (at < 1000) {
-      ASSERT_EQ(p.size(), 1u) << at << " us: " << dump(p);
-      EXPECT_EQ(p[0].f.psn, kSqPsn + 3);
-    } else {
-      ASSERT_EQ(p.size(), 4u) << at << " us: " << dump(p);
-      EXPECT_EQ(p[0].f.psn, kSqPsn);
-    }
+    ASSERT_EQ(p.size(), 1u) << at << " us: " << dump(p);
+    EXPECT_EQ(p[0].f.psn, at < 1000 ? kSqPsn + 3 : kSqPsn);
+    EXPECT_TRUE(p[0].f.ack_req);
   }
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
   EXPECT_EQ(ctr(ECtr::tail_probes), 4u);
