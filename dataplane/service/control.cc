@@ -19,6 +19,14 @@ namespace {
 
 constexpr size_t kMaxClients = 256;
 constexpr size_t kMaxFds = 72;  // > shim::kMaxMrPieces
+// A deferred request is tried again this often.
+constexpr int kRetryMs = 2;
+
+uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
 
 std::string errstr(const std::string& what) {
   return what + ": " + strerror(errno);
@@ -174,19 +182,35 @@ bool ControlServer::permitted(int fd, const ClientInfo& ci) const {
 void ControlServer::poll(int timeout_ms) {
   std::vector<pollfd> fds;
   fds.push_back({listen_fd_, POLLIN, 0});
-  for (const Client& c : clients_) fds.push_back({c.fd, POLLIN, 0});
-  if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+  bool pending = false;
+  for (const Client& c : clients_) {
+    // A client with a deferred request is not read (its requests stay in
+    // order); a hang-up is still seen.
+    fds.push_back({c.fd, static_cast<short>(c.pending ? 0 : POLLIN), 0});
+    pending |= c.pending;
+  }
+  if (pending) timeout_ms = std::min(timeout_ms, kRetryMs);
+  const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (n < 0 || (n == 0 && !pending)) return;
   std::vector<Client> keep;
   for (size_t i = 1; i < fds.size(); ++i) {
     Client& c = clients_[i - 1];
-    bool alive = !(fds[i].revents & (POLLERR | POLLNVAL));
-    if (alive && (fds[i].revents & POLLIN))
+    const short ev = fds[i].revents;
+    bool alive = !(ev & (POLLERR | POLLNVAL));
+    if (alive && c.pending) {
+      if (ev & POLLHUP)
+        alive = false;  // gone while its request waited
+      else
+        process(c);
+    } else if (alive && (ev & POLLIN)) {
       alive = serve(c);
-    else if (alive && (fds[i].revents & POLLHUP))
+    } else if (alive && (ev & POLLHUP)) {
       alive = false;
+    }
     if (alive) {
-      keep.push_back(c);
+      keep.push_back(std::move(c));
     } else {
+      drop_pending(c);
       if (on_close_) on_close_(c.info);
       close(c.fd);
     }
@@ -256,13 +280,33 @@ bool ControlServer::serve(Client& c) {
       in_fds.push_back(fd);
     }
   }
+  c.req.assign(buf, static_cast<size_t>(n));
+  c.req_fds = std::move(in_fds);
+  c.attempts = 0;
+  c.since_ns = mono_ns();
+  c.truncated = mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC);
+  process(c);
+  return true;
+}
+
+void ControlServer::drop_pending(Client& c) {
+  for (int fd : c.req_fds)
+    if (fd >= 0) close(fd);
+  c.req_fds.clear();
+  c.req.clear();
+  c.pending = false;
+}
+
+void ControlServer::process(Client& c) {
+  const char* buf = c.req.data();
+  const size_t n = c.req.size();
   ctl::Hdr req;
   ctl::Hdr rep;
   CtlReply out;
-  if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
+  if (c.truncated) {
     out.status = -EMSGSIZE;
     out.payload = "message or its file descriptors truncated";
-  } else if (static_cast<size_t>(n) < sizeof req) {
+  } else if (n < sizeof req) {
     out.status = -EPROTO;
     out.payload = "short message";
   } else {
@@ -281,13 +325,24 @@ bool ControlServer::serve(Client& c) {
       out.status = -EPROTO;
       out.payload = "length mismatch";
     } else {
-      CtlRequest r{&c.info, static_cast<ctl::Op>(req.op),
-                   std::string_view(buf + sizeof req, req.len), in_fds};
+      CtlRequest r{&c.info,
+                   static_cast<ctl::Op>(req.op),
+                   std::string_view(buf + sizeof req, req.len),
+                   c.req_fds,
+                   c.attempts,
+                   c.since_ns};
       handler_(r, out);
+      if (out.later) {
+        ++c.attempts;
+        c.pending = true;
+        return;
+      }
     }
   }
-  for (int fd : in_fds)
+  c.pending = false;
+  for (int fd : c.req_fds)
     if (fd >= 0) close(fd);
+  c.req_fds.clear();
   rep.status = out.status;
   if (out.payload.size() > ctl::kMaxMsg - sizeof rep)
     out.payload.resize(ctl::kMaxMsg - sizeof rep);
@@ -311,7 +366,7 @@ bool ControlServer::serve(Client& c) {
   // A client that stopped reading loses its reply, never the service's time.
   sendmsg(c.fd, &om, MSG_DONTWAIT | MSG_NOSIGNAL);
   for (int fd : out.fds) close(fd);
-  return true;
+  c.req.clear();
 }
 
 }  // namespace urnic::service

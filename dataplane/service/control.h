@@ -30,12 +30,21 @@ struct CtlRequest {
   std::string_view body;
   std::vector<int>& fds;  // passed with SCM_RIGHTS; the handler closes or
                           // keeps them (the server closes what is left)
+  // A request the handler deferred (CtlReply::later) comes again: the
+  // how-many-th time (0: first), and when it first arrived (CLOCK_MONOTONIC).
+  uint32_t attempt = 0;
+  uint64_t since_ns = 0;
 };
 
 struct CtlReply {
   int status = 0;  // 0 or -errno (payload then holds a message)
   std::string payload;
   std::vector<int> fds;  // sent with the reply, then closed here
+  // Not answered yet (e.g. a neighbour still resolving): the server gives
+  // the same request (and its fds, untouched) to the handler again in a few
+  // milliseconds, serving the other clients meanwhile; this client's later
+  // requests wait, so its requests stay in order.
+  bool later = false;
 };
 
 class ControlServer {
@@ -66,9 +75,20 @@ class ControlServer {
   struct Client {
     int fd = -1;
     ClientInfo info;
+    // A deferred request (CtlReply::later): its bytes and fds.
+    bool pending = false;
+    std::string req;
+    std::vector<int> req_fds;
+    uint32_t attempts = 0;
+    uint64_t since_ns = 0;
+    bool truncated = false;  // the message or its fds did not fit
   };
   // False when the connection is finished.
   bool serve(Client& c);
+  // Runs the handler on c's request (c.req, c.req_fds); replies unless it
+  // is deferred again.
+  void process(Client& c);
+  static void drop_pending(Client& c);
   // Whether the peer of `fd` (credentials `ci`) may use the service.
   bool permitted(int fd, const ClientInfo& ci) const;
   std::string path_;

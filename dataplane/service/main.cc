@@ -320,32 +320,27 @@ int run(const config::Config& cfg, char* prog) {
         pa.state = ps.link_up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
         pa.phys_state = ps.link_up ? 5 : 3;  // LinkUp : Disabled
       };
-      // Asks worker 0 to resolve and waits (control thread only; a verbs
-      // client's modify_qp/create_ah waits with it, as on a kernel HCA).
-      env.warm_neighbour = [&](const uint8_t dgid[16]) -> int {
+      // Asks worker 0 to resolve (at the first attempt and every 500th:
+      // about once a second at the control server's 2 ms retries) and says
+      // whether the cache has the MAC yet. A verbs client's
+      // modify_qp/create_ah waits for its reply, as on a kernel HCA, while
+      // every other client is served.
+      env.warm_neighbour = [&](const uint8_t dgid[16], uint32_t attempt,
+                               uint64_t since_ns) -> int {
         for (uint32_t i = 0; i < dc.num_gids; ++i)
           if (std::memcmp(dc.gids[i], dgid, 16) == 0) return 0;
         wire::MacAddr mac;
-        const uint64_t deadline = now_ns() + 3'000'000'000ull;
-        uint64_t next_ask = 0;
-        while (now_ns() < deadline && !g_quit.load()) {
-          switch (neigh->lookup(dgid, now_ns(), mac)) {
-            case host::Lookup::kHit:
-              return 0;
-            case host::Lookup::kFailed:
-            case host::Lookup::kPending:
-              break;
-          }
-          if (now_ns() >= next_ask) {
-            auto c = std::make_unique<Command>();
-            c->kind = Command::Kind::kResolve;
-            std::memcpy(c->gid, dgid, 16);
-            if (workers[0]->post(c.get())) commands.push_back(std::move(c));
-            next_ask = now_ns() + 1'000'000'000ull;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        const uint64_t now = now_ns();
+        if (neigh->lookup(dgid, now, mac) == host::Lookup::kHit) return 0;
+        if (now - since_ns >= 3'000'000'000ull || g_quit.load())
+          return EHOSTUNREACH;
+        if (attempt % 500 == 0) {
+          auto c = std::make_unique<Command>();
+          c->kind = Command::Kind::kResolve;
+          std::memcpy(c->gid, dgid, 16);
+          if (workers[0]->post(c.get())) commands.push_back(std::move(c));
         }
-        return EHOSTUNREACH;
+        return EINPROGRESS;
       };
       // Vdevs transmit from the application's pages directly; PCI ports
       // would need the pages DMA-mapped (rte_extmem_register): they copy.

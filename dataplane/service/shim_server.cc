@@ -76,7 +76,7 @@ ShimServer::~ShimServer() {
 // --- control thread ---------------------------------------------------------
 
 void ShimServer::handle(CtlRequest& req, CtlReply& rep) {
-  ctr_.requests.fetch_add(1, std::memory_order_relaxed);
+  if (req.attempt == 0) ctr_.requests.fetch_add(1, std::memory_order_relaxed);
   auto& slot = clients_[req.client->id];
   if (!slot) {
     slot = std::make_unique<Client>();
@@ -335,7 +335,12 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       if (over_limit("max_ah", c.ahs.size(), 1, env_.client_limits.max_ah))
         return ENOMEM;
       if (a.attr.is_global && env_.warm_neighbour) {
-        const int rc = env_.warm_neighbour(a.attr.grh.dgid.raw);
+        const int rc =
+            env_.warm_neighbour(a.attr.grh.dgid.raw, req.attempt, req.since_ns);
+        if (rc == EINPROGRESS) {
+          rep.later = true;
+          return 0;
+        }
         if (rc) {
           why_ = "cannot resolve the destination GID's MAC address";
           return rc;
@@ -753,7 +758,12 @@ int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   QpObj& q = *c.qps[r.handle];
   // Resolve the peer's MAC before parking the lcore that answers ARP.
   if ((r.mask & IBV_QP_AV) && r.attr.ah_attr.is_global && env_.warm_neighbour) {
-    const int rc = env_.warm_neighbour(r.attr.ah_attr.grh.dgid.raw);
+    const int rc = env_.warm_neighbour(r.attr.ah_attr.grh.dgid.raw, req.attempt,
+                                       req.since_ns);
+    if (rc == EINPROGRESS) {
+      rep.later = true;
+      return 0;
+    }
     if (rc) {
       why_ =
           "cannot resolve the destination GID's MAC address (no ARP/ND "

@@ -47,10 +47,15 @@ struct ShimEnv {
   transport::Device* dev = nullptr;
   transport::Engine* engine = nullptr;  // the transport lcore's
   LcoreGate* gate = nullptr;
-  // Makes sure the neighbour cache knows `dgid` (asks the lcore to resolve
-  // and waits, up to a few seconds). 0 or a positive errno. Never called
-  // while the lcore is parked.
-  std::function<int(const uint8_t dgid[16])> warm_neighbour;
+  // Whether the neighbour cache knows `dgid`: 0 if it does (or the GID is
+  // ours); EINPROGRESS while the lcore resolves it (the request is then
+  // deferred, CtlReply::later, and asked again: `attempt`, first arrived at
+  // `since_ns`); a positive errno once it gave up. Never blocks: a peer
+  // that does not answer ARP held the control thread, and every other
+  // client, for 3 s. Never called while the lcore is parked.
+  std::function<int(const uint8_t dgid[16], uint32_t attempt,
+                    uint64_t since_ns)>
+      warm_neighbour;
   shim::OpenRep info;  // device/port attributes and GIDs
   std::function<void(ibv_port_attr&)> port_state;  // live link state
   TxMemory* tx_memory = nullptr;  // null: the lcore copies every payload

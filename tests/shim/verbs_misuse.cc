@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
@@ -991,6 +992,58 @@ void run(const char* name, void (*fn)(Dev&), Dev& d) {
   }
 }
 
+// --- g) an AH to a peer that never answers ARP ------------------------------
+// The service resolves the MAC without blocking its control thread: this
+// context's ibv_create_ah waits, then fails with EHOSTUNREACH (about 3 s),
+// while another context of the same process is served at once (the
+// control thread used to wait the 3 s out, holding every client).
+ibv_device* g_dev = nullptr;
+
+void section_silent_peer(Dev& d) {
+  ibv_gid silent = d.gid;  // ::ffff:a.b.c.x: the same /24, nobody there
+  silent.raw[15] = d.gid.raw[15] == 0xfe ? 0xfd : 0xfe;
+  ibv_context* other = ibv_open_device(g_dev);
+  if (!check(other != nullptr, "g) a second context", err_text(errno))) return;
+  ibv_ah* ah = nullptr;
+  int ah_errno = 0;
+  double ah_s = 0;
+  std::thread t([&] {
+    ibv_ah_attr a{};
+    a.is_global = 1;
+    a.port_num = 1;
+    a.grh.dgid = silent;
+    a.grh.sgid_index = 0;
+    a.grh.hop_limit = 64;
+    const auto t0 = std::chrono::steady_clock::now();
+    ah = ibv_create_ah(d.pd, &a);
+    ah_errno = errno;
+    ah_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+               .count();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  double slowest_ms = 0;
+  bool ok = true;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ibv_pd* pd = ibv_alloc_pd(other);
+    ok = ok && pd && ibv_dealloc_pd(pd) == 0;
+    slowest_ms = std::max(slowest_ms, std::chrono::duration<double, std::milli>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  t.join();
+  check(ok && slowest_ms < 500,
+        "g) another context is served while an AH waits for ARP",
+        fmt("slowest alloc+dealloc %.0f ms", slowest_ms));
+  check(!ah && ah_errno == EHOSTUNREACH && ah_s > 2 && ah_s < 10,
+        "g) ibv_create_ah to a GID nobody answers fails with EHOSTUNREACH",
+        fmt("%s after %.1f s", ah ? "created" : err_text(ah_errno).c_str(),
+            ah_s));
+  if (ah) ibv_destroy_ah(ah);
+  check(ibv_close_device(other) == 0, "g) the second context closes");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1025,6 +1078,8 @@ int main(int argc, char** argv) {
   run("d) queue overflow", section_overflow, d);
   run("e) memory registration", section_mrs, d);
   run("f) health", section_health, d);
+  g_dev = dev;
+  run("g) a silent peer", section_silent_peer, d);
 
   check(ibv_dereg_mr(d.scratch_mr) == 0, "ibv_dereg_mr of the scratch buffer");
   check(ibv_dealloc_pd(d.pd) == 0, "ibv_dealloc_pd");

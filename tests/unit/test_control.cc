@@ -171,3 +171,106 @@ TEST_F(ControlAccess, UnknownNamesAreRefusedAtStart) {
 
 }  // namespace
 }  // namespace urnic::service
+
+namespace urnic::service {
+namespace {
+
+// A request the handler defers (CtlReply::later, e.g. a neighbour still
+// resolving) waits for its answer without holding the other clients: one
+// client's create_ah to a silent peer held every client's verbs calls for
+// 3 s while the control thread waited.
+class ControlDefer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/urnic-ctl.XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    cfg_.socket = dir_ + "/s.sock";
+  }
+  void TearDown() override {
+    for (int fd : fds_) close(fd);
+    server_.reset();
+    rmdir(dir_.c_str());
+  }
+  int connect_client() {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::strncpy(sa.sun_path, cfg_.socket.c_str(), sizeof sa.sun_path - 1);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    fds_.push_back(fd);
+    server_->poll(10);  // accepts it
+    return fd;
+  }
+  static void ask(int fd, ctl::Op op, uint8_t tag) {
+    char buf[sizeof(ctl::Hdr) + 1];
+    ctl::Hdr h;
+    h.op = static_cast<uint16_t>(op);
+    h.len = 1;
+    std::memcpy(buf, &h, sizeof h);
+    buf[sizeof h] = static_cast<char>(tag);
+    ASSERT_EQ(send(fd, buf, sizeof buf, MSG_NOSIGNAL),
+              static_cast<ssize_t>(sizeof buf));
+  }
+  // The reply's payload if one is there, else "".
+  static std::string answer(int fd) {
+    char buf[256];
+    const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < static_cast<ssize_t>(sizeof(ctl::Hdr))) return "";
+    return std::string(buf + sizeof(ctl::Hdr), n - sizeof(ctl::Hdr));
+  }
+
+  std::string dir_;
+  config::ControlConfig cfg_;
+  std::unique_ptr<ControlServer> server_;
+  std::vector<int> fds_;
+};
+
+TEST_F(ControlDefer, ADeferredRequestWaitsWithoutHoldingOthers) {
+  // Tag 'a' is deferred until its fourth attempt; the rest are answered at
+  // once. The payload says which request and at which attempt.
+  std::vector<uint64_t> since;
+  server_ =
+      std::make_unique<ControlServer>(cfg_, [&](CtlRequest& r, CtlReply& out) {
+        const char tag = r.body.empty() ? '?' : r.body[0];
+        if (tag == 'a') since.push_back(r.since_ns);
+        if (tag == 'a' && r.attempt < 3) {
+          out.later = true;
+          return;
+        }
+        out.payload = std::string(1, tag) + std::to_string(r.attempt);
+      });
+  const int a = connect_client();
+  const int b = connect_client();
+  ask(a, ctl::Op::kQpStats, 'a');
+  server_->poll(10);
+  EXPECT_EQ(answer(a), "") << "deferred";
+  // A's next request waits behind the deferred one (order per client).
+  ask(a, ctl::Op::kQpStats, 'c');
+  ask(b, ctl::Op::kQpStats, 'b');
+  server_->poll(10);
+  EXPECT_EQ(answer(b), "b0") << "B is served while A's request waits";
+  EXPECT_EQ(answer(a), "");
+  for (int i = 0; i < 10; ++i) server_->poll(10);
+  EXPECT_EQ(answer(a), "a3");
+  EXPECT_EQ(answer(a), "c0") << "then A's next request, in order";
+  ASSERT_EQ(since.size(), 4u);
+  EXPECT_EQ(since.front(), since.back()) << "the first arrival, every time";
+}
+
+TEST_F(ControlDefer, AClientThatLeavesWhileItsRequestWaitsIsClosed) {
+  int closed = 0;
+  server_ = std::make_unique<ControlServer>(
+      cfg_, [](CtlRequest&, CtlReply& out) { out.later = true; },
+      [&](const ClientInfo&) { ++closed; });
+  const int a = connect_client();
+  ask(a, ctl::Op::kQpStats, 'a');
+  server_->poll(10);
+  close(a);
+  fds_.clear();
+  for (int i = 0; i < 5 && !closed; ++i) server_->poll(10);
+  EXPECT_EQ(closed, 1);
+}
+
+}  // namespace
+}  // namespace urnic::service
