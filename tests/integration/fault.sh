@@ -18,19 +18,10 @@
 # Every started process is stopped by PID on exit, pass or fail.
 # usage: fault.sh URNICD URNICCTL SHIM_SO URNIC_PERF [memif|af_packet]
 set -euo pipefail
-URNICD=$1
-URNICCTL=$2
-SHIM=$(realpath "$3")
-UPERF=$(realpath "$4")
-TOPO=${5:-memif}
-PY=/usr/bin/python3
-ID=ft-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
-
-[ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
-shim_preload "$SHIM"
-lib_init
+shim_test_init ft-$$ "$1" "$2" "$3" "$4"
+TOPO=${5:-memif}
 
 SA=$TMP/a.sock
 SB=$TMP/b.sock

@@ -3,6 +3,8 @@
 # urnicd joined by a net_memif pair. A script sets ID (unique per run)
 # before calling these, and calls `finish` last.
 #   lib_init            TMP dir, PIDS, counters, the EXIT trap
+#   shim_test_init ID URNICD URNICCTL SHIM_SO URNIC_PERF   all of the start
+#                       of a script that runs urnic-perf through the shim
 #   check NAME CMD...   runs CMD, counts PASS/FAIL
 #   stop_pid PID        TERM, KILL after 5 s, reaped
 #   urnicd_start ROLE IP SOCK [urnicd options]   URNICD with the options
@@ -19,6 +21,21 @@
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
 #                       needs in a sanitized build) and CLIENT_ENV for the
 #                       clients started with it
+
+# shim_test_init ID URNICD URNICCTL SHIM_SO URNIC_PERF: the start of the
+# scripts that run urnic-perf through the shim: ID, the four programs
+# (URNICD URNICCTL SHIM UPERF), PY, root (else SKIP), shim_preload, lib_init.
+shim_test_init() {
+  ID=$1
+  URNICD=$2
+  URNICCTL=$3
+  SHIM=$(realpath "$4")
+  UPERF=$(realpath "$5")
+  PY=/usr/bin/python3
+  [ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
+  shim_preload "$SHIM"
+  lib_init
+}
 
 shim_preload() {
   PRELOAD=$1

@@ -12,18 +12,9 @@
 # whose worker lcores EAL does not have is refused at start (exit 2).
 # usage: shutdown.sh URNICD URNICCTL SHIM_SO URNIC_PERF
 set -euo pipefail
-URNICD=$1
-URNICCTL=$2
-SHIM=$(realpath "$3")
-UPERF=$(realpath "$4")
-PY=/usr/bin/python3
-ID=sd-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
-
-[ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
-shim_preload "$SHIM"
-lib_init
+shim_test_init sd-$$ "$1" "$2" "$3" "$4"
 # Under the sanitizers 16384 QPs take minutes to set up: the list stops at
 # 1024 there unless URNIC_SHUTDOWN_QPS says otherwise.
 QPS_LIST=${URNIC_SHUTDOWN_QPS:-0 1 1024 16384}
