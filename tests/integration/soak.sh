@@ -17,28 +17,19 @@
 #         and a verified urnic-perf run (both complete; the kernel's ring may
 #         drop some frames before the PMD, which this PMD does not count).
 # usage: soak.sh URNICD URNICCTL SHIM_SO URNIC_PERF
-#   env: SOAK_PARTS ("kill mixed flood"), KILLS (20), MIXED_SECS (15),
-#        FLOOD_FRAMES (3000), FLOOD_SECS (8: the traffic beside it),
+#   env: SOAK_PARTS ("kill mixed flood"), KILLS (12), MIXED_SECS (10),
+#        FLOOD_FRAMES (1500), FLOOD_SECS (6: the traffic beside it),
 #        SOAK_SEED (random)
 set -euo pipefail
-URNICD=$1
-URNICCTL=$2
-SHIM=$(realpath "$3")
-UPERF=$(realpath "$4")
-PY=/usr/bin/python3
-ID=sk-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
-
-[ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
-shim_preload "$SHIM"
-lib_init
+shim_test_init sk-$$ "$1" "$2" "$3" "$4"
 
 PARTS=${SOAK_PARTS:-kill mixed flood}
-KILLS=${KILLS:-20}
-MIXED_SECS=${MIXED_SECS:-15}
-FLOOD_FRAMES=${FLOOD_FRAMES:-3000}
-FLOOD_SECS=${FLOOD_SECS:-8}
+KILLS=${KILLS:-12}
+MIXED_SECS=${MIXED_SECS:-10}
+FLOOD_FRAMES=${FLOOD_FRAMES:-1500}
+FLOOD_SECS=${FLOOD_SECS:-6}
 SEED=${SOAK_SEED:-$RANDOM}
 RANDOM=$SEED
 echo "soak: parts '$PARTS', kills $KILLS, mixed ${MIXED_SECS} s," \
