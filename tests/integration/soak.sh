@@ -18,7 +18,8 @@
 #         drop some frames before the PMD, which this PMD does not count).
 # usage: soak.sh URNICD URNICCTL SHIM_SO URNIC_PERF
 #   env: SOAK_PARTS ("kill mixed flood"), KILLS (12), MIXED_SECS (10),
-#        FLOOD_FRAMES (1500), FLOOD_SECS (6: the traffic beside it),
+#        FLOOD_FRAMES (1500), FLOOD_SECS (6: the traffic beside it); half
+#        of each under ASan,
 #        SOAK_SEED (random)
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -26,10 +27,13 @@ set -euo pipefail
 shim_test_init sk-$$ "$1" "$2" "$3" "$4"
 
 PARTS=${SOAK_PARTS:-kill mixed flood}
-KILLS=${KILLS:-12}
-MIXED_SECS=${MIXED_SECS:-10}
-FLOOD_FRAMES=${FLOOD_FRAMES:-1500}
-FLOOD_SECS=${FLOOD_SECS:-6}
+# Under the sanitizers (tools/test runs the suite twice) about half.
+short=1
+ldd "$URNICD" | grep -q libasan && short=2
+KILLS=${KILLS:-$((12 / short))}
+MIXED_SECS=${MIXED_SECS:-$((10 / short))}
+FLOOD_FRAMES=${FLOOD_FRAMES:-$((1500 / short))}
+FLOOD_SECS=${FLOOD_SECS:-$((6 / short))}
 SEED=${SOAK_SEED:-$RANDOM}
 RANDOM=$SEED
 echo "soak: parts '$PARTS', kills $KILLS, mixed ${MIXED_SECS} s," \
