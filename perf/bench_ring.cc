@@ -93,10 +93,13 @@ struct ShimQueue {
   // The service: ShimServer::doorbells_st + drain_qp_st, minus the engine.
   uint32_t serve(urnic::shim::ShmSendWqe& out) {
     urnic::shim::DoorbellPage& d = *db;
-    if (!d.pending.load(std::memory_order_relaxed)) return 0;
-    if (!d.pending.exchange(0, std::memory_order_acquire)) return 0;
+    constexpr uint32_t kMine = ~0u;  // one lcore: every summary word
+    if (!(d.pending.load(std::memory_order_relaxed) & kMine)) return 0;
+    uint32_t words = d.pending.fetch_and(~kMine, std::memory_order_acquire);
     uint32_t taken = 0;
-    for (uint32_t s = 0; s < std::size(d.summary); ++s) {
+    while (words) {
+      const uint32_t s = static_cast<uint32_t>(std::countr_zero(words));
+      words &= words - 1;
       uint64_t sum = d.summary[s].exchange(0, std::memory_order_acquire);
       while (sum) {
         const uint32_t w = s * 64 + std::countr_zero(sum);

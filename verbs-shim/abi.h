@@ -349,19 +349,25 @@ constexpr uint32_t kArmSolicited = 2;
 
 // Per-context doorbells: after publishing a producer index, the shim sets
 // bit `doorbell` in bits[], then (if the bit was clear) the matching
-// summary bit, then pending = 1, all with release. The service exchanges
-// pending, then summary words, then bit words to 0 (acquire) and drains the
-// queues whose bits were set: work per loop follows what was rung, not how
-// many QPs exist.
+// summary bit, then that summary word's bit in `pending`, all with release.
+// A service lcore takes its own summary words' bits out of pending
+// (fetch_and), then exchanges those summary words, then the bit words, to 0
+// (acquire) and drains the queues whose bits were set: work per loop
+// follows what was rung, not how many QPs exist. The service hands out
+// doorbell indices so that each summary word (4096 indices) belongs to one
+// lcore: lcores never take each other's bits.
 //
 // `closed` is the service's: set once it has stopped serving this context
 // (shutdown: every QP flushed, no more WQEs taken or completions made). The
 // shim reads it when a CQ is empty, so polling a dead device fails instead
 // of spinning forever; it shares pending's line, which a post touches anyway.
+constexpr uint32_t kDoorbellsPerSummary = 64 * 64;
+constexpr uint32_t kSummaryWords = kMaxDoorbells / kDoorbellsPerSummary;
+static_assert(kSummaryWords <= 32, "pending has a bit per summary word");
 struct alignas(64) DoorbellPage {
   alignas(64) std::atomic<uint32_t> pending{0};
   std::atomic<uint32_t> closed{0};
-  alignas(64) std::atomic<uint64_t> summary[kMaxDoorbells / 64 / 64]{};
+  alignas(64) std::atomic<uint64_t> summary[kSummaryWords]{};
   alignas(64) std::atomic<uint64_t> bits[kMaxDoorbells / 64]{};
 };
 
@@ -371,7 +377,7 @@ inline void ring_doorbell(DoorbellPage& db, uint32_t index) {
   if (db.bits[w].fetch_or(bit, std::memory_order_acq_rel) & bit) return;
   db.summary[w / 64].fetch_or(uint64_t{1} << (w % 64),
                               std::memory_order_release);
-  db.pending.store(1, std::memory_order_release);
+  db.pending.fetch_or(1u << (w / 64), std::memory_order_release);
 }
 
 constexpr size_t page_round(size_t n) {

@@ -9,7 +9,9 @@
 namespace urnic::ctl {
 
 constexpr uint32_t kMagic = 0x434e5255;  // "URNC" little-endian
-constexpr uint16_t kVersion = 2;         // 2: the verbs shim operations
+// 2: the verbs shim operations; 3: DoorbellPage::pending is a mask of
+// summary words (QPs on several lcores).
+constexpr uint16_t kVersion = 3;
 constexpr uint32_t kMaxMsg = 64 * 1024;
 
 enum class Op : uint16_t {

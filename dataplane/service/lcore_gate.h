@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 
 namespace urnic::service {
 
@@ -60,6 +61,24 @@ class ParkGuard {
 
  private:
   LcoreGate& g_;
+};
+
+// Parks every lcore (objects any of them may read: MRs, CQs, PDs, the
+// client list). None waits for another at the top of its loop, so parking
+// them one after the other cannot deadlock.
+class ParkAll {
+ public:
+  explicit ParkAll(std::span<LcoreGate* const> gates) : gates_(gates) {
+    for (LcoreGate* g : gates_) g->park();
+  }
+  ~ParkAll() {
+    for (LcoreGate* g : gates_) g->unpark();
+  }
+  ParkAll(const ParkAll&) = delete;
+  ParkAll& operator=(const ParkAll&) = delete;
+
+ private:
+  std::span<LcoreGate* const> gates_;
 };
 
 }  // namespace urnic::service

@@ -257,6 +257,7 @@ int run(const config::Config& cfg, char* prog) {
     std::unique_ptr<NeighbourResolver> resolver;
     std::unique_ptr<transport::Device> device;
     std::vector<std::unique_ptr<Worker>> workers;
+    std::vector<Worker*> peers;  // workers by home index
     std::unique_ptr<ZeroCopyTx> zero_copy;
     std::unique_ptr<ShimServer> shim;
     std::unique_ptr<CmServer> cm;
@@ -296,9 +297,13 @@ int run(const config::Config& cfg, char* prog) {
       resolver = std::make_unique<NeighbourResolver>(*neigh);
       const transport::DeviceConfig dc = device_config(cfg, port, addrs);
       device = std::make_unique<transport::Device>(dc, resolver.get());
+      // One worker per queue; each is the home of some QPs (the QPN says
+      // whose: Engine::home_of).
       for (uint16_t q = 0; q < port.nb_queues; ++q)
-        workers.push_back(std::make_unique<Worker>(
-            cfg, port, addrs, *neigh, *device, cfg.eal.workers[q], q));
+        workers.push_back(std::make_unique<Worker>(cfg, port, addrs, *neigh,
+                                                   *device, cfg.eal.workers[q],
+                                                   q, port.nb_queues));
+      for (auto& w : workers) peers.push_back(w.get());
       // Fault injection: the settings in effect and their seed (0 in the
       // config: a random one, printed so that a run can be replayed).
       config::FaultConfig fault = cfg.fault;
@@ -310,8 +315,10 @@ int run(const config::Config& cfg, char* prog) {
       std::deque<std::unique_ptr<Command>> commands;
       ShimEnv env;
       env.dev = device.get();
-      env.engine = &workers[0]->engine();
-      env.gate = &workers[0]->gate();
+      for (auto& w : workers) {
+        env.engines.push_back(&w->engine());
+        env.gates.push_back(&w->gate());
+      }
       env.info = shim_info(dc);
       env.client_limits = cfg.client_limits;
       env.port_state = [&](ibv_port_attr& pa) {
@@ -347,10 +354,10 @@ int run(const config::Config& cfg, char* prog) {
       if (cfg.port.pci.empty() && cfg.transport.zero_copy_tx) {
         zero_copy = std::make_unique<ZeroCopyTx>();
         env.tx_memory = zero_copy.get();
-        workers[0]->set_zero_copy(zero_copy.get());
+        for (auto& w : workers) w->set_zero_copy(zero_copy.get());
       }
       shim = std::make_unique<ShimServer>(std::move(env));
-      workers[0]->make_transport(shim.get());
+      for (auto& w : workers) w->serve(shim.get(), peers);
       // RDMA CM: MADs for QP1 reach the control thread by ring; the ones
       // it sends leave through worker 0 as commands.
       gsi = rte_ring_create("urnic_gsi", 1024, SOCKET_ID_ANY, RING_F_SC_DEQ);
@@ -410,8 +417,6 @@ int run(const config::Config& cfg, char* prog) {
         };
         cm = std::make_unique<CmServer>(std::move(ce));
       }
-      for (size_t i = 1; i < workers.size(); ++i)
-        workers[i]->hand_roce_to(workers[0].get());
       printf(
           "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
           "queues %u%s ipv4 %s/%u%s%s\n",
@@ -439,7 +444,7 @@ int run(const config::Config& cfg, char* prog) {
           stats::LcoreSnapshot l;
           l.lcore = w->lcore();
           l.queue = w->queue();
-          l.owns_qps = w.get() == workers[0].get();
+          l.qps = static_cast<uint32_t>(w->engine().qp_count());
           l.read(w->counters());
           l.read_transport(w->transport_counters());
           s.lcores.push_back(l);
@@ -484,9 +489,10 @@ int run(const config::Config& cfg, char* prog) {
             // Pages in QPN order (the table is not: QPNs carry a
             // generation in their upper bits).
             std::vector<const transport::Qp*> page;
-            workers[0]->engine().for_each_qp([&](const transport::Qp& q) {
-              if (q.qpn() >= from) page.push_back(&q);
-            });
+            for (auto& w : workers)
+              w->engine().for_each_qp([&](const transport::Qp& q) {
+                if (q.qpn() >= from) page.push_back(&q);
+              });
             const auto by_qpn = [](const transport::Qp* a,
                                    const transport::Qp* b) {
               return a->qpn() < b->qpn();
@@ -504,7 +510,7 @@ int run(const config::Config& cfg, char* prog) {
               const transport::Qp& q = *qp;
               stats::QpRow& r = rows.emplace_back();
               r.read(q);
-              r.lcore = workers[0]->lcore();
+              r.lcore = peers[workers[0]->engine().home_of(q.qpn())]->lcore();
               const auto it =
                   std::lower_bound(owners.begin(), owners.end(),
                                    std::pair<uint32_t, pid_t>{q.qpn(), 0});

@@ -115,7 +115,8 @@ class alignas(64) Worker final : public transport::PacketIo {
  public:
   Worker(const config::Config& cfg, const PortInfo& port,
          const host::HostAddrs& addrs, host::NeighbourTable& nt,
-         transport::Device& dev, uint32_t lcore, uint16_t queue);
+         transport::Device& dev, uint32_t lcore, uint16_t queue,
+         uint32_t homes = 1);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -131,10 +132,11 @@ class alignas(64) Worker final : public transport::PacketIo {
   bool post(Command* c) { return rte_ring_enqueue(cmd_ring_, c) == 0; }
   LcoreGate& gate() { return gate_; }
   transport::Engine& engine() { return engine_; }
-  // Makes this worker the transport lcore: it owns every QP (and serves the
-  // shim's doorbells); the others hand RoCE frames to it by ring.
-  void make_transport(ShimServer* shim);
-  void hand_roce_to(Worker* transport) { transport_ = transport; }
+  // Home `queue()` of QPs: this worker serves the shim's doorbells of the
+  // QPs and SRQs homed here. With `peers` (every worker, by home index; at
+  // least two) a RoCE frame for a QP of another worker goes to that worker
+  // by ring (MP/SC), decoded and checked once, here.
+  void serve(ShimServer* shim, std::span<Worker* const> peers);
   void set_zero_copy(const ZeroCopyTx* zc) { zc_ = zc; }
   // Where frames for QP1 (CM MADs) go: the control thread's ring (MP/SC).
   void set_gsi(rte_ring* r) { gsi_ = r; }
@@ -179,9 +181,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   LcoreGate gate_;
   ShimServer* shim_ = nullptr;
   const ZeroCopyTx* zc_ = nullptr;  // null: every payload is copied
-  Worker* transport_ = nullptr;     // set on the other workers
+  std::span<Worker* const> peers_;  // by home; empty with one worker
   rte_ring* gsi_ = nullptr;         // QP1 frames to the control thread
-  rte_ring* handoff_ = nullptr;     // transport worker: RoCE frames (MP/SC)
+  rte_ring* handoff_ = nullptr;     // RoCE frames for our QPs (MP/SC)
   // Frames to our own MAC (a QP talking to a QP of this service) loop back
   // here, whole and with their ICRC, and are received on the next loop.
   static constexpr uint32_t kLoopSize = 1024;

@@ -106,8 +106,8 @@ void ShimServer::on_close(const ClientInfo& ci) {
 // out and completes with an error, as with a crashed host.
 void ShimServer::release_all(Client& c) {
   {
-    ParkGuard park(*env_.gate);
-    for (auto& [h, q] : c.qps) env_.engine->destroy_qp(q->qp);
+    ParkAll park(all_gates());
+    for (auto& [h, q] : c.qps) env_.engines[q->home]->destroy_qp(q->qp);
     for (auto& [h, a] : c.ahs) env_.dev->destroy_ah(a.ah);
     for (auto& [h, s] : c.srqs) env_.dev->destroy_srq(s->srq);
     for (auto& [h, q] : c.cqs) env_.dev->destroy_cq(q.cq);
@@ -139,15 +139,53 @@ void ShimServer::release_all(Client& c) {
   c.open = false;
 }
 
-uint32_t ShimServer::alloc_doorbell(Client& c) {
-  if (!c.free_doorbells.empty()) {
-    const uint32_t d = c.free_doorbells.back();
-    c.free_doorbells.pop_back();
+// Summary word j (doorbell indices j*4096 .. j*4096+4095) belongs to home
+// j % homes(); a home's k-th index is in its (k / 4096)-th word.
+uint32_t ShimServer::alloc_doorbell(Client& c, uint32_t home) {
+  std::vector<uint32_t>& fr = c.free_doorbells[home];
+  if (!fr.empty()) {
+    const uint32_t d = fr.back();
+    fr.pop_back();
     return d;
   }
-  if (c.targets.size() >= kMaxDoorbells) return UINT32_MAX;
-  c.targets.emplace_back();  // control thread, lcore parked by the caller
-  return static_cast<uint32_t>(c.targets.size() - 1);
+  std::vector<Target>& t = c.targets[home];
+  const auto k = static_cast<uint32_t>(t.size());
+  const uint32_t word = (k / kDoorbellsPerSummary) * homes() + home;
+  if (word >= kSummaryWords) return UINT32_MAX;
+  t.emplace_back();  // control thread, the home lcore parked by the caller
+  return word * kDoorbellsPerSummary + k % kDoorbellsPerSummary;
+}
+
+namespace {
+uint32_t db_home(uint32_t doorbell, uint32_t homes) {
+  return (doorbell / kDoorbellsPerSummary) % homes;
+}
+uint32_t db_local(uint32_t doorbell, uint32_t homes) {
+  return (doorbell / kDoorbellsPerSummary) / homes * kDoorbellsPerSummary +
+         doorbell % kDoorbellsPerSummary;
+}
+}  // namespace
+
+ShimServer::Target& ShimServer::target(Client& c, uint32_t doorbell) {
+  return c.targets[db_home(doorbell, homes())][db_local(doorbell, homes())];
+}
+
+void ShimServer::free_doorbell(Client& c, uint32_t doorbell) {
+  target(c, doorbell) = {};
+  c.free_doorbells[db_home(doorbell, homes())].push_back(doorbell);
+}
+
+uint32_t ShimServer::pick_home() const {
+  uint32_t best = 0;
+  for (uint32_t h = 1; h < homes(); ++h)
+    if (env_.engines[h]->qp_count() < env_.engines[best]->qp_count()) best = h;
+  return best;
+}
+
+size_t ShimServer::qp_count() const {
+  size_t n = 0;
+  for (const transport::Engine* e : env_.engines) n += e->qp_count();
+  return n;
 }
 
 bool ShimServer::over_limit(const char* key, uint64_t have, uint64_t add,
@@ -186,7 +224,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       transport::Pd* pd = nullptr;
       int rc;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         rc = dev.alloc_pd(&pd);
       }
       if (rc) return rc;
@@ -199,7 +237,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       if (!body_as(req, &hr) || !c.pds.count(hr.handle)) return EINVAL;
       int rc;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         rc = dev.dealloc_pd(c.pds[hr.handle]);
       }
       if (rc) return rc;
@@ -212,10 +250,13 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       if (!body_as(req, &hr) || !c.mrs.count(hr.handle)) return EINVAL;
       MrObj& m = c.mrs[hr.handle];
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         // Unmapping it now would let the lcore touch freed memory; the
         // application deregisters once its WRs completed.
-        if (env_.engine->mr_in_use(*m.mr)) {
+        bool in_use = false;
+        for (const transport::Engine* e : env_.engines)
+          in_use = in_use || e->mr_in_use(*m.mr);
+        if (in_use) {
           why_ =
               "the MR is still in use (work requests posted on it have not "
               "completed, or a transfer into it is under way)";
@@ -242,7 +283,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       transport::Mw* mw = nullptr;
       int rc;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         rc = dev.alloc_mw(c.pds[r.pd], static_cast<ibv_mw_type>(r.type), &mw);
       }
       if (rc) return rc;
@@ -254,7 +295,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kDeallocMw: {
       if (!body_as(req, &hr) || !c.mws.count(hr.handle)) return EINVAL;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         dev.dealloc_mw(c.mws[hr.handle]);
       }
       c.mws.erase(hr.handle);
@@ -288,7 +329,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       CqObj& q = c.cqs[hr.handle];
       int rc;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         rc = dev.destroy_cq(q.cq);
       }
       if (rc) return rc;
@@ -301,14 +342,14 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kModifySrq: {
       ModifySrqReq m;
       if (!body_as(req, &m) || !c.srqs.count(m.handle)) return EINVAL;
-      ParkGuard park(*env_.gate);
+      ParkAll park(all_gates());
       return dev.modify_srq(c.srqs[m.handle]->srq, m.attr, m.mask);
     }
     case Op::kQuerySrq: {
       if (!body_as(req, &hr) || !c.srqs.count(hr.handle)) return EINVAL;
       ibv_srq_attr a{};
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         const transport::Srq* s = c.srqs[hr.handle]->srq;
         a.max_wr = s->max_wr();
         a.max_sge = s->max_sge();
@@ -348,13 +389,14 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       }
       transport::Ah* ah = nullptr;
       int rc;
+      const uint32_t h = c.next_handle;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         rc = dev.create_ah(c.pds[a.pd], a.attr, &ah);
+        if (!rc) c.ahs[h] = {ah, a.pd};  // the lcores look AHs up here
       }
       if (rc) return rc;
-      const uint32_t h = c.next_handle++;
-      c.ahs[h] = {ah, a.pd};
+      ++c.next_handle;
       reply_with(rep, HandleRep{h});
       return 0;
     }
@@ -372,7 +414,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kDestroyAh: {
       if (!body_as(req, &hr) || !c.ahs.count(hr.handle)) return EINVAL;
       {
-        ParkGuard park(*env_.gate);
+        ParkAll park(all_gates());
         dev.destroy_ah(c.ahs[hr.handle].ah);
         c.ahs.erase(hr.handle);  // the lcore looks AHs up in this map
       }
@@ -415,7 +457,7 @@ int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
   c.async_fd = async_fd;
   c.open = true;
   {
-    ParkGuard park(*env_.gate);
+    ParkAll park(all_gates());
     live_.push_back(&c);
   }
   ctr_.clients.fetch_add(1, std::memory_order_relaxed);
@@ -485,7 +527,7 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
   transport::Mr* mr = nullptr;
   int rc;
   {
-    ParkGuard park(*env_.gate);
+    ParkAll park(all_gates());
     rc = env_.dev->reg_mr(c.pds[r.pd],
                           static_cast<uint8_t*>(base) + (r.addr - r.map_start),
                           r.length, r.iova, r.access, &mr);
@@ -526,7 +568,7 @@ int ShimServer::op_create_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   const uint32_t h = c.next_handle;
   int rc;
   {
-    ParkGuard park(*env_.gate);
+    ParkAll park(all_gates());
     rc = env_.dev->create_cq(r.cqe, &cq, m.base);
     if (!rc) cq->set_notify(notify, h);
   }
@@ -554,7 +596,7 @@ int ShimServer::op_resize_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   if (fd < 0) return -fd;
   int rc;
   {
-    ParkGuard park(*env_.gate);
+    ParkAll park(all_gates());
     rc = env_.dev->resize_cq(q.cq, r.cqe, m.base);
   }
   if (rc) {
@@ -596,7 +638,7 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
   s->pd = r.pd;
   int rc;
   {
-    ParkGuard park(*env_.gate);
+    ParkAll park(all_gates());
     rc = env_.dev->create_srq(c.pds[r.pd], slots, r.max_sge, &s->srq);
     if (!rc) {
       s->srq->set_publish(&s->sh->done);
@@ -605,12 +647,13 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
         a.srq_limit = r.srq_limit;
         env_.dev->modify_srq(s->srq, a, IBV_SRQ_LIMIT);
       }
-      s->doorbell = alloc_doorbell(c);
+      s->home = pick_home();
+      s->doorbell = alloc_doorbell(c, s->home);
       if (s->doorbell == UINT32_MAX) {
         env_.dev->destroy_srq(s->srq);
         rc = ENOMEM;
       } else {
-        c.targets[s->doorbell] = {nullptr, s.get()};
+        target(c, s->doorbell) = {nullptr, s.get()};
       }
     }
   }
@@ -633,11 +676,10 @@ int ShimServer::destroy_srq(Client& c, uint32_t h) {
   if (it == c.srqs.end()) return EINVAL;
   SrqObj& s = *it->second;
   {
-    ParkGuard park(*env_.gate);
+    ParkAll park(all_gates());
     const int rc = env_.dev->destroy_srq(s.srq);
     if (rc) return rc;
-    c.targets[s.doorbell] = {};
-    c.free_doorbells.push_back(s.doorbell);
+    free_doorbell(c, s.doorbell);
   }
   unmap(s.mem);
   c.wrs -= s.wrs;
@@ -674,19 +716,23 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   q->send_cq = r.send_cq;
   q->recv_cq = r.recv_cq;
   q->srq = r.srq;
+  // The QP lives on one worker: its requester, responder, completer,
+  // timers and doorbell run there. QPs of an SRQ go where the SRQ is.
+  q->home = r.srq != kNoHandle ? c.srqs[r.srq]->home : pick_home();
+  transport::Engine& eng = *env_.engines[q->home];
   int fd = -1;
   int rc;
   {
-    ParkGuard park(*env_.gate);
-    rc = env_.engine->create_qp(a, &q->qp);
+    ParkGuard park(*env_.gates[q->home]);
+    rc = eng.create_qp(a, &q->qp);
     if (!rc) {
       const uint32_t sq = a.cap.max_send_wr, rq = a.cap.max_recv_wr;
       const size_t len = qp_shared_len(sq, rq);
       fd = make_shared(len, "urnic-qp", &q->mem);
-      q->doorbell = fd >= 0 ? alloc_doorbell(c) : UINT32_MAX;
+      q->doorbell = fd >= 0 ? alloc_doorbell(c, q->home) : UINT32_MAX;
       if (fd < 0 || q->doorbell == UINT32_MAX) {
         rc = fd < 0 ? -fd : ENOMEM;
-        env_.engine->destroy_qp(q->qp);
+        eng.destroy_qp(q->qp);
       } else {
         uint8_t* base = static_cast<uint8_t*>(q->mem.base);
         q->sh = new (base) QpShared;
@@ -704,7 +750,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
         q->qp->pub_sq_done_ = &q->sh->sq_done;
         q->qp->pub_rq_done_ = &q->sh->rq_done;
         q->qp->pub_state_ = &q->sh->state;
-        c.targets[q->doorbell] = {q.get(), nullptr};
+        target(c, q->doorbell) = {q.get(), nullptr};
       }
     }
   }
@@ -774,8 +820,8 @@ int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   int rc;
   const char* reason = nullptr;
   {
-    ParkGuard park(*env_.gate);
-    rc = env_.engine->modify_qp(q.qp, r.attr, r.mask, &reason);
+    ParkGuard park(*env_.gates[q.home]);
+    rc = env_.engines[q.home]->modify_qp(q.qp, r.attr, r.mask, &reason);
     if (!rc && q.qp->state() == IBV_QPS_RESET) {
       // RESET empties the queues: WQEs not yet taken are dropped, and the
       // application's indices carry on (the bias keeps "done" == posted).
@@ -805,8 +851,9 @@ int ShimServer::op_query_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   transport::QpInitAttr init;
   int rc;
   {
-    ParkGuard park(*env_.gate);
-    rc = env_.engine->query_qp(c.qps[hr.handle]->qp, &out.attr, &init);
+    const QpObj& q = *c.qps[hr.handle];
+    ParkGuard park(*env_.gates[q.home]);
+    rc = env_.engines[q.home]->query_qp(q.qp, &out.attr, &init);
   }
   if (rc) return rc;
   out.cap = init.cap;
@@ -820,11 +867,10 @@ int ShimServer::destroy_qp(Client& c, uint32_t h) {
   if (it == c.qps.end()) return EINVAL;
   QpObj& q = *it->second;
   {
-    ParkGuard park(*env_.gate);
-    const int rc = env_.engine->destroy_qp(q.qp);
+    ParkGuard park(*env_.gates[q.home]);
+    const int rc = env_.engines[q.home]->destroy_qp(q.qp);
     if (rc) return rc;
-    c.targets[q.doorbell] = {};
-    c.free_doorbells.push_back(q.doorbell);
+    free_doorbell(c, q.doorbell);
   }
   unmap(q.mem);
   c.wrs -= q.wrs;
@@ -886,9 +932,9 @@ void ShimServer::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   {
-    ParkGuard park(*env_.gate);  // returns at once: the lcores have stopped
+    ParkAll park(all_gates());  // returns at once: the lcores have stopped
     for (auto& [id, cp] : clients_)
-      for (auto& [h, q] : cp->qps) env_.engine->to_error(*q->qp);
+      for (auto& [h, q] : cp->qps) env_.engines[q->home]->to_error(*q->qp);
     // WQEs posted but not yet taken complete too (posted in ERR: flushed),
     // or an application waiting for them would wait forever.
     uint32_t taken = 0;
@@ -920,7 +966,7 @@ std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
           {"async_events", r(ctr_.async_events)},
           {"async_dropped", r(ctr_.async_dropped)},
           {"client_limit_refusals", r(ctr_.client_limit_refusals)},
-          {"qps", env_.engine->qp_count()},
+          {"qps", qp_count()},
           {"mrs", d.num_mrs()},
           {"cqs", d.num_cqs()},
           {"pds", d.num_pds()}};
@@ -928,12 +974,11 @@ std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
 
 std::string ShimServer::objects_text() const {
   const transport::Device& d = *env_.dev;
-  std::string s = "device: pds " + std::to_string(d.num_pds()) + " mrs " +
-                  std::to_string(d.num_mrs()) + " cqs " +
-                  std::to_string(d.num_cqs()) + " srqs " +
-                  std::to_string(d.num_srqs()) + " ahs " +
-                  std::to_string(d.num_ahs()) + " qps " +
-                  std::to_string(env_.engine->qp_count()) + "\n";
+  std::string s =
+      "device: pds " + std::to_string(d.num_pds()) + " mrs " +
+      std::to_string(d.num_mrs()) + " cqs " + std::to_string(d.num_cqs()) +
+      " srqs " + std::to_string(d.num_srqs()) + " ahs " +
+      std::to_string(d.num_ahs()) + " qps " + std::to_string(qp_count()) + "\n";
   s += "clients: " + std::to_string(live_.size()) + "\n";
   for (const auto& [id, cp] : clients_) {
     const Client& c = *cp;
@@ -967,15 +1012,22 @@ constexpr uint32_t kSendFlagsKnown =
 
 }  // namespace
 
-uint32_t ShimServer::doorbells_st(uint32_t* rung) {
+uint32_t ShimServer::doorbells_st(uint32_t home, uint32_t* rung) {
+  uint32_t mine = 0;  // this home's summary words, as pending bits
+  for (uint32_t j = home; j < kSummaryWords; j += homes()) mine |= 1u << j;
+  const std::vector<Target>* targets = nullptr;
   uint32_t taken = 0;
   for (Client* c : live_) {
     DoorbellPage& db = *c->db;
-    if (!db.pending.load(std::memory_order_relaxed)) continue;
-    if (!db.pending.exchange(0, std::memory_order_acquire)) continue;
-    ctr_.doorbells.store(ctr_.doorbells.load(std::memory_order_relaxed) + 1,
-                         std::memory_order_relaxed);
-    for (uint32_t s = 0; s < std::size(db.summary); ++s) {
+    if (!(db.pending.load(std::memory_order_relaxed) & mine)) continue;
+    uint32_t words = db.pending.fetch_and(~mine, std::memory_order_acquire);
+    words &= mine;
+    if (!words) continue;
+    ctr_.doorbells.fetch_add(1, std::memory_order_relaxed);
+    targets = &c->targets[home];
+    while (words) {
+      const uint32_t s = static_cast<uint32_t>(std::countr_zero(words));
+      words &= words - 1;
       uint64_t sum = db.summary[s].exchange(0, std::memory_order_acquire);
       while (sum) {
         const uint32_t w = s * 64 + std::countr_zero(sum);
@@ -984,9 +1036,10 @@ uint32_t ShimServer::doorbells_st(uint32_t* rung) {
         while (bits) {
           const uint32_t idx = w * 64 + std::countr_zero(bits);
           bits &= bits - 1;
-          if (idx >= c->targets.size()) continue;  // never handed out
+          const uint32_t local = db_local(idx, homes());
+          if (local >= targets->size()) continue;  // never handed out
           ++*rung;
-          const Target& t = c->targets[idx];
+          const Target& t = (*targets)[local];
           if (t.qp) drain_qp_st(*c, *t.qp, &taken);
           if (t.srq) drain_srq_st(*t.srq, &taken);
         }
@@ -999,7 +1052,7 @@ uint32_t ShimServer::doorbells_st(uint32_t* rung) {
 // Receive WQEs first: a SEND in the same burst finds its buffer.
 bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   if (q.broken) return false;
-  transport::Engine& eng = *env_.engine;
+  transport::Engine& eng = *env_.engines[q.home];
   transport::Qp* qp = q.qp;
   uint64_t bad = 0;
 

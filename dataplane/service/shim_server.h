@@ -1,11 +1,14 @@
 // The service side of the verbs shim (verbs-shim/abi.h): per-client verbs
-// objects on the control thread, and the doorbell/ring path on the
-// transport lcore.
+// objects on the control thread, and the doorbell/ring path on the worker
+// lcores.
 //
 // Threads: handle()/on_close()/pump_events() run on the control thread and
-// may allocate; they change the Device, the Engine and the lcore-visible
-// tables only while the transport lcore is parked at the top of its loop
-// (LcoreGate). doorbells_st() runs on that lcore and never allocates.
+// may allocate; they change the Device, an Engine and the lcore-visible
+// tables only while the lcores that read them are parked at the top of
+// their loops (LcoreGate): a QP's own engine and doorbell table park its
+// home lcore only, objects every lcore may use (MRs, CQs, PDs, the client
+// list) park them all. doorbells_st() runs on each worker lcore (its home
+// index) and never allocates.
 #pragma once
 
 #include <atomic>
@@ -45,8 +48,11 @@ class TxMemory {
 // What the control thread needs of the rest of the service.
 struct ShimEnv {
   transport::Device* dev = nullptr;
-  transport::Engine* engine = nullptr;  // the transport lcore's
-  LcoreGate* gate = nullptr;
+  // One per worker lcore (its home index): the engine that owns the QPs
+  // homed there and the gate that parks the lcore. At most
+  // shim::kSummaryWords.
+  std::vector<transport::Engine*> engines;
+  std::vector<LcoreGate*> gates;
   // Whether the neighbour cache knows `dgid`: 0 if it does (or the GID is
   // ours); EINPROGRESS while the lcore resolves it (the request is then
   // deferred, CtlReply::later, and asked again: `attempt`, first arrived at
@@ -92,11 +98,13 @@ class ShimServer {
   // Counters and live object counts, by name (stats).
   std::vector<std::pair<const char*, uint64_t>> stats() const;
 
-  // Transport lcore: serves rung doorbells; returns WQEs taken and adds the
-  // QP/SRQ doorbells served to *rung.
-  uint32_t doorbells_st(uint32_t* rung);
+  // Worker lcore `home`: serves the rung doorbells of the QPs and SRQs
+  // homed there; returns WQEs taken and adds the doorbells served to *rung.
+  uint32_t doorbells_st(uint32_t home, uint32_t* rung);
   // Control thread: QPN -> the pid of the client that owns it.
   std::vector<std::pair<uint32_t, pid_t>> qp_owners() const;
+  // QPs over all engines.
+  size_t qp_count() const;
 
  private:
   struct QpObj {
@@ -108,6 +116,7 @@ class ShimServer {
     // The service's own copy of the ring sizes (powers of two): the copy in
     // `sh` is the application's to overwrite and is never read back.
     uint32_t sq_size = 0, rq_size = 0;
+    uint32_t home = 0;  // the worker (engine) that owns the QP
     uint32_t doorbell = 0;
     uint32_t sq_seen = 0, rq_seen = 0;  // lcore: WQEs taken from the rings
     bool broken = false;                // the application corrupted a ring
@@ -120,6 +129,8 @@ class ShimServer {
     shim::SrqShared* sh = nullptr;
     shim::ShmRecvWqe* ring = nullptr;
     uint32_t size = 0;  // slots; never read back from `sh`
+    // Its QPs are homed with it: one lcore takes its WQEs (single consumer).
+    uint32_t home = 0;
     uint32_t doorbell = 0;
     uint32_t seen = 0;
     bool broken = false;
@@ -159,8 +170,10 @@ class ShimServer {
     std::map<uint32_t, std::unique_ptr<SrqObj>> srqs;
     std::map<uint32_t, std::unique_ptr<QpObj>> qps;
     std::map<uint32_t, AhObj> ahs;
-    std::vector<Target> targets;  // index = doorbell
-    std::vector<uint32_t> free_doorbells;
+    // Per home lcore (only that lcore reads its table): doorbell index ->
+    // Target through db_local(); free indices for reuse.
+    std::vector<Target> targets[shim::kSummaryWords];
+    std::vector<uint32_t> free_doorbells[shim::kSummaryWords];
     uint64_t mr_bytes = 0;  // sums of MrObj::bytes and of QpObj/SrqObj::wrs
     uint64_t wrs = 0;
   };
@@ -180,7 +193,14 @@ class ShimServer {
   int destroy_qp(Client& c, uint32_t h);
   int destroy_srq(Client& c, uint32_t h);
   void release_all(Client& c);
-  uint32_t alloc_doorbell(Client& c);
+  // A doorbell index in a summary word of `home`'s; UINT32_MAX: none left.
+  uint32_t alloc_doorbell(Client& c, uint32_t home);
+  Target& target(Client& c, uint32_t doorbell);
+  void free_doorbell(Client& c, uint32_t doorbell);
+  uint32_t homes() const { return static_cast<uint32_t>(env_.engines.size()); }
+  // Where a new QP goes: with its SRQ, else the engine with fewest QPs.
+  uint32_t pick_home() const;
+  std::span<LcoreGate* const> all_gates() const { return env_.gates; }
   bool drain_qp_st(Client& c, QpObj& q, uint32_t* taken);
   bool drain_srq_st(SrqObj& s, uint32_t* taken);
   bool send_async(const transport::AsyncEvent& ev);

@@ -50,7 +50,8 @@ constexpr uint64_t kTimerNs = 1'000'000;  // pending-queue poll period
 
 Worker::Worker(const config::Config& cfg, const PortInfo& port,
                const host::HostAddrs& addrs, host::NeighbourTable& nt,
-               transport::Device& dev, uint32_t lcore, uint16_t queue)
+               transport::Device& dev, uint32_t lcore, uint16_t queue,
+               uint32_t homes)
     : cfg_(cfg),
       port_(port),
       addrs_(addrs),
@@ -61,8 +62,16 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
       burst_(cfg.lcores.burst),
       vlan_tci_(cfg.port.vlan),
       pending_(cfg.arp.queue_len),
-      engine_(dev, *this, engine_config(cfg.transport, line_rate_mbps(port)),
-              now_ns()),
+      engine_(
+          dev, *this,
+          [&] {
+            transport::EngineConfig ec =
+                engine_config(cfg.transport, line_rate_mbps(port));
+            ec.home = queue;
+            ec.homes = homes;
+            return ec;
+          }(),
+          now_ns()),
       rx_fault_(MbufFaultOps{port.pool}, ctr_, kRxFaultCtrs),
       tx_fault_(MbufFaultOps{port.pool}, ctr_, kTxFaultCtrs) {
   const std::string name = "urnic_cmd_" + std::to_string(lcore);
@@ -89,8 +98,10 @@ Worker::~Worker() {
   }
 }
 
-void Worker::make_transport(ShimServer* shim) {
+void Worker::serve(ShimServer* shim, std::span<Worker* const> peers) {
   shim_ = shim;
+  if (peers.size() < 2) return;
+  peers_ = peers;
   const std::string name = "urnic_handoff_" + std::to_string(lcore_);
   handoff_ = rte_ring_create(name.c_str(), 4096, SOCKET_ID_ANY, RING_F_SC_DEQ);
   if (!handoff_)
@@ -518,14 +529,17 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
         ctr_.inc(Ctr::gsi_dropped);
         break;
       }
-      if (transport_) {
-        // QPs live on the transport lcore: hand the frame over whole.
-        if (rte_ring_enqueue(transport_->handoff_, m) == 0) {
-          ctr_.inc(Ctr::roce_handoff);
-          return;
+      if (!peers_.empty()) {
+        // The QP's home worker runs it: the frame goes there whole.
+        Worker* home = peers_[engine_.home_of(fi.roce.dqpn)];
+        if (home != this) {
+          if (rte_ring_enqueue(home->handoff_, m) == 0) {
+            ctr_.inc(Ctr::roce_handoff);
+            return;
+          }
+          ctr_.inc(Ctr::roce_handoff_dropped);
+          break;
         }
-        ctr_.inc(Ctr::roce_handoff_dropped);
-        break;
       }
       ctr_.inc(Ctr::roce_rx);
       // Packets for unknown QPs are dropped silently (IBTA 9.6.1.1) and
@@ -608,7 +622,7 @@ void Worker::loop_st() {
     // 2b. New work requests the applications rang for (shim doorbells).
     if (shim_) {
       uint32_t rung = 0;
-      const uint32_t wqes = shim_->doorbells_st(&rung);
+      const uint32_t wqes = shim_->doorbells_st(queue_, &rung);
       if (wqes) ctr_.add(Ctr::shim_wqes, wqes);
       if (rung) ctr_.add(Ctr::doorbells, rung);
       local += wqes;

@@ -144,10 +144,10 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
     const uint64_t busy = l.get(Ctr::cycles_busy);
     const uint64_t all = busy + l.get(Ctr::cycles_idle);
     appendf(s,
-            "  lcore %-3u queue %-2u rx %-10" PRIu64 " tx %-10" PRIu64
+            "  lcore %-3u queue %-2u QPs %-6u rx %-10" PRIu64 " tx %-10" PRIu64
             " tx-drop %-6" PRIu64 " busy %5.1f%%\n",
-            l.lcore, l.queue, l.get(Ctr::rx_packets), l.get(Ctr::tx_packets),
-            l.get(Ctr::tx_dropped),
+            l.lcore, l.queue, l.qps, l.get(Ctr::rx_packets),
+            l.get(Ctr::tx_packets), l.get(Ctr::tx_dropped),
             all ? 100.0 * static_cast<double>(busy) / static_cast<double>(all)
                 : 0.0);
   }
@@ -201,7 +201,8 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
   s += "},\"lcores\":[";
   for (size_t k = 0; k < cur.lcores.size(); ++k) {
     const LcoreSnapshot& l = cur.lcores[k];
-    appendf(s, "%s{\"lcore\":%u,\"queue\":%u", k ? "," : "", l.lcore, l.queue);
+    appendf(s, "%s{\"lcore\":%u,\"queue\":%u,\"qps\":%u", k ? "," : "", l.lcore,
+            l.queue, l.qps);
     for (size_t i = 0; i < kNumCtr; ++i)
       appendf(s, ",\"%s\":%" PRIu64, kCtrNames[i], l.v[i]);
     s += "}";
@@ -236,8 +237,7 @@ std::string format_qps_json(const Snapshot& cur, uint64_t tsc_hz,
       Ctr::doorbells, Ctr::shim_wqes, Ctr::rx_packets,  Ctr::tx_packets};
   for (size_t k = 0; k < cur.lcores.size(); ++k) {
     const LcoreSnapshot& l = cur.lcores[k];
-    appendf(s, "%s{\"lcore\":%u,\"transport\":%s", k ? "," : "", l.lcore,
-            l.owns_qps ? "true" : "false");
+    appendf(s, "%s{\"lcore\":%u,\"qps\":%u", k ? "," : "", l.lcore, l.qps);
     for (Ctr c : kLcoreFields)
       appendf(s, ",\"%s\":%" PRIu64, kCtrNames[static_cast<size_t>(c)],
               l.get(c));
@@ -265,12 +265,12 @@ std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
   std::string s;
   (void)tsc_hz;
   for (const LcoreSnapshot& l : cur.lcores)
-    appendf(s,
-            "lcore %u%s: busy %.1f%% (polls busy %" PRIu64 " idle %" PRIu64
-            "), doorbells %" PRIu64 ", shim WQEs %" PRIu64 "\n",
-            l.lcore, l.owns_qps ? " (transport)" : "", busy_pct(l),
-            l.get(Ctr::poll_busy), l.get(Ctr::poll_idle), l.get(Ctr::doorbells),
-            l.get(Ctr::shim_wqes));
+    appendf(
+        s,
+        "lcore %u: %u QPs, busy %.1f%% (polls busy %" PRIu64 " idle %" PRIu64
+        "), doorbells %" PRIu64 ", shim WQEs %" PRIu64 "\n",
+        l.lcore, l.qps, busy_pct(l), l.get(Ctr::poll_busy),
+        l.get(Ctr::poll_idle), l.get(Ctr::doorbells), l.get(Ctr::shim_wqes));
   using transport::kNumQpCtr;
   auto at = [](const QpRow& q, const char* name) -> uint64_t {
     for (size_t i = 0; i < kNumQpCtr; ++i)

@@ -29,7 +29,7 @@ struct PortSnapshot {
 struct LcoreSnapshot {
   uint32_t lcore = 0;
   uint16_t queue = 0;
-  bool owns_qps = false;  // the transport lcore (serves doorbells)
+  uint32_t qps = 0;  // QPs homed on this lcore (its engine's)
   uint64_t v[kNumCtr] = {};
   uint64_t malformed[kNumMalformed] = {};
   uint64_t transport[transport::kNumECtr] = {};  // the lcore's engine

@@ -69,19 +69,24 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
   if (cfg_.max_unacked == 0) cfg_.max_unacked = 1;
   if (cfg_.tx_budget == 0) cfg_.tx_budget = 1;
   if (cfg_.tx_quantum == 0) cfg_.tx_quantum = 1;
+  if (cfg_.homes == 0) cfg_.homes = 1;
+  if (cfg_.home >= cfg_.homes) cfg_.home = cfg_.homes - 1;
   cfg_.cc.max_window = cfg_.max_unacked;
   cc_shared_.reset(cfg_.cc);
   // Slot numbers need room for max_qp slots above the reserved QPNs; what
   // is left of the 24 bits tags each reuse of a slot.
+  // Every engine may hold max_qp QPs (QPs on an SRQ go where the SRQ is).
   qpn_slot_bits_ = static_cast<uint32_t>(
-      std::bit_width(uint64_t{dev_.limits().max_qp} + kFirstQpn));
+      std::bit_width(uint64_t{dev_.limits().max_qp} * cfg_.homes + kFirstQpn));
   qpn_slot_bits_ = std::clamp(qpn_slot_bits_, 8u, 24u);
   uint64_t seed = dev_.config().key_seed;
   if (seed == 0) {
     std::random_device rd;
     seed = uint64_t{rd()} << 32 | rd();
   }
-  qpn_rng_.seed(static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x51ed2701u));
+  // Each engine of a device draws its own generations.
+  qpn_rng_.seed(static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x51ed2701u ^
+                                      (cfg_.home * 0x9e3779b9u)));
 }
 
 void Engine::cc_sync(Qp& qp) {
@@ -132,7 +137,8 @@ void Engine::send_cnp(Qp& qp) {
 
 uint32_t Engine::make_qpn(uint32_t slot) const {
   const uint32_t gen_mask = (1u << (24 - qpn_slot_bits_)) - 1;
-  return (slot_gen_[slot] & gen_mask) << qpn_slot_bits_ | (kFirstQpn + slot);
+  return (slot_gen_[slot] & gen_mask) << qpn_slot_bits_ |
+         (kFirstQpn + slot * cfg_.homes + cfg_.home);
 }
 
 Engine::~Engine() {
@@ -156,7 +162,7 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
     return EINVAL;
   if (!a.srq && (c.max_recv_wr > lim.max_qp_wr || c.max_recv_sge > lim.max_sge))
     return EINVAL;
-  if (nqp_ >= lim.max_qp) return ENOMEM;
+  if (nqp_ >= lim.max_qp || dev_.qp_total() >= lim.max_qp) return ENOMEM;
 
   // A new slot while the table may still grow, else the slot freed
   // longest ago (cyclic reuse), with its next generation.
@@ -214,13 +220,16 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   *out = qp.get();
   qps_[idx] = std::move(qp);
   ++nqp_;
+  dev_.count_qp(1);
   return 0;
 }
 
 Qp* Engine::find_qp(uint32_t qpn) const {
   const uint32_t low = qpn & ((1u << qpn_slot_bits_) - 1);
-  const uint32_t idx = low - kFirstQpn;
-  if (low < kFirstQpn || idx >= qps_.size()) return nullptr;
+  if (low < kFirstQpn || (low - kFirstQpn) % cfg_.homes != cfg_.home)
+    return nullptr;  // another engine's
+  const uint32_t idx = (low - kFirstQpn) / cfg_.homes;
+  if (idx >= qps_.size()) return nullptr;
   Qp* qp = qps_[idx].get();
   return qp && qp->qpn_ == qpn ? qp : nullptr;  // a stale generation: none
 }
@@ -239,6 +248,7 @@ int Engine::destroy_qp(Qp* qp) {
   qps_[idx].reset();
   free_qp_.push_back(idx);
   --nqp_;
+  dev_.count_qp(-1);
   return 0;
 }
 

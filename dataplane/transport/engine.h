@@ -127,6 +127,11 @@ struct EngineConfig {
   // Congestion control of RC QPs (congestion.h): loss-driven windows (their
   // max_window is max_unacked), ECN and DCQCN.
   CcParams cc;
+  // QPs spread over `homes` engines (one per worker lcore): this one is
+  // number `home`. QPNs carry their engine (slot % homes), so any lcore
+  // steers a packet by its destination QPN without a table (home_of).
+  uint32_t home = 0;
+  uint32_t homes = 1;
 };
 
 struct QpInitAttr {
@@ -155,6 +160,12 @@ class Engine {
   int query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const;
   int destroy_qp(Qp* qp);
   Qp* find_qp(uint32_t qpn) const;
+  // The engine (EngineConfig::home) whose QP `qpn` would be; the same
+  // answer on every engine of a device.
+  uint32_t home_of(uint32_t qpn) const {
+    const uint32_t low = qpn & ((1u << qpn_slot_bits_) - 1);
+    return low < kFirstQpn ? 0 : (low - kFirstQpn) % cfg_.homes;
+  }
   size_t qp_count() const { return nqp_; }
   // f(const Qp&) for every QP, in table order (not QPN order). Control
   // thread (the table only changes there); a QP's counters may be read
@@ -271,7 +282,8 @@ class Engine {
   EngineCounters ctr_;
   TimerWheel timers_;
   uint64_t now_ = 0;
-  // QPN = generation << qpn_slot_bits_ | (kFirstQpn + slot). A slot is
+  // QPN = generation << qpn_slot_bits_ | (kFirstQpn + slot * homes + home).
+  // A slot is
   // reused only when the table is full (freed slots queue FIFO), and then
   // with its generation advanced, so a stale packet of a destroyed QP does
   // not land on a new one; generations start random (qpn_rng_), so QPNs

@@ -44,7 +44,12 @@ shim::CqShared* cq_block(void* shared, uint32_t cqe, ibv_wc** ring) {
 }  // namespace
 
 Device::Device(const DeviceConfig& cfg, Resolver* resolver)
-    : cfg_(cfg), resolver_(resolver), events_(kEventRing) {
+    : cfg_(cfg),
+      resolver_(resolver),
+      events_(std::make_unique<EventSlot[]>(kEventRing)),
+      nevents_(kEventRing) {
+  for (uint64_t i = 0; i < nevents_; ++i)
+    events_[i].seq.store(i, std::memory_order_relaxed);
   uint64_t seed = cfg.key_seed;
   if (seed == 0) {
     std::random_device rd;
@@ -156,6 +161,7 @@ void Device::unbind(Mw& mw) {
 }
 
 int Device::dealloc_mw(Mw* mw) {
+  MwLock lock(mw_lock_);
   if (!mw || !mw->live_) return EINVAL;
   if (mw->mr_) unbind(*mw);
   mw->live_ = false;
@@ -172,6 +178,7 @@ Mw* Device::mw_by_rkey(uint32_t rkey) const {
 }
 
 ibv_wc_status Device::bind_mw(const Pd* pd, uint32_t qpn, const MwBind& b) {
+  MwLock lock(mw_lock_);
   Mw* mw = mw_by_rkey(b.mw_rkey);
   if (!mw || mw->pd_ != pd) return IBV_WC_MW_BIND_ERR;
   // The new rkey keeps the window's index; only its key byte is the
@@ -209,6 +216,7 @@ ibv_wc_status Device::bind_mw(const Pd* pd, uint32_t qpn, const MwBind& b) {
 }
 
 ibv_wc_status Device::local_invalidate(const Pd* pd, uint32_t rkey) {
+  MwLock lock(mw_lock_);
   Mw* mw = mw_by_rkey(rkey);
   if (!mw || mw->pd_ != pd || mw->type_ != IBV_MW_TYPE_2 || !mw->mr_)
     return IBV_WC_LOC_QP_OP_ERR;
@@ -217,6 +225,7 @@ ibv_wc_status Device::local_invalidate(const Pd* pd, uint32_t rkey) {
 }
 
 bool Device::remote_invalidate(const Pd* pd, uint32_t qpn, uint32_t rkey) {
+  MwLock lock(mw_lock_);
   Mw* mw = mw_by_rkey(rkey);
   if (!mw || mw->pd_ != pd || mw->type_ != IBV_MW_TYPE_2 || !mw->mr_ ||
       mw->qpn_ != qpn)
@@ -254,6 +263,7 @@ AccessError Device::check_remote(const Pd* pd, uint32_t rkey, uint64_t va,
                                  uint64_t len, uint32_t rights, Mr** out,
                                  uint32_t qpn) const {
   if ((rkey >> 8) >= kMwIndex) {
+    MwLock lock(mw_lock_);
     const Mw* mw = mw_by_rkey(rkey);
     if (!mw || !mw->mr_) return AccessError::kBadKey;
     if (mw->pd_ != pd) return AccessError::kPd;
@@ -321,7 +331,7 @@ int Device::resize_cq(Cq* cq, uint32_t cqe, void* shared) {
   cq->own_ = std::move(own);  // frees the old block when it was ours
   cq->cap_ = cqe;
   cq->mask_ = sh->size - 1;
-  cq->tail_ = held;
+  cq->tail_ = cq->pub_ = held;
   return 0;
 }
 
@@ -336,7 +346,9 @@ int Device::destroy_cq(Cq* cq) {
 }
 
 uint32_t Cq::size() const {
-  return tail_ - sh_->cons.load(std::memory_order_acquire);
+  return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(pub_))
+             .load(std::memory_order_acquire) -
+         sh_->cons.load(std::memory_order_acquire);
 }
 
 int Cq::poll(std::span<ibv_wc> out) {
@@ -355,22 +367,44 @@ void Cq::req_notify(bool solicited_only) {
                    std::memory_order_release);
 }
 
+namespace {
+template <class T>
+void bump(T& v, T n = 1) {  // a counter several lcores may add to
+  std::atomic_ref<T>(v).fetch_add(n, std::memory_order_relaxed);
+}
+}  // namespace
+
+// QPs of several engines (lcores) may complete into one CQ. A producer
+// reserves a slot by CAS on tail_, writes it, then publishes in reservation
+// order (waiting for the producers before it, as an MP rte_ring does); the
+// wait is on the service's own pub_, never on the shared block, which the
+// application can write. A CQ used by one lcore never waits.
 bool Cq::push(const ibv_wc& wc, bool solicited) {
-  // The consumer index may come from another process: a value claiming
-  // more room than the ring has is treated as a full ring.
-  const uint32_t used = tail_ - sh_->cons.load(std::memory_order_acquire);
-  if (error_ || used >= cap_) {
-    ++overflows_;
-    if (!error_) {
-      error_ = true;
-      sh_->error.store(1, std::memory_order_release);
-      dev_->raise({IBV_EVENT_CQ_ERR, 0, this, nullptr});
+  std::atomic_ref<uint32_t> tail(tail_);
+  uint32_t t = tail.load(std::memory_order_relaxed);
+  for (;;) {
+    // The consumer index may come from another process: a value claiming
+    // more room than the ring has is treated as a full ring.
+    const uint32_t used = t - sh_->cons.load(std::memory_order_acquire);
+    if (std::atomic_ref<bool>(error_).load(std::memory_order_relaxed) ||
+        used >= cap_) {
+      bump(overflows_);
+      if (!std::atomic_ref<bool>(error_).exchange(true,
+                                                  std::memory_order_relaxed)) {
+        sh_->error.store(1, std::memory_order_release);
+        dev_->raise({IBV_EVENT_CQ_ERR, 0, this, nullptr});
+      }
+      return false;
     }
-    return false;
+    if (tail.compare_exchange_weak(t, t + 1, std::memory_order_relaxed)) break;
   }
-  ring_[tail_ & mask_] = wc;
-  ++tail_;
-  sh_->prod.store(tail_, std::memory_order_release);
+  ring_[t & mask_] = wc;
+  std::atomic_ref<uint32_t> pub(pub_);
+  while (pub.load(std::memory_order_acquire) != t) {
+  }
+  pub.store(t + 1, std::memory_order_release);
+  // prod only moves forward, whatever the application wrote into it.
+  sh_->prod.store(t + 1, std::memory_order_release);
   // Store prod, then load arm; the application stores arm, then loads prod.
   // Without a full fence on both sides each could miss the other's store:
   // a completion neither polled nor notified (abi.h, CqShared::arm).
@@ -378,13 +412,13 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   const uint32_t arm = sh_->arm.load(std::memory_order_acquire);
   if (arm == shim::kArmAll || (arm == shim::kArmSolicited && solicited)) {
     if (sh_->arm.exchange(0, std::memory_order_acq_rel) != 0) {
-      ++events_;
+      bump(events_);
       // One datagram to the completion channel; never blocks the lcore (a
       // channel nobody reads loses events, counted, not the data path).
       if (notify_fd_ >= 0 &&
           send(notify_fd_, &notify_cookie_, sizeof notify_cookie_,
                MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof notify_cookie_)
-        ++notify_failures_;
+        bump(notify_failures_);
     }
   }
   return true;
@@ -506,21 +540,35 @@ int Device::destroy_ah(Ah* ah) {
   return 0;
 }
 
+// A slot is free for position p when its seq is p, holds p's event when it
+// is p + 1; the consumer frees it for p + nevents_.
 void Device::raise(const AsyncEvent& ev) {
-  const uint64_t t = ev_tail_.load(std::memory_order_relaxed);
-  if (t - ev_head_.load(std::memory_order_acquire) >= events_.size()) {
-    ++events_dropped_;
-    return;
+  uint64_t t = ev_tail_.load(std::memory_order_relaxed);
+  for (;;) {
+    EventSlot& s = events_[t & (nevents_ - 1)];
+    const uint64_t seq = s.seq.load(std::memory_order_acquire);
+    if (seq == t) {
+      if (ev_tail_.compare_exchange_weak(t, t + 1, std::memory_order_relaxed)) {
+        s.ev = ev;
+        s.seq.store(t + 1, std::memory_order_release);
+        return;
+      }
+    } else if (static_cast<int64_t>(seq - t) < 0) {
+      events_dropped_.fetch_add(1, std::memory_order_relaxed);  // full
+      return;
+    } else {
+      t = ev_tail_.load(std::memory_order_relaxed);
+    }
   }
-  events_[t % events_.size()] = ev;
-  ev_tail_.store(t + 1, std::memory_order_release);
 }
 
 bool Device::next_event(AsyncEvent* out) {
   const uint64_t h = ev_head_.load(std::memory_order_relaxed);
-  if (h == ev_tail_.load(std::memory_order_acquire)) return false;
-  *out = events_[h % events_.size()];
-  ev_head_.store(h + 1, std::memory_order_release);
+  EventSlot& s = events_[h & (nevents_ - 1)];
+  if (s.seq.load(std::memory_order_acquire) != h + 1) return false;
+  *out = s.ev;
+  s.seq.store(h + nevents_, std::memory_order_release);
+  ev_head_.store(h + 1, std::memory_order_relaxed);
   return true;
 }
 

@@ -107,9 +107,10 @@ class Cq {
   // ibv_req_notify_cq: the next completion (the next solicited one if
   // `solicited_only`) raises a completion event.
   void req_notify(bool solicited_only);
-  uint64_t events() const { return events_; }  // completion events raised
-  bool in_error() const { return error_; }
-  uint64_t overflows() const { return overflows_; }
+  // Read relaxed: engines on other lcores may be counting.
+  uint64_t events() const { return relaxed(events_); }  // events raised
+  bool in_error() const { return relaxed(error_); }
+  uint64_t overflows() const { return relaxed(overflows_); }
   uint32_t size() const;
   // A completion event also sends `cookie` (8 bytes) on `fd` (a completion
   // channel's socket); the Cq owns fd from here on.
@@ -117,7 +118,7 @@ class Cq {
     notify_fd_ = fd;
     notify_cookie_ = cookie;
   }
-  uint64_t notify_failures() const { return notify_failures_; }
+  uint64_t notify_failures() const { return relaxed(notify_failures_); }
 
   // Engine side. False if the CQ is full (or already in error).
   bool push(const ibv_wc& wc, bool solicited);
@@ -126,12 +127,20 @@ class Cq {
 
  private:
   friend class Device;
+  template <class T>
+  static T relaxed(const T& v) {
+    return std::atomic_ref<T>(const_cast<T&>(v))
+        .load(std::memory_order_relaxed);
+  }
   shim::CqShared* sh_ = nullptr;
   ibv_wc* ring_ = nullptr;
   std::unique_ptr<uint8_t[]> own_;  // the block, when not shared
   uint32_t cap_ = 0;   // completions it holds (what create_cq granted)
   uint32_t mask_ = 0;  // ring slots - 1 (slots: a power of two >= cap_)
-  uint32_t tail_ = 0;  // producer index (published to sh_->prod)
+  // Producer indices (push(): std::atomic_ref, several lcores): tail_
+  // reserved, pub_ published (and copied to sh_->prod).
+  uint32_t tail_ = 0;
+  uint32_t pub_ = 0;
   uint64_t events_ = 0;
   uint64_t overflows_ = 0;
   uint64_t notify_failures_ = 0;
@@ -301,11 +310,14 @@ class Device {
                            uint64_t len, uint32_t rights, Mr** out,
                            uint32_t qpn = 0) const;
 
-  // Asynchronous events (fixed ring; overflow counted). raise() runs on the
-  // engine's lcore, next_event() on one consumer thread (SP/SC).
+  // Asynchronous events (fixed ring; overflow counted). raise() runs on any
+  // engine's lcore (several at once: each slot has a sequence word, as in
+  // D. Vyukov's bounded MPMC queue), next_event() on one consumer thread.
   void raise(const AsyncEvent& ev);
   bool next_event(AsyncEvent* out);
-  uint64_t events_dropped() const { return events_dropped_; }
+  uint64_t events_dropped() const {
+    return events_dropped_.load(std::memory_order_relaxed);
+  }
 
   // Object counts, for limits and `urnicctl`.
   uint32_t num_pds() const { return npd_; }
@@ -314,6 +326,10 @@ class Device {
   uint32_t num_cqs() const { return ncq_; }
   uint32_t num_srqs() const { return nsrq_; }
   uint32_t num_ahs() const { return nah_; }
+  // QPs of every engine on this device (each engine adds its own; control
+  // thread), so max_qp holds for the device.
+  uint32_t qp_total() const { return nqp_; }
+  void count_qp(int d) { nqp_ += static_cast<uint32_t>(d); }
 
   // Engine bookkeeping of which objects QPs use.
   static void hold(Pd* pd) { ++pd->users_; }
@@ -338,9 +354,28 @@ class Device {
   std::vector<std::unique_ptr<Srq>> srqs_;
   std::vector<std::unique_ptr<Ah>> ahs_;
   uint32_t npd_ = 0, nmr_ = 0, nmw_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
-  std::vector<AsyncEvent> events_;
-  std::atomic<uint64_t> ev_head_{0}, ev_tail_{0};  // consumer / producer
-  uint64_t events_dropped_ = 0;
+  uint32_t nqp_ = 0;
+  struct EventSlot {
+    std::atomic<uint64_t> seq{0};
+    AsyncEvent ev;
+  };
+  std::unique_ptr<EventSlot[]> events_;
+  uint64_t nevents_ = 0;                           // a power of two
+  std::atomic<uint64_t> ev_head_{0}, ev_tail_{0};  // consumer / producers
+  std::atomic<uint64_t> events_dropped_{0};
+  // Memory windows are bound and invalidated by the QPs' lcores (any of
+  // them) and looked up by any responder: their fields change only under
+  // this lock. MR keys, the common case, take no lock.
+  mutable std::atomic_flag mw_lock_ = ATOMIC_FLAG_INIT;
+  struct MwLock {
+    explicit MwLock(std::atomic_flag& f) : f_(f) {
+      while (f_.test_and_set(std::memory_order_acquire))
+        while (f_.test(std::memory_order_relaxed)) {
+        }
+    }
+    ~MwLock() { f_.clear(std::memory_order_release); }
+    std::atomic_flag& f_;
+  };
 };
 
 }  // namespace urnic::transport

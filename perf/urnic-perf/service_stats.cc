@@ -71,7 +71,7 @@ ServiceSample ServiceStats::sample(const std::unordered_set<uint32_t>& qpns) {
         for (const YAML::Node& l : j["lcores"]) {
           ServiceSample::Lcore x;
           x.lcore = l["lcore"].as<uint32_t>();
-          x.transport = l["transport"].as<bool>();
+          x.qps = l["qps"].as<uint32_t>();
           x.cycles_busy = l["cycles_busy"].as<uint64_t>();
           x.cycles_idle = l["cycles_idle"].as<uint64_t>();
           x.doorbells = l["doorbells"].as<uint64_t>();

@@ -22,7 +22,7 @@ struct ServiceSample {
   std::map<uint32_t, std::map<std::string, uint64_t>> per_qp;
   struct Lcore {
     uint32_t lcore = 0;
-    bool transport = false;
+    uint32_t qps = 0;  // QPs homed on it
     uint64_t cycles_busy = 0, cycles_idle = 0, doorbells = 0, shim_wqes = 0;
   };
   std::vector<Lcore> lcores;

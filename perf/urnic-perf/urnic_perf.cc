@@ -771,13 +771,13 @@ struct Printer {
         const uint64_t b = l.cycles_busy - (pl ? pl->cycles_busy : 0);
         const uint64_t i = l.cycles_idle - (pl ? pl->cycles_idle : 0);
         const uint64_t db = l.doorbells - (pl ? pl->doorbells : 0);
-        printf("  urnicd lcore %u%s: busy %.1f%%  doorbells/s %.0f", l.lcore,
-               l.transport ? " (transport)" : "",
+        printf("  urnicd lcore %u (%u QPs): busy %.1f%%  doorbells/s %.0f",
+               l.lcore, l.qps,
                b + i
                    ? 100.0 * static_cast<double>(b) / static_cast<double>(b + i)
                    : 0.0,
                db / dt);
-        if (l.transport) {
+        if (&l == &s.lcores.front()) {  // the service's transport totals
           auto delta = [&](const char* k) {
             const uint64_t a = s.sum.count(k) ? s.sum.at(k) : 0;
             const uint64_t z = prev_svc.sum.count(k) ? prev_svc.sum.at(k) : 0;
@@ -894,10 +894,10 @@ std::string to_json(const Run& r, const std::vector<Result>& res,
     for (size_t i = 0; i < svc->lcores.size(); ++i) {
       const auto& l = svc->lcores[i];
       appendf(s,
-              "%s{\"lcore\":%u,\"transport\":%s,\"cycles_busy\":%" PRIu64
+              "%s{\"lcore\":%u,\"qps\":%u,\"cycles_busy\":%" PRIu64
               ",\"cycles_idle\":%" PRIu64 ",\"doorbells\":%" PRIu64 "}",
-              i ? "," : "", l.lcore, l.transport ? "true" : "false",
-              l.cycles_busy, l.cycles_idle, l.doorbells);
+              i ? "," : "", l.lcore, l.qps, l.cycles_busy, l.cycles_idle,
+              l.doorbells);
     }
     s += "]}";
   } else {

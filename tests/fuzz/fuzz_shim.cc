@@ -208,7 +208,11 @@ size_t reply_size(Op op) {
 
 struct Fuzz {
   explicit Fuzz(Reader& in, config::ClientLimitsConfig limits)
-      : in(in), dev(device()), eng(dev, io), srv(env(limits)) {
+      : in(in),
+        dev(device()),
+        eng0(dev, io, home_config(0)),
+        eng1(dev, io, home_config(1)),
+        srv(env(limits)) {
     for (int i = 0; i < 2; ++i) {
       cl[i].ci.id = static_cast<uint64_t>(i + 1);
       cl[i].ci.pid = 1000 + i;
@@ -218,11 +222,21 @@ struct Fuzz {
     for (auto& m : maps) munmap(m.p, m.len);
   }
 
+  // Two engines, as urnicd's two workers: QPs spread over both, CQs
+  // shared between them, SRQ QPs with their SRQ.
+  static transport::EngineConfig home_config(uint32_t home) {
+    transport::EngineConfig ec;
+    ec.home = home;
+    ec.homes = 2;
+    return ec;
+  }
+  transport::Engine& engine(uint32_t home) { return home ? eng1 : eng0; }
+
   service::ShimEnv env(config::ClientLimitsConfig limits) {
     service::ShimEnv e;
     e.dev = &dev;
-    e.engine = &eng;
-    e.gate = &gate;  // never running: park() returns at once
+    e.engines = {&eng0, &eng1};
+    e.gates = {&gate0, &gate1};  // never running: park() returns at once
     e.info.num_gids = 1;
     e.client_limits = limits;
     return e;
@@ -679,8 +693,12 @@ struct Fuzz {
   // --- the lcore side and shared memory -----------------------------------
   void run() {
     for (int i = 0; i < 64; ++i) {
-      uint32_t work = srv.doorbells_st(&rung);
-      work += eng.poll(now += 1'000'000);
+      uint32_t work = 0;
+      now += 1'000'000;
+      for (uint32_t h = 0; h < 2; ++h) {
+        work += srv.doorbells_st(h, &rung);
+        work += engine(h).poll(now);
+      }
       for (int f = 0; f < 64 && !io.frames.empty(); ++f) {
         std::vector<uint8_t> b = std::move(io.frames.front());
         io.frames.pop_front();
@@ -688,7 +706,7 @@ struct Fuzz {
         wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
         if (fi.kind != wire::FrameKind::kRoce) continue;
         const wire::ConstBuf seg{b.data(), static_cast<uint32_t>(b.size())};
-        eng.rx(fi, {&seg, 1}, now);
+        engine(eng0.home_of(fi.roce.dqpn)).rx(fi, {&seg, 1}, now);
         ++work;
       }
       if (!work) return;
@@ -905,14 +923,14 @@ struct Fuzz {
                      static_cast<unsigned long long>(v));
     CHECK(dev.num_srqs() == 0);
     CHECK(dev.num_ahs() == 0);
-    CHECK(eng.qp_count() == 0);
+    CHECK(srv.qp_count() == 0);
   }
 
   Reader& in;
   transport::Device dev;
   LoopIo io;
-  transport::Engine eng;
-  service::LcoreGate gate;
+  transport::Engine eng0, eng1;
+  service::LcoreGate gate0, gate1;
   ShimServer srv;
   Client cl[2];
   std::vector<Map> maps;

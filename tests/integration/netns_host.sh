@@ -186,7 +186,7 @@ def ask(msg):
     s.close()
     magic, ver, op, status, ln = struct.unpack("<IHHiI", r[:16])
     return status, r[16:16 + ln].decode()
-VER = 2  # ctl::kVersion
+VER = 3  # ctl::kVersion
 cases = [
     (b"hi", -errno.EPROTO, "short message"),
     (struct.pack("<IHHiI", 0xdeadbeef, VER, 1, 0, 0), -errno.EPROTO, "not an urnic"),

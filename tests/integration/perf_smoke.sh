@@ -197,7 +197,7 @@ import json, sys
 pages = [json.loads(l) for l in sys.stdin if l.strip()]
 rows = [dict(zip(p['qp_fields'], r)) for p in pages for r in p['qps']]
 ok = len(pages) == 2 and len(rows) == 300 and all(r['pid'] == $HC for r in rows)
-ok = ok and pages[0]['lcores'][0]['transport'] is True
+ok = ok and pages[0]['lcores'][0]['qps'] == 300
 sys.exit(0 if ok else 1)\""
 check "urnicctl qps (text) lists the 300 QPs" \
   test "$(ctl "$SB" qps | grep -c '^ *0x')" = 300

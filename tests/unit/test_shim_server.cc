@@ -50,8 +50,14 @@ struct Reply {
 };
 
 struct ShimServerTest : ::testing::Test {
-  explicit ShimServerTest(config::ClientLimitsConfig l = {})
-      : limits(l), dev(device()), eng(dev, io), srv(env()) {
+  // `homes` engines (worker lcores), run in turn by run(): frames go to the
+  // engine their destination QPN names, as urnicd's workers steer them.
+  explicit ShimServerTest(config::ClientLimitsConfig l = {}, uint32_t homes = 1)
+      : limits(l),
+        dev(device()),
+        engines(make_engines(dev, io, homes)),
+        gates(homes),
+        srv(env()) {
     ci.id = 7;
     ci.pid = getpid();
   }
@@ -67,11 +73,23 @@ struct ShimServerTest : ::testing::Test {
     dc.key_seed = 1;
     return dc;
   }
+  static std::vector<std::unique_ptr<transport::Engine>> make_engines(
+      transport::Device& d, LoopIo& io, uint32_t homes) {
+    std::vector<std::unique_ptr<transport::Engine>> v;
+    for (uint32_t h = 0; h < homes; ++h) {
+      transport::EngineConfig ec;
+      ec.home = h;
+      ec.homes = homes;
+      v.push_back(std::make_unique<transport::Engine>(d, io, ec));
+    }
+    return v;
+  }
   ShimEnv env() {
     ShimEnv e;
     e.dev = &dev;
-    e.engine = &eng;
-    e.gate = &gate;  // never running: park() returns at once
+    for (auto& en : engines) e.engines.push_back(en.get());
+    // Never running: park() returns at once.
+    for (LcoreGate& g : gates) e.gates.push_back(&g);
     e.info.num_gids = 1;
     e.client_limits = limits;
     return e;
@@ -102,8 +120,12 @@ struct ShimServerTest : ::testing::Test {
   // Runs the lcore side until nothing moves.
   void run() {
     for (int i = 0; i < 1000; ++i) {
-      uint32_t work = srv.doorbells_st(&rung);
-      work += eng.poll(now += 1000);
+      uint32_t work = 0;
+      now += 1000;
+      for (uint32_t h = 0; h < engines.size(); ++h) {
+        work += srv.doorbells_st(h, &rung);
+        work += engines[h]->poll(now);
+      }
       while (!io.frames.empty()) {
         std::vector<uint8_t> b = std::move(io.frames.front());
         io.frames.pop_front();
@@ -111,7 +133,7 @@ struct ShimServerTest : ::testing::Test {
         wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
         ASSERT_EQ(fi.kind, wire::FrameKind::kRoce);
         const wire::ConstBuf seg{b.data(), static_cast<uint32_t>(b.size())};
-        eng.rx(fi, {&seg, 1}, now);
+        engines[engines[0]->home_of(fi.roce.dqpn)]->rx(fi, {&seg, 1}, now);
         ++work;
       }
       if (!work) return;
@@ -281,8 +303,8 @@ struct ShimServerTest : ::testing::Test {
   config::ClientLimitsConfig limits;
   transport::Device dev;
   LoopIo io;
-  transport::Engine eng;
-  LcoreGate gate;
+  std::vector<std::unique_ptr<transport::Engine>> engines;
+  std::vector<LcoreGate> gates;
   ShimServer srv;
   ClientInfo ci;
   int async_fd = -1;
@@ -547,10 +569,10 @@ TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
   ASSERT_NE(reg(pd, 4096).h, 0u);
   CreateSrqReq s{pd, 8, 1, 0};
   EXPECT_EQ(call(Op::kCreateSrq, s).status, 0);
-  EXPECT_EQ(eng.qp_count(), 2u);
+  EXPECT_EQ(srv.qp_count(), 2u);
   EXPECT_EQ(dev.num_mrs(), 1u);
   srv.on_close(ci);
-  EXPECT_EQ(eng.qp_count(), 0u);
+  EXPECT_EQ(srv.qp_count(), 0u);
   EXPECT_EQ(dev.num_mrs(), 0u);
   EXPECT_EQ(dev.num_cqs(), 0u);
   EXPECT_EQ(dev.num_srqs(), 0u);
@@ -625,10 +647,117 @@ TEST_F(ShimServerLimitTest, EachLimitRefusesWithEnomemAndGivesBackOnDestroy) {
   EXPECT_EQ(call(Op::kDestroyQp, HandleReq{a.h}).status, 0);
   r = call(Op::kCreateQp, q);
   EXPECT_EQ(r.status, 0) << r.payload;
-  EXPECT_EQ(eng.qp_count(), 2u);
+  EXPECT_EQ(srv.qp_count(), 2u);
   (void)b;
   // pd, cq, MR bytes, MR count, QP count, SRQ: six refusals.
   EXPECT_EQ(refusals(), 6u);
+}
+
+// Two worker lcores (homes), as urnicd with two queues: QPs are spread
+// over both engines, each lcore serves only its own QPs' doorbells, a CQ
+// shared by QPs of both gets every completion, and QPs of an SRQ live with
+// it (one lcore takes its WQEs).
+struct ShimServerTwoHomesTest : ShimServerTest {
+  ShimServerTwoHomesTest() : ShimServerTest({}, 2) {}
+  uint32_t home(uint32_t qpn) const { return engines[0]->home_of(qpn); }
+};
+
+TEST_F(ShimServerTwoHomesTest, QpsSpreadAndTalkAcrossEnginesThroughOneCq) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  Qp c = create_qp(pd, cq.h), d = create_qp(pd, cq.h);
+  EXPECT_EQ(engines[0]->qp_count(), 2u);
+  EXPECT_EQ(engines[1]->qp_count(), 2u);
+  EXPECT_NE(home(a.qpn), home(b.qpn));
+  EXPECT_NE(home(c.qpn), home(d.qpn));
+  // Each engine finds only its own QPs: a frame is run where it belongs.
+  for (const Qp* q : {&a, &b, &c, &d}) {
+    EXPECT_NE(engines[home(q->qpn)]->find_qp(q->qpn), nullptr);
+    EXPECT_EQ(engines[home(q->qpn) ^ 1]->find_qp(q->qpn), nullptr);
+  }
+  connect(a, b);
+  connect(c, d);
+  Buf src = reg(pd, 1 << 16), dst = reg(pd, 1 << 16);
+  for (size_t i = 0; i < (1 << 16); ++i)
+    src.p[i] = static_cast<uint8_t>(i * 13);
+  // a (one home) writes the first half into b's memory, d (the other)
+  // the second half into c's: completions of both homes in one CQ.
+  for (int i = 0; i < 8; ++i) {
+    ShmSendWqe w = write_wqe(src, dst, 4096);
+    w.sge[0].addr += i * 4096;
+    w.remote_addr += i * 4096;
+    w.wr_id = 100 + i;
+    post(a, w);
+    w.sge[0].addr += 32768;
+    w.remote_addr += 32768;
+    w.wr_id = 200 + i;
+    post(d, w);
+  }
+  run();
+  std::vector<uint64_t> from_a, from_d;
+  ibv_wc wc;
+  while (poll(cq, &wc)) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    (wc.qp_num == a.qpn ? from_a : from_d).push_back(wc.wr_id);
+  }
+  ASSERT_EQ(from_a.size(), 8u);
+  ASSERT_EQ(from_d.size(), 8u);
+  for (int i = 0; i < 8; ++i) {  // in order per QP, none lost or doubled
+    EXPECT_EQ(from_a[i], 100u + i);
+    EXPECT_EQ(from_d[i], 200u + i);
+  }
+  EXPECT_EQ(std::memcmp(src.p, dst.p, 1 << 16), 0);
+  EXPECT_GT(engines[0]->counters().get(transport::ECtr::tx_packets), 0u);
+  EXPECT_GT(engines[1]->counters().get(transport::ECtr::tx_packets), 0u);
+}
+
+TEST_F(ShimServerTwoHomesTest, EachLcoreServesOnlyItsOwnDoorbells) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  post(a, write_wqe(src, dst, 100));
+  const uint32_t other = home(a.qpn) ^ 1;
+  uint32_t r = 0;
+  EXPECT_EQ(srv.doorbells_st(other, &r), 0u);  // not its QP: left rung
+  EXPECT_EQ(r, 0u);
+  EXPECT_NE(db->pending.load(), 0u);
+  EXPECT_EQ(srv.doorbells_st(home(a.qpn), &r), 1u);
+  EXPECT_EQ(r, 1u);
+  EXPECT_EQ(db->pending.load(), 0u);
+  run();
+  ibv_wc wc;
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
+TEST_F(ShimServerTwoHomesTest, QpsOfAnSrqLiveWithIt) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  // One QP first, so that the SRQ's home is not simply engine 0's turn.
+  Qp first = create_qp(pd, cq.h);
+  Reply sr = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
+  ASSERT_EQ(sr.status, 0) << sr.payload;
+  const uint32_t srq = sr.as<CreateSrqRep>().handle;
+  std::vector<uint32_t> homes;
+  for (int i = 0; i < 4; ++i) {
+    CreateQpReq q;
+    q.pd = pd;
+    q.send_cq = q.recv_cq = cq.h;
+    q.srq = srq;
+    q.cap.max_send_wr = 4;
+    q.cap.max_send_sge = 1;
+    Reply r = call(Op::kCreateQp, q);
+    ASSERT_EQ(r.status, 0) << r.payload;
+    homes.push_back(home(r.as<CreateQpRep>().qpn));
+  }
+  for (uint32_t h : homes) EXPECT_EQ(h, homes[0]);
+  EXPECT_NE(homes[0], home(first.qpn));  // the SRQ went to the emptier one
 }
 
 }  // namespace

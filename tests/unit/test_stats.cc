@@ -56,7 +56,7 @@ TEST(Stats, JsonParsesAndNamesEveryCounter) {
 
 TEST(Stats, QpJsonNamesEveryFieldAndPages) {
   Snapshot s = snap(2'000'000'000, 300, 30'000);
-  s.lcores[0].owns_qps = true;
+  s.lcores[0].qps = 2;
   s.lcores[0].v[static_cast<size_t>(Ctr::doorbells)] = 42;
   s.lcores[0].v[static_cast<size_t>(Ctr::cycles_busy)] = 750;
   s.lcores[0].v[static_cast<size_t>(Ctr::cycles_idle)] = 250;
@@ -73,7 +73,7 @@ TEST(Stats, QpJsonNamesEveryFieldAndPages) {
       YAML::Load(format_qps_json(s, 2'000'000'000, rows, 0x99));
   EXPECT_EQ(j["tsc_hz"].as<uint64_t>(), 2'000'000'000u);
   EXPECT_EQ(j["next"].as<uint32_t>(), 0x99u);
-  EXPECT_TRUE(j["lcores"][0]["transport"].as<bool>());
+  EXPECT_EQ(j["lcores"][0]["qps"].as<uint32_t>(), 2u);
   EXPECT_EQ(j["lcores"][0]["doorbells"].as<uint64_t>(), 42u);
   const YAML::Node f = j["qp_fields"];
   ASSERT_EQ(f.size(), 3 + urnic::transport::kNumQpCtr);

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "dataplane/transport/engine.h"
@@ -259,6 +260,129 @@ TEST(TransportObjects, QpnsAreNotReusedSoonAndNotASequence) {
   Qp* other;
   ASSERT_EQ(eng2.create_qp(b, &other), 0);
   EXPECT_NE(other->qpn(), order[0]);
+}
+
+// QPs spread over the engines of one device (one per worker lcore): the
+// QPN says whose QP it is, each engine finds only its own, and max_qp
+// holds for the device.
+TEST(TransportObjects, EnginesOfOneDeviceSplitTheQpnSpace) {
+  DeviceConfig dc = small_device();
+  dc.limits.max_qp = 6;
+  Device dev(dc);
+  NullIo io;
+  EngineConfig e0, e1;
+  e0.homes = e1.homes = 2;
+  e1.home = 1;
+  Engine eng0(dev, io, e0), eng1(dev, io, e1);
+  Pd* pd;
+  Cq* cq;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ASSERT_EQ(dev.create_cq(16, &cq), 0);
+  QpInitAttr a;
+  a.pd = pd;
+  a.send_cq = a.recv_cq = cq;
+  a.cap = {4, 4, 1, 1, 0};
+  std::vector<Qp*> q0, q1;
+  for (int i = 0; i < 3; ++i) {
+    QpInitAttr c = a;
+    Qp* qp;
+    ASSERT_EQ(eng0.create_qp(c, &qp), 0);
+    q0.push_back(qp);
+    c = a;
+    ASSERT_EQ(eng1.create_qp(c, &qp), 0);
+    q1.push_back(qp);
+  }
+  Qp* none;
+  QpInitAttr c = a;
+  EXPECT_EQ(eng0.create_qp(c, &none), ENOMEM);  // 6 on the device
+  c = a;
+  EXPECT_EQ(eng1.create_qp(c, &none), ENOMEM);
+  EXPECT_EQ(dev.qp_total(), 6u);
+  std::set<uint32_t> qpns;
+  for (Qp* qp : q0) {
+    EXPECT_EQ(eng0.home_of(qp->qpn()), 0u);
+    EXPECT_EQ(eng1.home_of(qp->qpn()), 0u);
+    EXPECT_EQ(eng0.find_qp(qp->qpn()), qp);
+    EXPECT_EQ(eng1.find_qp(qp->qpn()), nullptr);
+    qpns.insert(qp->qpn());
+  }
+  for (Qp* qp : q1) {
+    EXPECT_EQ(eng0.home_of(qp->qpn()), 1u);
+    EXPECT_EQ(eng1.find_qp(qp->qpn()), qp);
+    EXPECT_EQ(eng0.find_qp(qp->qpn()), nullptr);
+    qpns.insert(qp->qpn());
+  }
+  EXPECT_EQ(qpns.size(), 6u);
+  ASSERT_EQ(eng1.destroy_qp(q1[0]), 0);
+  EXPECT_EQ(dev.qp_total(), 5u);
+  c = a;
+  EXPECT_EQ(eng0.create_qp(c, &none), 0);  // room again, on either
+}
+
+// QPs of two lcores complete into one CQ at once: every completion arrives
+// once, each producer's in its order.
+TEST(TransportObjects, CqTakesCompletionsFromTwoLcoresAtOnce) {
+  Device dev(small_device());
+  Cq* cq;
+  ASSERT_EQ(dev.create_cq(256, &cq), 0);
+  constexpr uint64_t kEach = 200'000;
+  auto produce = [&](uint64_t who) {
+    for (uint64_t i = 0; i < kEach; ++i) {
+      while (cq->size() + 2 > cq->capacity()) std::this_thread::yield();
+      ibv_wc wc{};
+      wc.wr_id = who << 32 | i;
+      ASSERT_TRUE(cq->push(wc, false));
+    }
+  };
+  std::thread p0(produce, 0), p1(produce, 1);
+  uint64_t next[2] = {0, 0};
+  ibv_wc wc[32];
+  while (next[0] + next[1] < 2 * kEach) {
+    const int n = cq->poll(wc);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t who = wc[i].wr_id >> 32;
+      ASSERT_LT(who, 2u);
+      ASSERT_EQ(wc[i].wr_id & 0xffffffff, next[who]);
+      ++next[who];
+    }
+  }
+  p0.join();
+  p1.join();
+  EXPECT_EQ(cq->poll(wc), 0);
+  EXPECT_FALSE(cq->in_error());
+  EXPECT_EQ(cq->overflows(), 0u);
+}
+
+// Asynchronous events raised by two lcores at once: each arrives once, in
+// its producer's order, or is counted as dropped (the ring is full).
+TEST(TransportObjects, AsyncEventsFromTwoLcores) {
+  Device dev(small_device());
+  constexpr uint32_t kEach = 100'000;
+  std::atomic<int> done{0};
+  auto produce = [&](uint32_t who) {
+    for (uint32_t i = 0; i < kEach; ++i)
+      dev.raise({IBV_EVENT_QP_FATAL, who << 24 | i, nullptr, nullptr});
+    done.fetch_add(1);
+  };
+  std::thread p0(produce, 0), p1(produce, 1);
+  int64_t last[2] = {-1, -1};
+  uint64_t got = 0;
+  AsyncEvent ev;
+  for (;;) {
+    const bool finished = done.load() == 2;
+    while (dev.next_event(&ev)) {
+      const uint32_t who = ev.qpn >> 24, i = ev.qpn & 0xffffff;
+      ASSERT_LT(who, 2u);
+      ASSERT_GT(static_cast<int64_t>(i), last[who]);
+      last[who] = i;
+      ++got;
+    }
+    if (finished) break;
+  }
+  p0.join();
+  p1.join();
+  EXPECT_EQ(got + dev.events_dropped(), 2u * kEach);
+  EXPECT_GT(got, 0u);
 }
 
 TEST(TransportObjects, CqPollAndNotify) {

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Integration: QPs spread over two worker lcores (issue 13). Two urnicd in
+# two network namespaces on net_af_packet over a veth pair with two queue
+# pairs each (the kernel's fanout spreads flows over the queues by hash),
+# two workers each (sharing CPU 1 on a 2-CPU machine). urnic-perf through
+# the shim, 8 QPs on one CQ, every message's data checked:
+#  - WRITE, READ and SEND each complete, both ends exit 0;
+#  - while connected, `urnicctl qps` shows the QPs on both lcores of each
+#    service (4 + 4), and each lcore's engine sent packets;
+#  - frames that the port delivered to the other worker's queue were
+#    handed to the QP's home worker (counted), and nothing was lost there.
+# Every started process is stopped by PID on exit, pass or fail.
+# usage: workers.sh URNICD URNICCTL SHIM_SO URNIC_PERF
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+shim_test_init wk-$$ "$@"
+
+veth_pair
+ip -n "$NS_A" addr add 10.96.0.11/24 dev "$IF_A"
+ip -n "$NS_B" addr add 10.96.0.12/24 dev "$IF_B"
+SA=$TMP/a.sock
+SB=$TMP/b.sock
+two_workers() {  # ROLE NS IFACE IP SOCK
+  IN_NS=$2 urnicd_start "$1" "$4" "$5" \
+    -o "port.vdev=net_af_packet0,iface=$3,qpairs=2,qdisc_bypass=1" \
+    -o 'eal.workers=[1,2]' -o 'eal.extra_args=["--lcores=0@0,1@1,2@1"]'
+}
+two_workers a "$NS_A" "$IF_A" 10.96.0.1 "$SA"
+two_workers b "$NS_B" "$IF_B" 10.96.0.2 "$SB"
+wait_link "$SA"
+wait_link "$SB"
+
+ON_A=(ip netns exec "$NS_A" env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
+ON_B=(ip netns exec "$NS_B" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
+lcore_json() {  # SOCK EXPR over j (stats --json)
+  "$URNICCTL" -s "$1" stats --json | $PY -c "
+import json, sys
+j = json.load(sys.stdin)
+print($2)"
+}
+
+port=19100
+run() {  # run NAME OP: a verified 8-QP run; both ends' exit status
+  local name=$1 op=$2
+  port=$((port + 1))
+  "${ON_A[@]}" timeout 90 "$UPERF" --server -p "$port" --period 0 --verify \
+    >"$TMP/$name-s.out" 2>&1 &
+  local sp=$!
+  PIDS+=("$sp")
+  sleep 0.5
+  local rc=0
+  "${ON_B[@]}" timeout 90 "$UPERF" -p "$port" -o "$op" -q 8 -s 65536 -D 2 \
+    --warmup 0 --period 0 --verify 10.96.0.11 >"$TMP/$name-c.out" 2>&1 ||
+    rc=$?
+  wait "$sp" || rc=$((rc ? rc : $?))
+  return $rc
+}
+
+# While a run is connected: the QPs' lcores, from `urnicctl qps --json`.
+qp_lcores() {  # SOCK: "lcore:count ..." of the QPs listed
+  "$URNICCTL" -s "$1" qps --json | $PY -c "
+import collections, json, sys
+rows = []
+for l in sys.stdin:
+    if l.strip():
+        p = json.loads(l)
+        rows += [dict(zip(p['qp_fields'], r)) for r in p['qps']]
+c = collections.Counter(r['lcore'] for r in rows)
+print(' '.join('%d:%d' % kv for kv in sorted(c.items())))"
+}
+port=$((port + 1))
+"${ON_A[@]}" timeout 60 "$UPERF" --server -p "$port" --period 0 \
+  >"$TMP/hold-s.out" 2>&1 &
+HS=$!
+PIDS+=("$HS")
+sleep 0.5
+"${ON_B[@]}" timeout 60 "$UPERF" -p "$port" -q 8 --hold 3 10.96.0.11 \
+  >"$TMP/hold-c.out" 2>&1 &
+HC=$!
+PIDS+=("$HC")
+for _ in $(seq 100); do
+  [ "$(qp_lcores "$SB")" = "1:4 2:4" ] && break
+  sleep 0.1
+done
+check "client's 8 QPs are on both lcores, 4 each ($(qp_lcores "$SB"))" \
+  test "$(qp_lcores "$SB")" = "1:4 2:4"
+check "server's 8 QPs are on both lcores, 4 each ($(qp_lcores "$SA"))" \
+  test "$(qp_lcores "$SA")" = "1:4 2:4"
+check "stats --json: 4 QPs homed on each lcore" \
+  test "$(lcore_json "$SB" "[l['qps'] for l in j['lcores']]")" = "[4, 4]"
+wait "$HC" || true
+stop_pid "$HS"
+
+for op in write read send; do
+  check "$op: 8 QPs over two workers, one CQ, data verified" run "$op" "$op"
+done
+
+for s in "$SA" "$SB"; do
+  n=$(basename "$s" .sock)
+  check "service $n: both lcores' engines sent packets ($(lcore_json "$s" "[l['tx_packets'] for l in j['lcores']]"))" \
+    test "$(lcore_json "$s" "all(l['tx_packets'] > 0 for l in j['lcores'])")" = True
+  check "service $n: both lcores served doorbells ($(lcore_json "$s" "[l['doorbells'] for l in j['lcores']]"))" \
+    test "$(lcore_json "$s" "all(l['doorbells'] > 0 for l in j['lcores'])")" = True
+done
+handed=$(($(counter "$SA" roce_handoff) + $(counter "$SB" roce_handoff)))
+check "frames on the other worker's queue were handed to the QP's home ($handed)" \
+  test "$handed" -gt 0
+check "no hand-off dropped ($(counter "$SA" roce_handoff_dropped) + $(counter "$SB" roce_handoff_dropped))" \
+  test "$(($(counter "$SA" roce_handoff_dropped) + $(counter "$SB" roce_handoff_dropped)))" = 0
+check "no frame for an unknown QP ($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp))" \
+  test "$(($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp)))" = 0
+finish
