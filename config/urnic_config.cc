@@ -1345,6 +1345,13 @@ void Decoder::check_cross_fields(const Config& cfg) const {
     fail(recorded("eal.workers"), "eal.workers",
          "at least one worker lcore is required");
   }
+  if (eal.workers.size() > kMaxWorkers) {
+    fail(recorded("eal.workers"), "eal.workers",
+         std::to_string(eal.workers.size()) + " worker lcores; at most " +
+             std::to_string(kMaxWorkers) +
+             " (each is the home of QPs with its own share of a client's "
+             "doorbell page)");
+  }
   for (size_t i = 0; i < eal.workers.size(); ++i) {
     const std::string element = "eal.workers[" + std::to_string(i) + "]";
     if (eal.workers[i] == eal.main_lcore) {

@@ -127,9 +127,15 @@ PortInfo port_setup(const config::Config& cfg) {
             cfg.mempool.mbufs, p.nb_queues, nb_rxd, nb_txd,
             static_cast<unsigned long long>(need)));
   const int socket = rte_eth_dev_socket_id(pid);
-  p.pool = rte_pktmbuf_pool_create("urnic_mbuf_p0", cfg.mempool.mbufs,
-                                   cfg.mempool.cache, 0, cfg.mempool.data_room,
-                                   socket < 0 ? SOCKET_ID_ANY : socket);
+  // With several workers an mbuf carries the frame's decoding in its private
+  // area when one worker hands it to the QP's home worker (decoded once).
+  const uint16_t priv = p.nb_queues > 1
+                            ? static_cast<uint16_t>(RTE_ALIGN_CEIL(
+                                  sizeof(wire::FrameInfo), RTE_MBUF_PRIV_ALIGN))
+                            : 0;
+  p.pool = rte_pktmbuf_pool_create(
+      "urnic_mbuf_p0", cfg.mempool.mbufs, cfg.mempool.cache, priv,
+      cfg.mempool.data_room, socket < 0 ? SOCKET_ID_ANY : socket);
   if (!p.pool)
     throw std::runtime_error(
         fmt("mempool of %u mbufs: %s (raise eal.memory_mb?)", cfg.mempool.mbufs,

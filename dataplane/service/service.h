@@ -155,6 +155,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   void tx_drop_all_st();  // shutdown: frees (and counts) what is buffered
   bool accept_l2_st(const rte_mbuf* m);
   uint32_t local_rx_st(uint64_t now);
+  void handoff_rx_st(rte_mbuf* m, uint64_t now);
   void rx_st(rte_mbuf* m, uint64_t now);  // through the RX fault stage
   uint32_t fault_release_st(uint64_t now);
   // PacketIo: copies the frame into (chained) mbufs from the port's pool;

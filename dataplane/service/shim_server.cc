@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 #include "dataplane/transport/qp_attr.h"
 
@@ -67,7 +68,14 @@ int take_fd(CtlRequest& req, size_t i) {
 
 }  // namespace
 
-ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {}
+static_assert(config::kMaxWorkers <= kSummaryWords,
+              "each worker needs a summary word of the doorbell page");
+
+ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {
+  if (env_.engines.empty() || env_.engines.size() > kSummaryWords ||
+      env_.gates.size() != env_.engines.size())
+    throw std::invalid_argument("ShimServer: 1..16 engines, a gate each");
+}
 
 ShimServer::~ShimServer() {
   for (auto& [id, c] : clients_) release_all(*c);

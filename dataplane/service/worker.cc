@@ -123,10 +123,25 @@ uint32_t Worker::local_rx_st(uint64_t now) {
     void* m[32];
     const unsigned k = rte_ring_dequeue_burst(handoff_, m, 32, nullptr);
     for (unsigned i = 0; i < k; ++i)
-      handle_st(static_cast<rte_mbuf*>(m[i]), now);
+      handoff_rx_st(static_cast<rte_mbuf*>(m[i]), now);
     n += k;
   }
   return n;
+}
+
+// A RoCE frame for one of our QPs that another worker received, checked
+// and decoded (handle_st): straight to the engine.
+void Worker::handoff_rx_st(rte_mbuf* m, uint64_t now) {
+  static_assert(std::is_trivially_copyable_v<wire::FrameInfo>);
+  wire::FrameInfo fi;
+  std::memcpy(&fi, rte_mbuf_to_priv(m), sizeof fi);
+  wire::ConstBuf segs[kMaxSegs];
+  uint32_t n = 0;
+  for (const rte_mbuf* s = m; s && n < kMaxSegs; s = s->next)
+    segs[n++] = {rte_pktmbuf_mtod(s, const uint8_t*), s->data_len};
+  ctr_.inc(Ctr::roce_rx);
+  engine_.rx(fi, {segs, n}, now);
+  rte_pktmbuf_free(m);
 }
 
 namespace {
@@ -533,6 +548,9 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
         // The QP's home worker runs it: the frame goes there whole.
         Worker* home = peers_[engine_.home_of(fi.roce.dqpn)];
         if (home != this) {
+          // The decoding (ICRC checked) travels in the mbuf's private area
+          // (port.cc sizes it): the home worker does not decode again.
+          std::memcpy(rte_mbuf_to_priv(m), &fi, sizeof fi);
           if (rte_ring_enqueue(home->handoff_, m) == 0) {
             ctr_.inc(Ctr::roce_handoff);
             return;
