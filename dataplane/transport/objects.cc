@@ -1,6 +1,7 @@
 // Verbs objects: creation, limits, key generation and access checks.
 #include "dataplane/transport/objects.h"
 
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -400,8 +401,11 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   }
   ring_[t & mask_] = wc;
   std::atomic_ref<uint32_t> pub(pub_);
-  while (pub.load(std::memory_order_acquire) != t) {
-  }
+  // The producer before us is between its reservation and its publish (a
+  // 64 B copy); if it was preempted there (lcores sharing CPUs), give the
+  // CPU back rather than spin through a scheduler slice.
+  for (uint32_t spins = 0; pub.load(std::memory_order_acquire) != t; ++spins)
+    if (spins >= 4096) sched_yield();
   pub.store(t + 1, std::memory_order_release);
   // prod only moves forward, whatever the application wrote into it.
   sh_->prod.store(t + 1, std::memory_order_release);
