@@ -1345,6 +1345,15 @@ void Decoder::check_cross_fields(const Config& cfg) const {
     fail(recorded("eal.workers"), "eal.workers",
          "at least one worker lcore is required");
   }
+  // QPNs carry their worker (slot x workers + worker) in 24 bits, and keep
+  // at least 4 bits of generation so that a stale packet misses a new QP.
+  if (uint64_t{cfg.limits.max_qp} * std::max<size_t>(eal.workers.size(), 1) >
+      (1u << 20)) {
+    fail(recorded("limits.max_qp"), "limits.max_qp",
+         "limits.max_qp " + std::to_string(cfg.limits.max_qp) + " x " +
+             std::to_string(eal.workers.size()) +
+             " worker lcores is over 1048576 (QPNs have 24 bits)");
+  }
   if (eal.workers.size() > kMaxWorkers) {
     fail(recorded("eal.workers"), "eal.workers",
          std::to_string(eal.workers.size()) + " worker lcores; at most " +

@@ -25,7 +25,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 4;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 5;  // OpenReq.abi must equal this
 constexpr uint32_t kMaxSge = 16;  // = transport::kMaxSge
 constexpr uint32_t kMaxInline = 256;
 constexpr uint32_t kMaxGids = 16;

@@ -47,7 +47,7 @@ void on_signal(int) {
 }
 
 // GID -> MAC for the transport (create_ah, modify_qp): the neighbour cache
-// only, never waiting (it runs while the transport lcore is parked);
+// only, never waiting (it runs while worker lcores are parked);
 // ShimEnv::warm_neighbour fills the cache first.
 class NeighbourResolver final : public transport::Resolver {
  public:

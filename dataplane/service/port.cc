@@ -117,9 +117,12 @@ PortInfo port_setup(const config::Config& cfg) {
 
   // Every RX descriptor holds an mbuf, TX rings and per-lcore caches hold
   // more; a pool smaller than that starves RX silently, so refuse it here.
-  const uint64_t need = uint64_t{p.nb_queues} * (nb_rxd + nb_txd) +
-                        uint64_t{p.nb_queues} * cfg.mempool.cache +
-                        uint64_t{p.nb_queues} * 2 * config::kMaxBurst;
+  // With two workers or more, hand-off rings hold received mbufs too.
+  const uint64_t need =
+      uint64_t{p.nb_queues} * (nb_rxd + nb_txd) +
+      uint64_t{p.nb_queues} * cfg.mempool.cache +
+      uint64_t{p.nb_queues} * 2 * config::kMaxBurst +
+      (p.nb_queues > 1 ? uint64_t{p.nb_queues} * kHandoffRing : 0);
   if (cfg.mempool.mbufs < need)
     throw std::runtime_error(
         fmt("mempool.mbufs %u is too small: %u queue(s) x (%u RX + %u TX "

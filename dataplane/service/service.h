@@ -30,6 +30,10 @@ uint64_t now_ns();  // CLOCK_MONOTONIC
 // Builds the EAL argument vector from the config (exposed for tests/logs).
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog);
 
+// Frames one worker may hold for another (the hand-off ring, per worker):
+// counted in the mempool's minimum (port.cc) when there are two workers.
+constexpr uint32_t kHandoffRing = 1024;
+
 struct PortInfo {
   uint16_t port_id = 0;
   uint16_t nb_queues = 1;
@@ -66,7 +70,7 @@ struct Command {
   }
 };
 
-// Application memory (MR views) the transport lcore transmits from without
+// Application memory (MR views) the worker lcores transmit from without
 // copying: a payload piece inside a view becomes an mbuf attached to it as
 // an external buffer. One rte_mbuf_ext_shared_info per view counts the
 // mbufs in flight (the table itself holds one reference); a removed view

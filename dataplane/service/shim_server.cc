@@ -1011,7 +1011,7 @@ std::vector<std::pair<uint32_t, pid_t>> ShimServer::qp_owners() const {
   return out;
 }
 
-// --- transport lcore --------------------------------------------------------
+// --- worker lcores (each its home's QPs and SRQs) ---------------------------
 
 namespace {
 

@@ -33,8 +33,8 @@ struct Mapping {
   size_t len = 0;
 };
 
-// Application memory the transport lcore may transmit from without a copy
-// (zero-copy TX). add/remove run while the transport lcore is parked; a
+// Application memory the worker lcores may transmit from without a copy
+// (zero-copy TX). add/remove run while every worker lcore is parked; a
 // removed range may still be referenced by mbufs in flight: busy() says so,
 // and the caller unmaps it only once busy() is false.
 class TxMemory {

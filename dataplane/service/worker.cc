@@ -103,7 +103,8 @@ void Worker::serve(ShimServer* shim, std::span<Worker* const> peers) {
   if (peers.size() < 2) return;
   peers_ = peers;
   const std::string name = "urnic_handoff_" + std::to_string(lcore_);
-  handoff_ = rte_ring_create(name.c_str(), 4096, SOCKET_ID_ANY, RING_F_SC_DEQ);
+  handoff_ =
+      rte_ring_create(name.c_str(), kHandoffRing, SOCKET_ID_ANY, RING_F_SC_DEQ);
   if (!handoff_)
     throw std::runtime_error("handoff ring: " +
                              std::string(rte_strerror(rte_errno)));

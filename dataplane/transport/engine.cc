@@ -176,6 +176,17 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
     free_qp_.pop_front();
     ++slot_gen_[idx];
   }
+  // The slot must fit the QPN's 24 bits (config keeps max_qp x workers
+  // within 2^20, which leaves at least 4 generation bits).
+  if (kFirstQpn + uint64_t{idx} * cfg_.homes + cfg_.home >= (1u << 24)) {
+    if (idx + 1 == qps_.size()) {
+      qps_.pop_back();
+      slot_gen_.pop_back();
+    } else {
+      free_qp_.push_front(idx);
+    }
+    return ENOMEM;
+  }
   // 0xffffff addresses multicast groups: never a QP's own number.
   if (make_qpn(idx) == 0xffffff) ++slot_gen_[idx];
   auto qp = std::make_unique<Qp>();

@@ -406,9 +406,10 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   // CPU back rather than spin through a scheduler slice.
   for (uint32_t spins = 0; pub.load(std::memory_order_acquire) != t; ++spins)
     if (spins >= 4096) sched_yield();
-  pub.store(t + 1, std::memory_order_release);
-  // prod only moves forward, whatever the application wrote into it.
+  // prod before pub_: the next producer stores its prod only after seeing
+  // our pub_, so the application's prod never moves backwards.
   sh_->prod.store(t + 1, std::memory_order_release);
+  pub.store(t + 1, std::memory_order_release);
   // Store prod, then load arm; the application stores arm, then loads prod.
   // Without a full fence on both sides each could miss the other's store:
   // a completion neither polled nor notified (abi.h, CqShared::arm).

@@ -352,7 +352,7 @@ field_mutations() {
           {"arp.retry_ms", [](Config& c) { c.arp.retry_ms = 60000; }},
           {"arp.retries", [](Config& c) { c.arp.retries = 100; }},
           {"arp.queue_len", [](Config& c) { c.arp.queue_len = 0; }},
-          {"limits.max_qp", [](Config& c) { c.limits.max_qp = 1048576; }},
+          {"limits.max_qp", [](Config& c) { c.limits.max_qp = 262144; }},
           {"limits.max_qp_wr", [](Config& c) { c.limits.max_qp_wr = 32768; }},
           {"limits.max_sge", [](Config& c) { c.limits.max_sge = 1; }},
           {"limits.max_inline", [](Config& c) { c.limits.max_inline = 0; }},
