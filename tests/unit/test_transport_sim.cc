@@ -405,7 +405,15 @@ struct Host {
   TableResolver resolver;
   std::unique_ptr<Device> dev;
   std::unique_ptr<SimIo> io;
-  std::unique_ptr<Engine> eng;
+  // One engine per worker lcore (SimParams::homes), sharing the host's
+  // transmit queue; a QP lives in the engine its QPN names.
+  std::vector<std::unique_ptr<Engine>> engs;
+  Engine& eng_of(uint32_t qpn) { return *engs[engs[0]->home_of(qpn)]; }
+  bool busy() const {
+    for (const auto& e : engs)
+      if (e->busy()) return true;
+    return false;
+  }
   Pd* pd = nullptr;
   std::vector<Cq*> scq, rcq;
   std::vector<Qp*> qps;
@@ -542,6 +550,7 @@ struct SimParams {
   // is to keep it below).
   uint64_t rate_mbps = 0, queue_bytes = 0, ecn_bytes = 0;
   double max_queue_drops = 1;
+  uint32_t homes = 1;  // engines per host (worker lcores)
 };
 
 std::string describe(const SimParams& p) {
@@ -747,7 +756,12 @@ void Sim::make_hosts() {
     h.io = std::make_unique<SimIo>(link_, i, &now_, p_.tx_refuse,
                                    p_.seed + 77 + static_cast<uint64_t>(i),
                                    p_.tx_queue_ns);
-    h.eng = std::make_unique<Engine>(*h.dev, *h.io, EngineConfig{}, 0);
+    for (uint32_t e = 0; e < p_.homes; ++e) {
+      EngineConfig ec;
+      ec.home = e;
+      ec.homes = p_.homes;
+      h.engs.push_back(std::make_unique<Engine>(*h.dev, *h.io, ec, 0));
+    }
     ASSERT_EQ(h.dev->alloc_pd(&h.pd), 0);
     const int ncq = p_.tiny ? 1 : 2;
     for (int c = 0; c < ncq; ++c) {
@@ -764,7 +778,7 @@ void Sim::modify_to_rts(Qp* qp, Host& self, Host& peer, Kind kind, uint32_t mtu,
                         uint32_t dest_qpn, uint32_t sq_psn, uint32_t rq_psn,
                         uint8_t timeout, uint8_t min_rnr, uint8_t rd_atomic,
                         uint8_t dest_rd_atomic) {
-  Engine& e = *self.eng;
+  Engine& e = self.eng_of(qp->qpn());
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
@@ -844,7 +858,10 @@ void Sim::connect(Dir& ab, Dir& ba, Kind kind, uint32_t pair) {
     at.cap.max_recv_sge = tiny ? 1 : kMaxSge;
     at.cap.max_inline_data = tiny ? 0 : kMaxInline;
     at.sq_sig_all = (i == 0 ? ab.sig_all : ba.sig_all);
-    const int rc = h.eng->create_qp(at, &qp[i]);
+    // With two engines, the pairs sharing a send CQ (pair % 2) or a
+    // receive CQ ((pair / 2) % 2) are on different engines.
+    Engine& eng = *h.engs[(pair + pair / 2) % p_.homes];
+    const int rc = eng.create_qp(at, &qp[i]);
     ASSERT_EQ(rc, 0) << "create_qp #" << h.qps.size() << " on " << h.name;
     h.qps.push_back(qp[i]);
   }
@@ -1225,7 +1242,8 @@ uint32_t Sim::post_recvs(Dir& d) {
     for (uint32_t i = 0; i < wr.num_sge; ++i) {
       wr.sg_list[i] = d.rs->sge(rr.pieces[i]);
     }
-    const int rc = d.srq ? d.srq->post(wr) : d.rs->eng->post_recv(d.peer, wr);
+    const int rc = d.srq ? d.srq->post(wr)
+                         : d.rs->eng_of(d.peer->qpn()).post_recv(d.peer, wr);
     if (rc != 0) {
       fail(fmt("%s: post_recv #%" PRIu64 " (%u SGEs, %u bytes) -> %d",
                d.name.c_str(), rr.seq, wr.num_sge, cap, rc));
@@ -1421,7 +1439,7 @@ bool Sim::post_one_send(Dir& d) {
     wr.remote_qkey = r.chance(0.2) ? 0x80000000u : kUdQkey;
   }
 
-  const int rc = rq.eng->post_send(d.qp, wr);
+  const int rc = rq.eng_of(d.qp->qpn()).post_send(d.qp, wr);
   if (rc != 0) {
     fail(fmt("post_send -> %d: ", rc) + wr_str(d, rec));
     return false;
@@ -1760,7 +1778,7 @@ uint32_t Sim::deliver(Host& h) {
       ++h.split_frames;
     }
     ++h.rx_frames;
-    h.eng->rx(fi, {segs, nseg}, now_);
+    h.eng_of(fi.roce.dqpn).rx(fi, {segs, nseg}, now_);
   }
   return static_cast<uint32_t>(rxq_.size());
 }
@@ -1780,6 +1798,10 @@ void Sim::run() {
   if (::testing::Test::HasFatalFailure()) return;
   make_pairs();
   if (::testing::Test::HasFatalFailure()) return;
+  for (const Host& h : h_)
+    for (const auto& e : h.engs)
+      if (e->qp_count() == 0)
+        fail(fmt("host %s: an engine without QPs", h.name));
   for (auto& d : dirs_) mark(*d);
 
   uint64_t same_time = 0;
@@ -1795,7 +1817,7 @@ void Sim::run() {
     for (Host& h : h_) {
       if (h.io->room_at() <= now_ || now_ >= h.last_poll + 10 * kUs) {
         h.last_poll = now_;
-        work += h.eng->poll(now_);
+        for (auto& e : h.engs) work += e->poll(now_);
       }
     }
     work += poll_cqs();
@@ -1822,8 +1844,8 @@ void Sim::run() {
       drain_until = now_ + 5 * kMs;
     }
     const bool quiet = link_.next_arrival(0) == UINT64_MAX &&
-                       link_.next_arrival(1) == UINT64_MAX &&
-                       !h_[0].eng->busy() && !h_[1].eng->busy();
+                       link_.next_arrival(1) == UINT64_MAX && !h_[0].busy() &&
+                       !h_[1].busy();
     if (draining && now_ >= drain_until && quiet && work == 0) break;
     if (draining && now_ > drain_until + 1000 * kMs) {
       fail("the link never goes quiet after the last completion");
@@ -1844,7 +1866,7 @@ void Sim::run() {
     uint64_t next = now_ + kIdleStepNs;
     next = std::min({next, link_.next_arrival(0), link_.next_arrival(1)});
     for (Host& h : h_) {
-      if (h.eng->busy()) {
+      if (h.busy()) {
         next = std::min(next, std::max(h.io->room_at(), now_ + 1));
       }
     }
@@ -1961,14 +1983,16 @@ void Sim::report() {
       for (size_t k = 0; k < kNumECtr; ++k) {
         if (std::strcmp(transport::kQpCtrNames[i], kECtrNames[k]) != 0)
           continue;
-        uint64_t per_qp = 0;
-        h.eng->for_each_qp([&](const Qp& q) {
-          size_t j = 0;
-          q.counters().for_each([&](const char*, uint64_t v) {
-            if (j++ == i) per_qp += v;
+        uint64_t per_qp = 0, total = 0;
+        for (const auto& e : h.engs) {
+          e->for_each_qp([&](const Qp& q) {
+            size_t j = 0;
+            q.counters().for_each([&](const char*, uint64_t v) {
+              if (j++ == i) per_qp += v;
+            });
           });
-        });
-        const uint64_t total = h.eng->counters().get(static_cast<ECtr>(k));
+          total += e->counters().get(static_cast<ECtr>(k));
+        }
         if (per_qp != total)
           fail(fmt("host %s: per-QP %s sum %" PRIu64 " != engine %" PRIu64,
                    h.name, kECtrNames[k], per_qp, total));
@@ -1979,7 +2003,10 @@ void Sim::report() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_)
           .count();
   auto sum = [&](ECtr c) {
-    return h_[0].eng->counters().get(c) + h_[1].eng->counters().get(c);
+    uint64_t n = 0;
+    for (const Host& h : h_)
+      for (const auto& e : h.engs) n += e->counters().get(c);
+    return n;
   };
   const SimLinkStats& s0 = link_.stats(0);
   const SimLinkStats& s1 = link_.stats(1);
@@ -2137,6 +2164,14 @@ TEST(TransportSim, Bottleneck) {
 TEST(TransportSim, BottleneckLoss1) {
   run_sim(through_bottleneck(
       impaired(params("BottleneckLoss1", 0x5eed0007), 0.01), 0.02));
+}
+
+// QPs split over two engines per host (urnicd's two workers), CQs shared
+// by QPs of both, over the 1 % lossy link: the same byte-exact checks.
+TEST(TransportSim, TwoEnginesLoss1) {
+  SimParams p = impaired(params("TwoEnginesLoss1", 0x5eed0008), 0.01);
+  p.homes = 2;
+  run_sim(p);
 }
 
 // 16384 RC QPs on each side (the default max_qp), smallest queues, a few
