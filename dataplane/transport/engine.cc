@@ -202,6 +202,18 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   c.max_send_sge = c.max_send_sge ? c.max_send_sge : 1;
   qp->sq_.resize(c.max_send_wr);
   qp->sq_mask_ = c.max_send_wr - 1;
+  // Per-WQE room from the caps: SGEs, their resolution, inline bytes.
+  qp->sq_sge_.resize(size_t{c.max_send_wr} * c.max_send_sge);
+  qp->sq_host_.resize(size_t{c.max_send_wr} * c.max_send_sge);
+  qp->sq_inline_.resize(size_t{c.max_send_wr} * c.max_inline_data);
+  for (uint32_t i = 0; i < c.max_send_wr; ++i) {
+    SendWqe& w = qp->sq_[i];
+    w.sge = &qp->sq_sge_[size_t{i} * c.max_send_sge];
+    w.host_sg = &qp->sq_host_[size_t{i} * c.max_send_sge];
+    w.inline_data = c.max_inline_data
+                        ? &qp->sq_inline_[size_t{i} * c.max_inline_data]
+                        : nullptr;
+  }
   if (a.srq) {
     c.max_recv_wr = 0;
     c.max_recv_sge = 0;
@@ -210,6 +222,9 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
     c.max_recv_sge = c.max_recv_sge ? c.max_recv_sge : 1;
     qp->rq_.resize(c.max_recv_wr);
     qp->rq_mask_ = c.max_recv_wr - 1;
+    qp->rq_sge_.resize(size_t{c.max_recv_wr} * c.max_recv_sge);
+    for (uint32_t i = 0; i < c.max_recv_wr; ++i)
+      qp->rq_[i].sge = &qp->rq_sge_[size_t{i} * c.max_recv_sge];
   }
   qp->cap_ = c;
   // RoCEv2 UDP source port: per-QP entropy for ECMP (Annex A17.4.2.1).
@@ -453,7 +468,8 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   if (qp->sq_tail_ - qp->sq_head_ > qp->sq_mask_) return ENOMEM;
 
   SendWqe& w = qp->sqe(qp->sq_tail_);
-  w.wr = wr;
+  w.wr = wr;  // the head; the SGEs into the QP's array
+  if (!inl) std::copy_n(wr.sg_list, wr.num_sge, w.sge);
   w.length = static_cast<uint32_t>(len);
   w.started = w.resolved = w.rd_counted = w.done = false;
   w.local_err = IBV_WC_SUCCESS;
@@ -493,7 +509,10 @@ int Engine::post_recv(Qp* qp, const RecvWr& wr) {
     return 0;
   }
   if (qp->rq_tail_ - qp->rq_head_ > qp->rq_mask_) return ENOMEM;
-  qp->rq_[qp->rq_tail_ & qp->rq_mask_].wr = wr;
+  RecvWqe& r = qp->rq_[qp->rq_tail_ & qp->rq_mask_];
+  r.wr_id = wr.wr_id;
+  r.num_sge = wr.num_sge;
+  std::copy_n(wr.sg_list, wr.num_sge, r.sge);
   ++qp->rq_tail_;
   ctr_.inc(ECtr::recv_wqes);
   return 0;
@@ -787,7 +806,7 @@ void Engine::to_error(Qp& qp) {
     qp.resp_.have_recv = false;
   }
   while (qp.rq_head_ != qp.rq_tail_) {
-    flush_recv(qp.rq_[qp.rq_head_ & qp.rq_mask_].wr.wr_id);
+    flush_recv(qp.rq_[qp.rq_head_ & qp.rq_mask_].wr_id);
     ++qp.rq_head_;
   }
   qp.publish_rq();

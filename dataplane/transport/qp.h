@@ -104,23 +104,32 @@ struct HostSge {
   uint32_t len = 0;
 };
 
+// A posted send WR. Its SGEs, their resolution and its inline bytes live
+// in arrays of the QP sized from its caps (Qp::sq_sge_, sq_host_,
+// sq_inline_); the pointers are set once, at create_qp, and never change.
+// (A WQE of kMaxSge and kMaxInline room was 872 B: 111 KiB per QP for 128
+// WRs.)
 struct SendWqe {
-  SendWr wr;
-  uint32_t length = 0;     // message bytes
-  uint32_t npkts = 0;      // PSNs the message uses
-  uint32_t first_psn = 0;  // valid once started
+  SendWrHead wr;
+  Sge* sge = nullptr;              // max_send_sge entries
+  HostSge* host_sg = nullptr;      // max_send_sge entries (>= 1)
+  uint8_t* inline_data = nullptr;  // max_inline_data bytes (null if 0)
+  uint32_t length = 0;             // message bytes
+  uint32_t npkts = 0;              // PSNs the message uses
+  uint32_t first_psn = 0;          // valid once started
   uint32_t last_psn = 0;
   bool started = false;     // PSNs assigned (at least one packet sent)
   bool resolved = false;    // host_sg valid
   bool rd_counted = false;  // holds a max_rd_atomic credit
   bool done = false;        // READ/ATOMIC response fully received
   ibv_wc_status local_err = IBV_WC_SUCCESS;  // found when resolving
-  HostSge host_sg[kMaxSge];
-  uint8_t inline_data[kMaxInline];
 };
 
+// A posted receive WR; its SGEs are in Qp::rq_sge_ (max_recv_sge each).
 struct RecvWqe {
-  RecvWr wr;
+  uint64_t wr_id = 0;
+  uint32_t num_sge = 0;
+  Sge* sge = nullptr;
 };
 
 // Saved state of a READ or ATOMIC request (IBTA 9.7.5.1.5 responder
@@ -205,6 +214,9 @@ class Qp {
   // Send queue: [sq_head_, sq_tail_) posted and not completed; the
   // requester's cursor sq_next_ is in between. Indices run freely.
   std::vector<SendWqe> sq_;
+  std::vector<Sge> sq_sge_;
+  std::vector<HostSge> sq_host_;
+  std::vector<uint8_t> sq_inline_;
   uint32_t sq_mask_ = 0;
   uint32_t sq_head_ = 0;  // completer: oldest not completed
   uint32_t sq_next_ = 0;  // requester: WQE being / to be sent
@@ -218,6 +230,7 @@ class Qp {
 
   // Receive queue (unless an SRQ is used).
   std::vector<RecvWqe> rq_;
+  std::vector<Sge> rq_sge_;
   uint32_t rq_mask_ = 0;
   uint32_t rq_head_ = 0;
   uint32_t rq_tail_ = 0;

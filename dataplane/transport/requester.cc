@@ -24,7 +24,7 @@ bool resolve(Qp& qp, SendWqe& w, const Device& dev) {
   const uint32_t rights =
       is_rd_atomic(w.wr.opcode) ? uint32_t{IBV_ACCESS_LOCAL_WRITE} : 0u;
   for (uint32_t i = 0; i < w.wr.num_sge; ++i) {
-    const Sge& s = w.wr.sg_list[i];
+    const Sge& s = w.sge[i];
     w.host_sg[i] = {};
     if (s.length == 0) continue;
     Mr* mr;

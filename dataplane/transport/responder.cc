@@ -175,7 +175,10 @@ bool take_recv(Engine& e, Qp& qp, Res* res) {
     if (!qp.srq_->pop(r.recv)) return false;
   } else {
     if (qp.rq_head_ == qp.rq_tail_) return false;
-    r.recv = qp.rq_[qp.rq_head_ & qp.rq_mask_].wr;
+    const RecvWqe& q = qp.rq_[qp.rq_head_ & qp.rq_mask_];
+    r.recv.wr_id = q.wr_id;
+    r.recv.num_sge = q.num_sge;
+    std::copy_n(q.sge, q.num_sge, r.recv.sg_list);
     ++qp.rq_head_;
     qp.publish_rq();
   }

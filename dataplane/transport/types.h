@@ -103,28 +103,26 @@ class Ah;
 // IBV_WR_BIND_MW: which window (by its current rkey), the rkey it gets,
 // and the range of which MR (by lkey) with which rights. length 0 unbinds
 // a type 1 window.
-struct MwBind {  // no initializers: it shares a union (SendWr)
-  uint32_t mw_rkey;
-  uint32_t new_rkey;
-  uint32_t mr_lkey;
-  uint32_t access;  // IBV_ACCESS_REMOTE_* (and ZERO_BASED: refused)
-  uint64_t addr;
-  uint64_t length;
+struct MwBind {
+  uint32_t mw_rkey = 0;
+  uint32_t new_rkey = 0;
+  uint32_t mr_lkey = 0;
+  uint32_t access = 0;  // IBV_ACCESS_REMOTE_* (and ZERO_BASED: refused)
+  uint64_t addr = 0;
+  uint64_t length = 0;
 };
 
-// A send work request as posted (a copy of ibv_send_wr without pointers).
-// With IBV_SEND_INLINE the sg_list addresses are read once, at post time.
-struct SendWr {
+// A send work request as posted (a copy of ibv_send_wr without pointers),
+// in two parts: everything but the SGEs (what a QP's send queue keeps per
+// WQE: its SGEs go to an array sized by the QP's max_send_sge), then the
+// SGEs. With IBV_SEND_INLINE the sg_list addresses are read once, at post
+// time.
+struct SendWrHead {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   uint32_t send_flags = 0;  // IBV_SEND_SIGNALED | FENCE | SOLICITED | INLINE
   uint32_t num_sge = 0;
-  // A bind carries no data (num_sge 0): its operands share the SGEs' room
-  // rather than make every WQE of every queue bigger.
-  union {
-    Sge sg_list[kMaxSge]{};
-    MwBind bind;  // IBV_WR_BIND_MW
-  };
+  MwBind bind;  // IBV_WR_BIND_MW
   // Network byte order, as in ibv_send_wr; for LOCAL_INV and SEND_WITH_INV
   // the rkey to invalidate (host order: ibv_send_wr's invalidate_rkey).
   uint32_t imm_data = 0;
@@ -139,6 +137,10 @@ struct SendWr {
   const Ah* ah = nullptr;
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
+};
+
+struct SendWr : SendWrHead {
+  Sge sg_list[kMaxSge]{};
 };
 
 struct RecvWr {
