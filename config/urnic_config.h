@@ -76,7 +76,7 @@ struct IdleConfig {
 // The worker keeps RX and TX arrays of this many mbufs on its stack/state.
 constexpr uint16_t kMaxBurst = 64;
 // Worker lcores of a service: each is the home of some QPs and owns whole
-// summary words of a client's doorbell page (verbs-shim/abi.h
+// summary words of a client's doorbell page (dataplane/hostif/abi.h
 // kSummaryWords; the service checks they agree).
 constexpr uint32_t kMaxWorkers = 16;
 

@@ -1,6 +1,6 @@
 // Ring microbenchmarks: DPDK rte_ring as urnicd uses it (command ring
 // SP/SC, RoCE hand-off ring MP/SC) and the verbs shim's shared send queue
-// with its doorbell page (verbs-shim/abi.h), producer and consumer in one
+// with its doorbell page (dataplane/hostif/abi.h), producer and consumer in one
 // thread (cross-core variants gave no stable numbers on the shared 2-vCPU
 // VM and were dropped). The shim ring is driven with abi.h's own types and
 // ring_doorbell(); the consumer side repeats the steps of
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "verbs-shim/abi.h"
+#include "dataplane/hostif/abi.h"
 
 namespace {
 
@@ -67,7 +67,7 @@ BENCHMARK(BM_RteRingSameThread)
     ->Args({32, 1});
 
 // The shim's send queue: one QP's ring in "shared memory" plus a doorbell
-// page, as verbs-shim/abi.h lays them out.
+// page, as dataplane/hostif/abi.h lays them out.
 struct ShimQueue {
   static constexpr uint32_t kSlots = 256;
   urnic::shim::QpShared sh;

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "dataplane/service/ctl_proto.h"
+#include "dataplane/hostif/ctl_proto.h"
 
 namespace ctl = urnic::ctl;
 

@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "dataplane/transport/types.h"
+#include "dataplane/hostif/verbs.h"
 #include "verbs-shim/shim.h"
 
 namespace urnic::shim {
@@ -17,8 +17,8 @@ constexpr uint32_t kMaxMsgSize = uint32_t{1} << 31;  // = max_msg_sz
 constexpr uint64_t kMaxPackets = uint64_t{1} << 22;
 
 // The opcode rules are the transport's own (one definition).
-using transport::is_atomic;
-using transport::valid_opcode;
+using hostif::is_atomic;
+using hostif::valid_opcode;
 
 // States in which the send queue accepts work (ERR: the service flushes).
 bool send_ok(uint32_t state) {
@@ -75,7 +75,7 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
   if (wr->num_sge < 0) return EINVAL;
   const bool inl = wr->send_flags & IBV_SEND_INLINE;
   // A bind or a local invalidate carries no data.
-  if (transport::is_local_op(wr->opcode) && (wr->num_sge || inl)) return EINVAL;
+  if (hostif::is_local_op(wr->opcode) && (wr->num_sge || inl)) return EINVAL;
   const auto nsge = static_cast<uint32_t>(wr->num_sge);
   // Inline data is gathered now, so any number of SGEs may feed it.
   if (!inl && nsge > q.cap.max_send_sge) return EINVAL;

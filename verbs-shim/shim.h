@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "verbs-shim/abi.h"
+#include "dataplane/hostif/abi.h"
 
 // Every exported verb. Unversioned definitions in a preloaded library win
 // over libibverbs' versioned ones, whatever version the caller asked for.

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "dataplane/host/host.h"
+#include "dataplane/hostif/abi.h"
 #include "dataplane/service/control.h"
 #include "dataplane/wire/cm_mad.h"
-#include "verbs-shim/abi.h"
 
 namespace urnic::service {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/urnic_config.h"
-#include "dataplane/service/ctl_proto.h"
+#include "dataplane/hostif/ctl_proto.h"
 
 namespace urnic::service {
 

@@ -1,4 +1,5 @@
-// The service side of the verbs shim; see shim_server.h and verbs-shim/abi.h.
+// The service side of the verbs shim; see shim_server.h and
+// dataplane/hostif/abi.h.
 #include "dataplane/service/shim_server.h"
 
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// The service side of the verbs shim (verbs-shim/abi.h): per-client verbs
+// The service side of the verbs shim (dataplane/hostif/abi.h): per-client verbs
 // objects on the control thread, and the doorbell/ring path on the worker
 // lcores.
 //
@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "config/urnic_config.h"
+#include "dataplane/hostif/abi.h"
 #include "dataplane/service/control.h"
 #include "dataplane/service/lcore_gate.h"
 #include "dataplane/transport/engine.h"
-#include "verbs-shim/abi.h"
 
 namespace urnic::service {
 

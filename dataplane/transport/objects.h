@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
+#include "dataplane/hostif/abi.h"
 #include "dataplane/transport/types.h"
 #include "dataplane/wire/headers.h"
-#include "verbs-shim/abi.h"
 
 namespace urnic::transport {
 

@@ -8,10 +8,18 @@
 
 #include <cstdint>
 
+#include "dataplane/hostif/verbs.h"
+
 namespace urnic::transport {
 
-constexpr uint32_t kMaxSge = 16;      // per WR, send and receive
-constexpr uint32_t kMaxInline = 256;  // bytes of inline send data
+// Shared with the verbs shim (dataplane/hostif/verbs.h).
+using hostif::is_atomic;
+using hostif::is_local_op;
+using hostif::is_rd_atomic;
+using hostif::kMaxInline;
+using hostif::kMaxSge;
+using hostif::needs_response;
+using hostif::valid_opcode;
 
 // Device limits (config `limits:`). Reported by query_device as they are.
 struct Limits {
@@ -38,50 +46,6 @@ constexpr uint32_t mtu_bytes(ibv_mtu m) {
   return 128u << static_cast<uint32_t>(m);
 }
 static_assert(mtu_bytes(IBV_MTU_256) == 256 && mtu_bytes(IBV_MTU_4096) == 4096);
-
-constexpr bool is_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
-// READ, atomics and ATOMIC WRITE hold a max_rd_atomic credit (the
-// responder keeps a resource for each, IBTA 9.7.5.1.4 / A19.4).
-constexpr bool is_rd_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_RDMA_READ || is_atomic(op) || op == IBV_WR_ATOMIC_WRITE;
-}
-// READ and atomics complete with their response (data, original value); an
-// ACK alone cannot complete them. ATOMIC WRITE completes with an ACK.
-constexpr bool needs_response(ibv_wr_opcode op) {
-  return op == IBV_WR_RDMA_READ || is_atomic(op);
-}
-
-// Which send opcodes a QP type takes (IBTA 9.2; verbs: UD sends only, UC
-// no READ or atomics). Also the verbs shim's post-time check.
-constexpr bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
-  switch (op) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-      return true;
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return t != IBV_QPT_UD;
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-    case IBV_WR_ATOMIC_WRITE:
-    case IBV_WR_SEND_WITH_INV:
-      return t == IBV_QPT_RC;
-    case IBV_WR_LOCAL_INV:
-    case IBV_WR_BIND_MW:
-      return t == IBV_QPT_RC || t == IBV_QPT_UC;
-    default:
-      return false;  // TSO, FLUSH, ...
-  }
-}
-
-// Operations the requester executes itself, sending nothing: memory window
-// bind and local invalidate (IBTA 10.6.7, 10.6.6.5).
-constexpr bool is_local_op(ibv_wr_opcode op) {
-  return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV;
-}
 
 // Packets (PSNs) a message of `len` bytes takes at path MTU `mtu` (a
 // zero-length message still takes one).

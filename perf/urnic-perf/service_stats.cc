@@ -10,7 +10,7 @@
 #include <cstring>
 #include <memory>
 
-#include "dataplane/service/ctl_proto.h"
+#include "dataplane/hostif/ctl_proto.h"
 
 namespace urnic::perf {
 

@@ -905,7 +905,7 @@ std::string to_json(const Run& r, const std::vector<Result>& res,
   }
   if (mem) {
     // What the rings for these QPs and CQs take in the shim's layout
-    // (verbs-shim/abi.h: 336 B per send WQE, 272 B per receive WQE, 64 B
+    // (dataplane/hostif/abi.h: 336 B per send WQE, 272 B per receive WQE, 64 B
     // per CQE slot): an estimate from the requested capacities.
     const uint64_t sq = p.depth + p.batch, rq = uses_recv(p.op) ? p.depth : 1;
     const uint64_t ring = uint64_t{p.qps} * (sq * 336 + rq * 272) +

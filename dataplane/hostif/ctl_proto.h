@@ -1,7 +1,7 @@
 // Control-socket protocol between urnicd and its clients (urnicctl and the
-// verbs shim, whose messages are verbs-shim/abi.h). Unix SEQPACKET: one request
-// message, one reply message, each a CtlHdr followed by `len` bytes. Versioned
-// so that a mismatched client gets a clear error instead of garbage.
+// verbs shim, whose messages are dataplane/hostif/abi.h). Unix SEQPACKET: one
+// request message, one reply message, each a CtlHdr followed by `len` bytes.
+// Versioned so that a mismatched client gets a clear error instead of garbage.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ enum class Op : uint16_t {
   // the fault section, "fault." optional), empty to only read; reply: the
   // settings in effect, one "fault.key=value" per line.
   kFault = 9,
-  // 100..199: the verbs shim (verbs-shim/abi.h)
+  // 100..199: the verbs shim (dataplane/hostif/abi.h)
 };
 
 struct Hdr {

@@ -1,5 +1,6 @@
-// The contract between liburnic-verbs.so (the shim, in the application) and
-// urnicd (the service): control messages on the Unix SEQPACKET socket, and
+// The device's host interface (as rxe's uapi header): the contract between
+// liburnic-verbs.so (the shim, in the application) and urnicd (the
+// service): control messages on the Unix SEQPACKET socket, and
 // the layouts of the memory both map. Both sides are built from this header
 // in one tree; kShimAbi changes whenever anything here changes.
 //
@@ -21,13 +22,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dataplane/service/ctl_proto.h"
+#include "dataplane/hostif/ctl_proto.h"
+#include "dataplane/hostif/verbs.h"
 
 namespace urnic::shim {
 
 constexpr uint32_t kShimAbi = 5;  // OpenReq.abi must equal this
-constexpr uint32_t kMaxSge = 16;  // = transport::kMaxSge
-constexpr uint32_t kMaxInline = 256;
+using hostif::kMaxInline;
+using hostif::kMaxSge;
 constexpr uint32_t kMaxGids = 16;
 constexpr uint32_t kMaxMrPieces = 64;  // fds in one kRegMr
 // Doorbell indices per context (QPs and SRQs share the space).

@@ -1,0 +1,60 @@
+// Verbs rules the device and its driver (the verbs shim) share: the
+// limits of a WR and which send opcodes a QP type takes. Part of the
+// host interface (dataplane/hostif): includes nothing of urnic, so the
+// shim, the transport engine and the service can all include it.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+namespace urnic::hostif {
+
+constexpr uint32_t kMaxSge = 16;      // per WR, send and receive
+constexpr uint32_t kMaxInline = 256;  // bytes of inline send data
+
+constexpr bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+// READ, atomics and ATOMIC WRITE hold a max_rd_atomic credit (the
+// responder keeps a resource for each, IBTA 9.7.5.1.4 / A19.4).
+constexpr bool is_rd_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || is_atomic(op) || op == IBV_WR_ATOMIC_WRITE;
+}
+// READ and atomics complete with their response (data, original value); an
+// ACK alone cannot complete them. ATOMIC WRITE completes with an ACK.
+constexpr bool needs_response(ibv_wr_opcode op) {
+  return op == IBV_WR_RDMA_READ || is_atomic(op);
+}
+
+// Which send opcodes a QP type takes (IBTA 9.2; verbs: UD sends only, UC
+// no READ or atomics). Also the verbs shim's post-time check.
+constexpr bool valid_opcode(ibv_qp_type t, ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return t != IBV_QPT_UD;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:
+    case IBV_WR_SEND_WITH_INV:
+      return t == IBV_QPT_RC;
+    case IBV_WR_LOCAL_INV:
+    case IBV_WR_BIND_MW:
+      return t == IBV_QPT_RC || t == IBV_QPT_UC;
+    default:
+      return false;  // TSO, FLUSH, ...
+  }
+}
+
+// Operations the requester executes itself, sending nothing: memory window
+// bind and local invalidate (IBTA 10.6.7, 10.6.6.5).
+constexpr bool is_local_op(ibv_wr_opcode op) {
+  return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV;
+}
+
+}  // namespace urnic::hostif
