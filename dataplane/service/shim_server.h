@@ -8,7 +8,8 @@
 // their loops (LcoreGate): a QP's own engine and doorbell table park its
 // home lcore only, objects every lcore may use (MRs, CQs, PDs, the client
 // list) park them all. doorbells_st() runs on each worker lcore (its home
-// index) and never allocates.
+// index) and never allocates. The two halves live in two files:
+// shim_server.cc (control thread) and shim_server_lcore.cc (worker lcores).
 #pragma once
 
 #include <atomic>
@@ -196,6 +197,16 @@ class ShimServer {
   // A doorbell index in a summary word of `home`'s; UINT32_MAX: none left.
   uint32_t alloc_doorbell(Client& c, uint32_t home);
   Target& target(Client& c, uint32_t doorbell);
+  // Which home a doorbell index belongs to, and its place in that home's
+  // table (the inverse of alloc_doorbell).
+  static uint32_t db_home(uint32_t doorbell, uint32_t homes) {
+    return (doorbell / shim::kDoorbellsPerSummary) % homes;
+  }
+  static uint32_t db_local(uint32_t doorbell, uint32_t homes) {
+    return (doorbell / shim::kDoorbellsPerSummary) / homes *
+               shim::kDoorbellsPerSummary +
+           doorbell % shim::kDoorbellsPerSummary;
+  }
   void free_doorbell(Client& c, uint32_t doorbell);
   uint32_t homes() const { return static_cast<uint32_t>(env_.engines.size()); }
   // Where a new QP goes: with its SRQ, else the engine with fewest QPs.
