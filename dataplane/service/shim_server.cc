@@ -719,33 +719,43 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   // timers and doorbell run there. QPs of an SRQ go where the SRQ is.
   q->home = r.srq != kNoHandle ? c.srqs[r.srq]->home : pick_home();
   transport::Engine& eng = *env_.engines[q->home];
-  int fd = -1;
+  // The rings' memory is made before parking (memfd, mmap: system calls
+  // the home lcore need not wait for), sized as the engine will grant:
+  // powers of two, no receive ring with an SRQ.
+  const transport::Limits& lim = env_.dev->limits();
+  if (r.cap.max_send_wr > lim.max_qp_wr || r.cap.max_recv_wr > lim.max_qp_wr)
+    return EINVAL;
+  const uint32_t sq = ring_slots(r.cap.max_send_wr);
+  const uint32_t rq = r.srq != kNoHandle ? 0 : ring_slots(r.cap.max_recv_wr);
+  const int fd = make_shared(qp_shared_len(sq, rq), "urnic-qp", &q->mem);
+  if (fd < 0) return -fd;
+  uint8_t* base = static_cast<uint8_t*>(q->mem.base);
+  q->sh = new (base) QpShared;
+  q->sq_size = sq;
+  q->rq_size = rq;
+  q->sh->sq_size = sq;
+  q->sh->rq_size = rq;
+  const auto sq_off = static_cast<uint32_t>(page_round(sizeof(QpShared)));
+  const auto rq_off = static_cast<uint32_t>(
+      sq_off + page_round(size_t{sq} * sizeof(ShmSendWqe)));
+  q->sh->sq_offset = sq_off;
+  q->sh->rq_offset = rq_off;
+  q->sq = reinterpret_cast<ShmSendWqe*>(base + sq_off);
+  q->rq = reinterpret_cast<ShmRecvWqe*>(base + rq_off);
   int rc;
   {
     ParkGuard park(*env_.gates[q->home]);
     rc = eng.create_qp(a, &q->qp);
+    if (!rc && (a.cap.max_send_wr != sq || a.cap.max_recv_wr != rq)) {
+      eng.destroy_qp(q->qp);  // the engine granted other sizes: a bug
+      rc = EPROTO;
+    }
     if (!rc) {
-      const uint32_t sq = a.cap.max_send_wr, rq = a.cap.max_recv_wr;
-      const size_t len = qp_shared_len(sq, rq);
-      fd = make_shared(len, "urnic-qp", &q->mem);
-      q->doorbell = fd >= 0 ? alloc_doorbell(c, q->home) : UINT32_MAX;
-      if (fd < 0 || q->doorbell == UINT32_MAX) {
-        rc = fd < 0 ? -fd : ENOMEM;
+      q->doorbell = alloc_doorbell(c, q->home);
+      if (q->doorbell == UINT32_MAX) {
+        rc = ENOMEM;
         eng.destroy_qp(q->qp);
       } else {
-        uint8_t* base = static_cast<uint8_t*>(q->mem.base);
-        q->sh = new (base) QpShared;
-        q->sq_size = sq;
-        q->rq_size = rq;
-        q->sh->sq_size = sq;
-        q->sh->rq_size = rq;
-        const auto sq_off = static_cast<uint32_t>(page_round(sizeof(QpShared)));
-        const auto rq_off = static_cast<uint32_t>(
-            sq_off + page_round(size_t{sq} * sizeof(ShmSendWqe)));
-        q->sh->sq_offset = sq_off;
-        q->sh->rq_offset = rq_off;
-        q->sq = reinterpret_cast<ShmSendWqe*>(base + sq_off);
-        q->rq = reinterpret_cast<ShmRecvWqe*>(base + rq_off);
         q->qp->pub_sq_done_ = &q->sh->sq_done;
         q->qp->pub_rq_done_ = &q->sh->rq_done;
         q->qp->pub_state_ = &q->sh->state;
@@ -755,7 +765,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   }
   if (rc) {
     unmap(q->mem);
-    if (fd >= 0) close(fd);
+    close(fd);
     return rc;
   }
   const uint32_t h = c.next_handle++;

@@ -3,10 +3,10 @@
 // engine (shim_server.h has the threads; shim_server.cc the control
 // thread's half). Never allocates; reads the application's rings only
 // through copies and clamped indices.
-#include "dataplane/service/shim_server.h"
-
 #include <bit>
 #include <cstring>
+
+#include "dataplane/service/shim_server.h"
 
 namespace urnic::service {
 
