@@ -22,6 +22,7 @@ TARGET_RATE = 0.50  # 64 B message rate vs raw 64 B frames/s
 TARGET_LAT_TYP = 3.0  # ib_read_lat 2 B typical, us
 TARGET_LAT_P999 = 10.0  # ib_read_lat 2 B p99.9, us
 TARGET_QP_SCALE = 0.80  # 1024 QPs aggregate vs 1 QP
+TARGET_COST = 2.0  # urnic sender cycles/packet <= 2x testpmd txonly (issue 13)
 TARGET_SVC_PER_QP = 64 * 1024  # service bytes per QP beyond rings
 TARGET_SHIM = 4 * 1024 * 1024  # application (shim) bytes beyond rings
 
@@ -72,6 +73,12 @@ def parse_testpmd(rec):
     pps = [int(x) for x in re.findall(r"Rx-pps:\s+(\d+)", text)]
     bps = [int(x) for x in re.findall(r"Rx-bps:\s+(\d+)", text)]
     tx = [int(x) for x in re.findall(r"Tx-pps:\s+(\d+)", read(rec.get("log_tx", "")))]
+    # --record-core-cycles, printed when testpmd stops: by whichever side
+    # got to print before both were stopped (txonly or rxonly).
+    cyc = []
+    for log in ("log_tx", "log"):
+        cyc += re.findall(r"CPU cycles/packet=([\d.]+) \(total cycles=\d+ / total (\w+) packets",
+                          read(rec.get(log, "")))
     nz = [i for i, v in enumerate(pps) if v > 0]
     if not nz:
         return {"error": "no packets received (Rx-pps all 0 or missing)"}
@@ -90,6 +97,8 @@ def parse_testpmd(rec):
         "gbps_frame": mean * frame * 8 / 1e9,
         "gbps_testpmd_rx_bps": statistics.mean(used_bps) / 1e9,
         "gbps_payload": mean * payload * 8 / 1e9 if payload else None,
+        "cycles_per_pkt": float(cyc[0][0]) if cyc else None,
+        "cycles_side": cyc[0][1] if cyc else None,
     }
     return out
 
@@ -140,7 +149,34 @@ def parse_uperf(rec):
         return {"error": "urnic-perf JSON has no results", "json": j}
     if res.get("errors") or res.get("verify_errors"):
         return {"error": "urnic-perf counted errors", "json": j}
-    return {"json": j, "result": res, "service": j.get("service")}
+    return {"json": j, "result": res, "service": j.get("service"),
+            "cost": uperf_cost(rec.get("stats"))}
+
+
+def uperf_cost(prefix):
+    """Busy cycles per packet of each service's workers over the run, from
+    urnicctl stats --json before and after: the sender's (B) per packet
+    sent, the receiver's (A) per packet received."""
+    if not prefix:
+        return None
+    try:
+        snap = {(s, k): json.load(open("%s-%s-%d.json" % (prefix, s, k)))
+                for s in "ab" for k in (0, 1)}
+    except (OSError, ValueError):
+        return None
+
+    def delta(side, key):
+        return sum(l.get(key, 0) for l in snap[(side, 1)]["lcores"]) - \
+            sum(l.get(key, 0) for l in snap[(side, 0)]["lcores"])
+    out = {}
+    for side, pk, name in (("b", "tx_packets", "send"), ("a", "rx_packets", "recv")):
+        n = delta(side, pk)
+        cyc = delta(side, "cycles_busy")
+        hz = snap[(side, 1)].get("tsc_hz") or 0
+        if n > 0:
+            out[name + "_cycles_per_pkt"] = cyc / n
+            out[name + "_ns_per_pkt"] = cyc / n / hz * 1e9 if hz else None
+    return out or None
 
 
 def kib_pair(s):
@@ -198,6 +234,8 @@ def summary(rec, parsed):
         s = "%.3f Mpps, %.2f Gb/s frame bits" % (parsed["mpps"], parsed["gbps_frame"])
         if parsed["gbps_payload"] is not None:
             s += ", %.2f Gb/s RoCE payload" % parsed["gbps_payload"]
+        if parsed.get("cycles_per_pkt"):
+            s += "; %s %.0f cycles/pkt" % (parsed["cycles_side"], parsed["cycles_per_pkt"])
         return s
     if k == "perftest_bw":
         r = parsed["rows"][-1]
@@ -213,7 +251,12 @@ def summary(rec, parsed):
             parsed["t_typical"], parsed["p99"], parsed["p999"], parsed["t_max"])
     if k == "uperf":
         r = parsed["result"]
-        return "%.2f Gb/s, %.4f Mops/s%s" % (r.get("gbps", 0), r.get("mops", 0), svc_text(parsed.get("service")))
+        c = parsed.get("cost") or {}
+        cost = ""
+        if c.get("send_ns_per_pkt") is not None and c.get("recv_ns_per_pkt") is not None:
+            cost = "; ns/pkt send %.0f recv %.0f" % (c["send_ns_per_pkt"], c["recv_ns_per_pkt"])
+        return "%.2f Gb/s, %.4f Mops/s%s%s" % (r.get("gbps", 0), r.get("mops", 0),
+                                              svc_text(parsed.get("service")), cost)
     if k == "memory":
         a, b = parsed["urnicd_a_rss_pss_kib"], parsed["urnicd_b_rss_pss_kib"]
         return "urnicd A %s, B %s kB RSS/PSS" % (a, b)
@@ -394,6 +437,26 @@ def build_table(recs):
                 t.add(topo, label, summary(r, p), "1 QP (%d wkr): %.3f %s" % (w, base, unit), ratio, tgt)
             else:
                 t.add(topo, label, summary(r, p), "no 1-QP run", None, "")
+        # Per-packet cost: the sender's worker busy cycles per data packet
+        # (1 KiB payload, WRITE 64 KiB on one QP) against testpmd's
+        # forwarding cycles per 1082 B frame in the same run (its txonly or
+        # rxonly side, whichever printed them).
+        sid = topo + ".uperf.bw64k.q1.t1.w1"
+        p = parsed.get(sid)
+        c = (p or {}).get("cost") or {}
+        tp = raw_data.get("cycles_per_pkt") if raw_data else None
+        if c.get("send_cycles_per_pkt") and not status(sid):
+            res = "send %.0f, recv %.0f busy cycles/pkt (%.0f / %.0f ns)" % (
+                c["send_cycles_per_pkt"], c.get("recv_cycles_per_pkt") or 0,
+                c.get("send_ns_per_pkt") or 0, c.get("recv_ns_per_pkt") or 0)
+            if tp:
+                ratio = c["send_cycles_per_pkt"] / tp
+                t.add(topo, "cost per packet, WRITE 1 KiB payload", res,
+                      "testpmd %s %sB: %.0f cycles/pkt" % (raw_data["cycles_side"], data_frame, tp), ratio,
+                      "<=%.2f %s" % (TARGET_COST, verdict(ratio <= TARGET_COST)))
+            else:
+                t.add(topo, "cost per packet, WRITE 1 KiB payload", res,
+                      "no testpmd cycles", None, "")
         # memory
         mem = []
         for r in recs:

@@ -439,6 +439,7 @@ int run(const config::Config& cfg, char* prog) {
         stats::Snapshot s;
         s.time_ns = now_ns();
         s.uptime_ns = s.time_ns - t0;
+        s.tsc_hz = rte_get_tsc_hz();
         port_read_stats(port, s.port);
         for (auto& w : workers) {
           stats::LcoreSnapshot l;

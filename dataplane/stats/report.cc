@@ -161,8 +161,10 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
   const PortSnapshot& p = cur.port;
   const Rates r = rates(cur, prev);
   std::string s = "{";
-  appendf(s, "\"uptime_ns\":%" PRIu64 ",\"port\":{\"id\":%u,\"driver\":\"",
-          cur.uptime_ns, p.port_id);
+  appendf(s,
+          "\"uptime_ns\":%" PRIu64 ",\"tsc_hz\":%" PRIu64
+          ",\"port\":{\"id\":%u,\"driver\":\"",
+          cur.uptime_ns, cur.tsc_hz, p.port_id);
   for (char ch : p.name)  // driver names are identifiers; escape defensively
     if (ch != '"' && ch != '\\' && static_cast<unsigned char>(ch) >= 0x20)
       s += ch;

@@ -45,6 +45,7 @@ struct LcoreSnapshot {
 struct Snapshot {
   uint64_t time_ns = 0;  // CLOCK_MONOTONIC
   uint64_t uptime_ns = 0;
+  uint64_t tsc_hz = 0;  // the unit of the lcores' cycle counters
   PortSnapshot port;
   std::vector<LcoreSnapshot> lcores;
   uint32_t neigh_entries = 0;
