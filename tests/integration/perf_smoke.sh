@@ -17,88 +17,33 @@
 # Every started process is stopped by PID on exit, pass or fail.
 # usage: perf_smoke.sh URNICD URNICCTL SHIM_SO URNIC_PERF
 set -euo pipefail
-URNICD=$1
-URNICCTL=$2
-SHIM=$(realpath "$3")
-UPERF=$(realpath "$4")
-PY=/usr/bin/python3
-
-[ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 command -v ib_write_bw >/dev/null || { echo "SKIP: perftest not installed"; exit 77; }
-PRELOAD=$SHIM
-for rt in $(ldd "$SHIM" | awk '/lib(asan|ubsan)\.so/ {print $3}'); do
-  PRELOAD="$rt $PRELOAD"
-done
-CLIENT_ASAN=URNIC_PLAIN_BUILD=1
-[ "$PRELOAD" != "$SHIM" ] &&
-  CLIENT_ASAN=ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0
-
-id=$$
-TMP=$(mktemp -d /tmp/urnic-ps.XXXXXX)
-PIDS=()
-pass=0
-fail=0
-
-stop_pid() {  # TERM, KILL after 5 s
-  local p=$1
-  kill -TERM "$p" 2>/dev/null || true
-  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$p" 2>/dev/null || true
-  wait "$p" 2>/dev/null || true
-}
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && stop_pid "$p"; done
-  if [ $fail -ne 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
-    for f in "$TMP"/*.log "$TMP"/*.out; do
-      [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }
-    done
-  fi
-  rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-
-check() {  # check NAME CMD...
-  local name=$1
-  shift
-  if "$@"; then
-    echo "PASS - $name"
-    pass=$((pass + 1))
-  else
-    echo "FAIL - $name"
-    fail=$((fail + 1))
-  fi
-}
+shim_test_init ps-$$ "$@"
 
 SA=$TMP/a.sock
 SB=$TMP/b.sock
-start() {  # start ROLE MAC IP SOCK CPU [OPTIONS]
-  "$URNICD" -o "port.vdev=net_memif0,role=$1,socket=$TMP/memif.sock,id=0,mac=$2,rsize=6" \
-    -o "port.ipv4=$3/24" -o "control.socket=$4" -o "eal.main_lcore=0" \
-    -o "eal.workers=[$5]" -o "eal.file_prefix=ps-$id-$1" \
-    -o transport.max_unacked=4096 -o stats.period_ms=0 "${@:6}" \
-    >"$TMP/urnicd-$1.log" 2>&1 &
-  PIDS+=($!)
+start() {  # start ROLE MAC IP SOCK [OPTIONS]: a 64-slot memif ring (rsize=6)
+  urnicd_start "$1" "$3" "$4" \
+    -o "port.vdev=net_memif0,role=$1,socket=$TMP/memif.sock,id=0,mac=$2,rsize=6" \
+    -o transport.max_unacked=4096 "${@:5}"
 }
-start server 02:00:00:89:00:01 10.89.0.1 "$SA" 1
+# Service A's worker pauses when idle, B's yields (lcores.idle.yield).
+start server 02:00:00:89:00:01 10.89.0.1 "$SA" -o lcores.idle.yield=false
 # The memif client connects once the server's socket exists.
 for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
-# Service B's worker yields when idle (lcores.idle.yield), A's pauses.
-start client 02:00:00:89:00:02 10.89.0.2 "$SB" 1 -o lcores.idle.yield=true
+start client 02:00:00:89:00:02 10.89.0.2 "$SB"
 for _ in $(seq 100); do
   [ -S "$SA" ] && [ -S "$SB" ] && grep -q "link up" "$TMP/urnicd-server.log" && break
   sleep 0.1
 done
 ctl() { "$URNICCTL" -s "$1" "${@:2}"; }
-counter() {  # counter SOCK NAME: a "totals"/"transport" counter from stats --json
-  ctl "$1" stats --json | $PY -c "
-import json, sys
-j = json.load(sys.stdin)
-print(j['totals'].get('$2', j['transport'].get('$2', -1)))"
-}
+
 # A verbs program on service A or B: "${ON_A[@]}" CMD... (a simple command,
 # so that $! of a background one is the program's own pid).
-ON_A=(env $CLIENT_ASAN URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
-ON_B=(env $CLIENT_ASAN URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
+ON_A=(env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
+ON_B=(env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
 pair() {  # pair NAME SERVER_CMD -- CLIENT_CMD: server on A, client on B
   local name=$1 s=() c=()
   shift
@@ -260,5 +205,4 @@ stop_pid $LS
 
 check "no mbuf leaked over the whole run" no_leak
 
-echo "perf_smoke: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

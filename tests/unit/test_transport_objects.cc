@@ -28,6 +28,17 @@ DeviceConfig small_device() {
   return dc;
 }
 
+// A PD and a CQ of `dev`, and the attributes of a small RC QP on them.
+void small_qp(Device& dev, QpInitAttr* a) {
+  Pd* pd;
+  Cq* cq;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ASSERT_EQ(dev.create_cq(16, &cq), 0);
+  a->pd = pd;
+  a->send_cq = a->recv_cq = cq;
+  a->cap = {4, 4, 1, 1, 0};
+}
+
 constexpr uint32_t kRemoteAll =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
     IBV_ACCESS_REMOTE_ATOMIC;
@@ -201,14 +212,8 @@ TEST(TransportObjects, QpnsAreNotReusedSoonAndNotASequence) {
   Device dev(dc);
   NullIo io;
   Engine eng(dev, io);
-  Pd* pd;
-  Cq* cq;
-  ASSERT_EQ(dev.alloc_pd(&pd), 0);
-  ASSERT_EQ(dev.create_cq(16, &cq), 0);
   QpInitAttr a;
-  a.pd = pd;
-  a.send_cq = a.recv_cq = cq;
-  a.cap = {4, 4, 1, 1, 0};
+  ASSERT_NO_FATAL_FAILURE(small_qp(dev, &a));
   auto create = [&] {
     QpInitAttr c = a;
     Qp* qp = nullptr;
@@ -274,14 +279,8 @@ TEST(TransportObjects, EnginesOfOneDeviceSplitTheQpnSpace) {
   e0.homes = e1.homes = 2;
   e1.home = 1;
   Engine eng0(dev, io, e0), eng1(dev, io, e1);
-  Pd* pd;
-  Cq* cq;
-  ASSERT_EQ(dev.alloc_pd(&pd), 0);
-  ASSERT_EQ(dev.create_cq(16, &cq), 0);
   QpInitAttr a;
-  a.pd = pd;
-  a.send_cq = a.recv_cq = cq;
-  a.cap = {4, 4, 1, 1, 0};
+  ASSERT_NO_FATAL_FAILURE(small_qp(dev, &a));
   std::vector<Qp*> q0, q1;
   for (int i = 0; i < 3; ++i) {
     QpInitAttr c = a;
