@@ -8,7 +8,8 @@
 #   memif      a net_memif pair with two queue pairs (a frame arrives on the
 #              queue it was sent on)
 # urnic-perf through the shim, 8 QPs on one CQ, every message's data checked:
-#  - WRITE, READ and SEND each complete, both ends exit 0;
+#  - WRITE, READ and SEND each complete, both ends exit 0 (under the
+#    sanitizers WRITE and SEND);
 #  - while connected, `urnicctl qps` shows the QPs on both lcores of each
 #    service (4 + 4), and each lcore's engine sent packets and served
 #    doorbells;
@@ -66,7 +67,7 @@ run() {  # run NAME OP: a verified 8-QP run; both ends' exit status
   PIDS+=("$sp")
   sleep 0.5
   local rc=0
-  "${ON_B[@]}" timeout 90 "$UPERF" -p "$port" -o "$op" -q 8 -s 65536 -D 2 \
+  "${ON_B[@]}" timeout 90 "$UPERF" -p "$port" -o "$op" -q 8 -s 65536 -D 1 \
     --warmup 0 --period 0 --verify "$SERVER_IP" >"$TMP/$name-c.out" 2>&1 ||
     rc=$?
   wait "$sp" || rc=$((rc ? rc : $?))
@@ -91,7 +92,7 @@ port=$((port + 1))
 HS=$!
 PIDS+=("$HS")
 sleep 0.5
-"${ON_B[@]}" timeout 60 "$UPERF" -p "$port" -q 8 --hold 3 "$SERVER_IP" \
+"${ON_B[@]}" timeout 60 "$UPERF" -p "$port" -q 8 --hold 2 "$SERVER_IP" \
   >"$TMP/hold-c.out" 2>&1 &
 HC=$!
 PIDS+=("$HC")
@@ -108,7 +109,11 @@ check "stats --json: 4 QPs homed on each lcore" \
 wait "$HC" || true
 stop_pid "$HS"
 
-for op in write read send; do
+# Under the sanitizers (the suite's second pass, slower) WRITE and SEND;
+# READ runs in the plain pass.
+OPS="write read send"
+[ "$CLIENT_ENV" != URNIC_PLAIN_BUILD=1 ] && OPS="write send"
+for op in $OPS; do
   check "$op: 8 QPs over two workers, one CQ, data verified" run "$op" "$op"
 done
 
