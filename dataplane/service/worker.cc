@@ -34,6 +34,13 @@ uint64_t now_ns() {
 
 namespace {
 constexpr uint32_t kMaxSegs = 32;
+// The frame's bytes, segment by segment (at most kMaxSegs).
+uint32_t segs_of(const rte_mbuf* m, wire::ConstBuf (&segs)[kMaxSegs]) {
+  uint32_t n = 0;
+  for (const rte_mbuf* s = m; s && n < kMaxSegs; s = s->next)
+    segs[n++] = {rte_pktmbuf_mtod(s, const uint8_t*), s->data_len};
+  return n;
+}
 constexpr uint32_t kZeroCopyMin = 512;  // bytes: below this a copy is cheaper
 
 // DCQCN's line rate when rpg_max_rate is 0: the port's link speed, or
@@ -137,9 +144,7 @@ void Worker::handoff_rx_st(rte_mbuf* m, uint64_t now) {
   wire::FrameInfo fi;
   std::memcpy(&fi, rte_mbuf_to_priv(m), sizeof fi);
   wire::ConstBuf segs[kMaxSegs];
-  uint32_t n = 0;
-  for (const rte_mbuf* s = m; s && n < kMaxSegs; s = s->next)
-    segs[n++] = {rte_pktmbuf_mtod(s, const uint8_t*), s->data_len};
+  const uint32_t n = segs_of(m, segs);
   ctr_.inc(Ctr::roce_rx);
   engine_.rx(fi, {segs, n}, now);
   rte_pktmbuf_free(m);
@@ -512,9 +517,7 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
     return;
   }
   wire::ConstBuf segs[kMaxSegs];
-  uint32_t n = 0;
-  for (const rte_mbuf* s = m; s && n < kMaxSegs; s = s->next)
-    segs[n++] = {rte_pktmbuf_mtod(s, const uint8_t*), s->data_len};
+  const uint32_t n = segs_of(m, segs);
   wire::FrameInfo fi;
   // With the RX IPv4-checksum offload on, a GOOD flag saves the software
   // check; BAD or UNKNOWN fall through to it, so counting stays in one place.

@@ -162,29 +162,26 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
     return EINVAL;
   if (!a.srq && (c.max_recv_wr > lim.max_qp_wr || c.max_recv_sge > lim.max_sge))
     return EINVAL;
-  if (nqp_ >= lim.max_qp || dev_.qp_total() >= lim.max_qp) return ENOMEM;
+  // The device's count includes this engine's QPs.
+  if (dev_.qp_total() >= lim.max_qp) return ENOMEM;
 
-  // A new slot while the table may still grow, else the slot freed
-  // longest ago (cyclic reuse), with its next generation.
+  // A new slot while the table may still grow (and the slot fits the QPN's
+  // 24 bits: config keeps max_qp x workers within 2^20, so only a bare
+  // engine meets this), else the slot freed longest ago (cyclic reuse),
+  // with its next generation.
+  const auto fresh = static_cast<uint32_t>(qps_.size());
+  const bool fits =
+      kFirstQpn + uint64_t{fresh} * cfg_.homes + cfg_.home < (1u << 24);
   uint32_t idx;
-  if (qps_.size() < lim.max_qp || free_qp_.empty()) {
-    idx = static_cast<uint32_t>(qps_.size());
+  if (fits && (fresh < lim.max_qp || free_qp_.empty())) {
+    idx = fresh;
     qps_.emplace_back();
     slot_gen_.push_back(qpn_rng_());
-  } else {
+  } else if (!free_qp_.empty()) {
     idx = free_qp_.front();
     free_qp_.pop_front();
     ++slot_gen_[idx];
-  }
-  // The slot must fit the QPN's 24 bits (config keeps max_qp x workers
-  // within 2^20, which leaves at least 4 generation bits).
-  if (kFirstQpn + uint64_t{idx} * cfg_.homes + cfg_.home >= (1u << 24)) {
-    if (idx + 1 == qps_.size()) {
-      qps_.pop_back();
-      slot_gen_.pop_back();
-    } else {
-      free_qp_.push_front(idx);
-    }
+  } else {
     return ENOMEM;
   }
   // 0xffffff addresses multicast groups: never a QP's own number.
