@@ -382,11 +382,26 @@ void bump(T& v, T n = 1) {  // a counter several lcores may add to
 // application can write. A CQ used by one lcore never waits.
 bool Cq::push(const ibv_wc& wc, bool solicited) {
   std::atomic_ref<uint32_t> tail(tail_);
-  uint32_t t = tail.load(std::memory_order_relaxed);
+  uint32_t t;
   for (;;) {
-    // The consumer index may come from another process: a value claiming
-    // more room than the ring has is treated as a full ring.
-    const uint32_t used = t - sh_->cons.load(std::memory_order_acquire);
+    // tail, then cons (the acquire keeps the order): cons is then as new as
+    // t or newer, so t - cons never overstates what is in the ring and a
+    // "full" is real. The cost is that t may be older than what the
+    // application already consumed (other lcores pushed meanwhile): t - cons
+    // is then negative, and we read tail again (as rte_ring does, with the
+    // opposite sign convention).
+    t = tail.load(std::memory_order_acquire);
+    const uint32_t cons = sh_->cons.load(std::memory_order_acquire);
+    uint32_t used = t - cons;
+    if (static_cast<int32_t>(used) < 0) {
+      // The consumer index comes from another process: one ahead of every
+      // completion ever reserved is a lie, treated as a full ring (below);
+      // otherwise t was stale.
+      if (static_cast<int32_t>(tail.load(std::memory_order_acquire) - cons) >=
+          0)
+        continue;
+      used = cap_;
+    }
     if (std::atomic_ref<bool>(error_).load(std::memory_order_relaxed) ||
         used >= cap_) {
       bump(overflows_);
