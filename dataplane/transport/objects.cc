@@ -293,7 +293,8 @@ int Device::create_cq(uint32_t cqe, Cq** out, void* shared) {
   Cq* cq = take_slot(cqs_, &idx);
   *cq = Cq{};
   if (!shared) {
-    cq->own_ = std::make_unique<uint8_t[]>(shim::cq_shared_len(cqe));
+    cq->own_ = std::make_unique<Cq::Page[]>(shim::cq_shared_len(cqe) /
+                                            sizeof(Cq::Page));
     shared = cq->own_.get();  // value-initialised: zero
   }
   cq->sh_ = cq_block(shared, cqe, &cq->ring_);
@@ -313,9 +314,10 @@ int Device::resize_cq(Cq* cq, uint32_t cqe, void* shared) {
   const uint32_t cons = cq->sh_->cons.load(std::memory_order_acquire);
   const uint32_t held = cq->tail_ - cons;
   if (held > cq->cap_ || cqe < held) return EINVAL;
-  std::unique_ptr<uint8_t[]> own;
+  std::unique_ptr<Cq::Page[]> own;
   if (!shared) {
-    own = std::make_unique<uint8_t[]>(shim::cq_shared_len(cqe));
+    own = std::make_unique<Cq::Page[]>(shim::cq_shared_len(cqe) /
+                                       sizeof(Cq::Page));
     shared = own.get();
   }
   ibv_wc* ring;

@@ -134,7 +134,12 @@ class Cq {
   }
   shim::CqShared* sh_ = nullptr;
   ibv_wc* ring_ = nullptr;
-  std::unique_ptr<uint8_t[]> own_;  // the block, when not shared
+  // The block, when not shared: page-aligned as a shared mapping is
+  // (CqShared is cache-line aligned; the ring starts at a page).
+  struct alignas(4096) Page {
+    uint8_t bytes[4096];
+  };
+  std::unique_ptr<Page[]> own_;
   uint32_t cap_ = 0;   // completions it holds (what create_cq granted)
   uint32_t mask_ = 0;  // ring slots - 1 (slots: a power of two >= cap_)
   // Producer indices (push(): std::atomic_ref, several lcores): tail_
