@@ -453,3 +453,10 @@ TEST(TimerWheel, HundredThousandTimers) {
 }
 
 }  // namespace
+
+// Fewer slots than one word of the occupancy bitmap, and a size that is not
+// a multiple of it: the walk must wrap at the wheel's end, not the word's.
+TEST(TimerWheel, RandomAgainstReferenceTinyWheels) {
+  run_against_reference(8, 3);
+  run_against_reference(96, 4);  // rounded up to 128: two words
+}
