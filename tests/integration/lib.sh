@@ -11,6 +11,7 @@
 #                       every test service shares (IN_NS: in that netns);
 #                       LAST_PID = the service
 #   memif_start ROLE MAC IP SOCK [urnicd options]   LAST_PID = the service
+#   memif_listening PATH   a memif server listens there (abstract or file)
 #   veth_pair           two network namespaces joined by a veth pair
 #                       (NS_A/IF_A, NS_B/IF_B), removed on exit
 #   afp_start ROLE NS IFACE IP SOCK [urnicd options]  urnicd in NS on
@@ -110,14 +111,24 @@ urnicd_start() {
   PIDS+=("$LAST_PID")
 }
 
+# memif_listening PATH: a memif server listens at PATH. DPDK 22.11's memif
+# makes it an abstract socket by default (no file: it shows in
+# /proc/net/unix as @PATH); a file socket counts too.
+memif_listening() {
+  [ -S "$1" ] || grep -q " @$1\$" /proc/net/unix
+}
+
 # memif_start ROLE MAC IP SOCK [urnicd options]: urnicd_start on the memif
-# pair in $TMP. A client waits for the server's socket first: DPDK's memif
-# client does not retry a connection refused at start.
+# pair in $TMP. A client waits (10 s at most) for the server's socket
+# first: DPDK's memif client does not retry a connection refused at start.
 memif_start() {
   local role=$1 mac=$2 ip=$3 sock=$4
   shift 4
   if [ "$role" = client ]; then
-    for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
+    for _ in $(seq 100); do
+      memif_listening "$TMP/memif.sock" && break
+      sleep 0.1
+    done
   fi
   urnicd_start "$role" "$ip" "$sock" \
     -o "port.vdev=net_memif0,role=$role,socket=$TMP/memif.sock,id=0,mac=$mac" \

@@ -32,7 +32,7 @@ start() {  # start ROLE MAC IP SOCK [OPTIONS]: a 64-slot memif ring (rsize=6)
 # Service A's worker pauses when idle, B's yields (lcores.idle.yield).
 start server 02:00:00:89:00:01 10.89.0.1 "$SA" -o lcores.idle.yield=false
 # The memif client connects once the server's socket exists.
-for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do memif_listening "$TMP/memif.sock" && break; sleep 0.1; done
 start client 02:00:00:89:00:02 10.89.0.2 "$SB"
 for _ in $(seq 100); do
   [ -S "$SA" ] && [ -S "$SB" ] && grep -q "link up" "$TMP/urnicd-server.log" && break

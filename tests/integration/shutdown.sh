@@ -77,7 +77,7 @@ verified_run() {  # a short verified urnic-perf run between A and B
 }
 
 start_a
-for _ in $(seq 100); do [ -S "$TMP/memif.sock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do memif_listening "$TMP/memif.sock" && break; sleep 0.1; done
 start_b
 wait_sock "$SA" && wait_sock "$SB"
 
