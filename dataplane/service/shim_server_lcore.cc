@@ -4,7 +4,9 @@
 // thread's half). Never allocates; reads the application's rings only
 // through copies and clamped indices.
 #include <bit>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "dataplane/service/shim_server.h"
 
@@ -16,6 +18,17 @@ namespace {
 
 constexpr uint32_t kSendFlagsKnown =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
+
+// A WQE slot's fixed part, before its SGEs (or inline bytes).
+constexpr size_t kSendHead = offsetof(ShmSendWqe, sge);
+constexpr size_t kRecvHead = offsetof(ShmRecvWqe, sge);
+static_assert(kSendHead == 80 && kRecvHead == 16);
+// SGEs are copied from a slot into the engine's type byte for byte.
+static_assert(sizeof(ShmSge) == sizeof(transport::Sge) &&
+              offsetof(ShmSge, addr) == offsetof(transport::Sge, addr) &&
+              offsetof(ShmSge, length) == offsetof(transport::Sge, length) &&
+              offsetof(ShmSge, lkey) == offsetof(transport::Sge, lkey));
+static_assert(std::is_trivially_copyable_v<transport::Sge>);
 
 }  // namespace
 
@@ -71,16 +84,16 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     return false;
   }
   for (; q.rq_seen != rprod; ++q.rq_seen) {
-    ShmRecvWqe w;  // copied out once, then validated: no re-reads
-    std::memcpy(&w, &q.rq[q.rq_seen & (q.rq_size - 1)], sizeof w);
-    transport::RecvWr wr;
-    wr.wr_id = w.wr_id;
+    // Each byte of the slot is read once: the head, then as many SGEs as
+    // the copied head says (bounded), then validated from the copies.
+    const ShmRecvWqe& slot = q.rq[q.rq_seen & (q.rq_size - 1)];
+    ShmRecvWqe w;
+    std::memcpy(&w, &slot, kRecvHead);
+    transport::Sge sges[kMaxSge];
     int rc = EINVAL;
     if (w.num_sge <= kMaxSge) {
-      wr.num_sge = w.num_sge;
-      for (uint32_t i = 0; i < w.num_sge; ++i)
-        wr.sg_list[i] = {w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
-      rc = eng.post_recv(qp, wr);
+      std::memcpy(sges, slot.sge, w.num_sge * sizeof(ShmSge));
+      rc = eng.post_recv(qp, w.wr_id, w.num_sge, sges);
     }
     if (rc) {
       ++bad;
@@ -97,9 +110,13 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     return false;
   }
   for (; q.sq_seen != sprod; ++q.sq_seen) {
+    // The head (80 B) first; SGEs only as many as it says, straight into
+    // what the engine takes (it copies them once more, into the QP).
+    const ShmSendWqe& slot = q.sq[q.sq_seen & (q.sq_size - 1)];
     ShmSendWqe w;
-    std::memcpy(&w, &q.sq[q.sq_seen & (q.sq_size - 1)], sizeof w);
-    transport::SendWr wr;
+    std::memcpy(&w, &slot, kSendHead);
+    transport::SendWrHead wr;
+    transport::Sge sges[kMaxSge];
     wr.wr_id = w.wr_id;
     // An opcode the enum does not hold is never converted to it (UBSan).
     bool ok = w.opcode <= IBV_WR_SEND_WITH_INV ||  // through SEND_WITH_INV
@@ -121,23 +138,23 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
       ok = ok && w.num_sge == 0 && !(wr.send_flags & IBV_SEND_INLINE);
     }
     if (wr.send_flags & IBV_SEND_INLINE) {
-      // The engine copies inline data at post time, from this local copy.
+      // The engine copies the inline bytes at post time, once, from the
+      // slot itself: they are payload, nothing the service interprets, and
+      // the slot stays the application's own until the WQE retires.
       ok = ok && w.inline_len <= kMaxInline;
       wr.num_sge = 1;
-      wr.sg_list[0] = {reinterpret_cast<uint64_t>(w.inline_data), w.inline_len,
-                       0};
+      sges[0] = {reinterpret_cast<uint64_t>(slot.inline_data), w.inline_len, 0};
     } else {
       ok = ok && w.num_sge <= kMaxSge;
       wr.num_sge = ok ? w.num_sge : 0;
-      for (uint32_t i = 0; i < wr.num_sge; ++i)
-        wr.sg_list[i] = {w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+      std::memcpy(sges, slot.sge, wr.num_sge * sizeof(ShmSge));
     }
     if (ok && qp->type() == IBV_QPT_UD) {
       auto it = c.ahs.find(w.ah);
       ok = it != c.ahs.end() && it->second.pd == q.pd;
       if (ok) wr.ah = it->second.ah;
     }
-    const int rc = ok ? eng.post_send(qp, wr) : EINVAL;
+    const int rc = ok ? eng.post_send(qp, wr, sges) : EINVAL;
     if (rc) {
       ++bad;
       eng.fail_unposted_send(qp, w.wr_id, ok ? wr.opcode : IBV_WR_SEND,
@@ -158,8 +175,9 @@ bool ShimServer::drain_srq_st(SrqObj& s, uint32_t* taken) {
     return false;
   }
   for (; s.seen != prod; ++s.seen) {
+    const ShmRecvWqe& slot = s.ring[s.seen & (s.size - 1)];
     ShmRecvWqe w;
-    std::memcpy(&w, &s.ring[s.seen & (s.size - 1)], sizeof w);
+    std::memcpy(&w, &slot, kRecvHead);
     transport::RecvWr wr;
     wr.wr_id = w.wr_id;
     // A WQE the SRQ refuses still takes its slot (as an empty receive), so
@@ -167,8 +185,7 @@ bool ShimServer::drain_srq_st(SrqObj& s, uint32_t* taken) {
     wr.num_sge = w.num_sge <= s.srq->max_sge() ? w.num_sge : 0;
     if (wr.num_sge != w.num_sge)
       ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
-    for (uint32_t i = 0; i < wr.num_sge; ++i)
-      wr.sg_list[i] = {w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+    std::memcpy(wr.sg_list, slot.sge, wr.num_sge * sizeof(ShmSge));
     s.srq->post(wr);
     ++*taken;
   }

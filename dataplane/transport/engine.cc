@@ -426,7 +426,7 @@ int Engine::query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const {
 
 // --- posting ----------------------------------------------------------------
 
-int Engine::post_send(Qp* qp, const SendWr& wr) {
+int Engine::post_send(Qp* qp, const SendWrHead& wr, const Sge* sges) {
   switch (qp->state_) {
     case IBV_QPS_RTS:
     case IBV_QPS_SQD:
@@ -449,7 +449,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   if (!valid_opcode(qp->type_, wr.opcode)) return EINVAL;
   if (wr.num_sge > qp->cap_.max_send_sge || wr.num_sge > kMaxSge) return EINVAL;
   uint64_t len = 0;
-  for (uint32_t i = 0; i < wr.num_sge; ++i) len += wr.sg_list[i].length;
+  for (uint32_t i = 0; i < wr.num_sge; ++i) len += sges[i].length;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
   if (len > dev_.limits().max_msg_sz) return EINVAL;
   // PSNs compare within a 2^23 window (psn.h): a message of more packets
@@ -466,7 +466,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
 
   SendWqe& w = qp->sqe(qp->sq_tail_);
   w.wr = wr;  // the head; the SGEs into the QP's array
-  if (!inl) std::copy_n(wr.sg_list, wr.num_sge, w.sge);
+  if (!inl) std::copy_n(sges, wr.num_sge, w.sge);
   w.length = static_cast<uint32_t>(len);
   w.started = w.resolved = w.rd_counted = w.done = false;
   w.local_err = IBV_WC_SUCCESS;
@@ -475,7 +475,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;
     for (uint32_t i = 0; i < wr.num_sge; ++i) {
-      const Sge& s = wr.sg_list[i];
+      const Sge& s = sges[i];
       if (s.length)
         std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(s.addr),
                     s.length);
@@ -491,13 +491,14 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   return 0;
 }
 
-int Engine::post_recv(Qp* qp, const RecvWr& wr) {
+int Engine::post_recv(Qp* qp, uint64_t wr_id, uint32_t num_sge,
+                      const Sge* sges) {
   if (qp->srq_) return EINVAL;
   if (qp->state_ == IBV_QPS_RESET) return EINVAL;
-  if (wr.num_sge > qp->cap_.max_recv_sge) return EINVAL;
+  if (num_sge > qp->cap_.max_recv_sge) return EINVAL;
   if (qp->state_ == IBV_QPS_ERR) {
     ibv_wc wc{};
-    wc.wr_id = wr.wr_id;
+    wc.wr_id = wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = qp->qpn_;
@@ -507,9 +508,9 @@ int Engine::post_recv(Qp* qp, const RecvWr& wr) {
   }
   if (qp->rq_tail_ - qp->rq_head_ > qp->rq_mask_) return ENOMEM;
   RecvWqe& r = qp->rq_[qp->rq_tail_ & qp->rq_mask_];
-  r.wr_id = wr.wr_id;
-  r.num_sge = wr.num_sge;
-  std::copy_n(wr.sg_list, wr.num_sge, r.sge);
+  r.wr_id = wr_id;
+  r.num_sge = num_sge;
+  std::copy_n(sges, num_sge, r.sge);
   ++qp->rq_tail_;
   ctr_.inc(ECtr::recv_wqes);
   return 0;

@@ -184,8 +184,17 @@ class Engine {
   // ibv_post_send / ibv_post_recv for one WR: 0, ENOMEM (queue full) or
   // EINVAL (bad WR, or a state that does not accept it). In ERR a posted WR
   // completes with IBV_WC_WR_FLUSH_ERR.
-  int post_send(Qp* qp, const SendWr& wr);
-  int post_recv(Qp* qp, const RecvWr& wr);
+  int post_send(Qp* qp, const SendWr& wr) {
+    return post_send(qp, wr, wr.sg_list);
+  }
+  int post_recv(Qp* qp, const RecvWr& wr) {
+    return post_recv(qp, wr.wr_id, wr.num_sge, wr.sg_list);
+  }
+  // The same with the SGEs apart (wr.num_sge / num_sge of them at `sges`):
+  // the shim's WQE intake fills them straight from the shared slot, and
+  // they are copied once more, into the QP's own arrays.
+  int post_send(Qp* qp, const SendWrHead& wr, const Sge* sges);
+  int post_recv(Qp* qp, uint64_t wr_id, uint32_t num_sge, const Sge* sges);
   // A WR the shim accepted but the service refused before it reached the
   // queue (a misbehaving application wrote it): completes with `st`, the
   // QP goes to error, and the shared ring still frees its slot.

@@ -56,10 +56,12 @@ static_assert(pkts_for(0, 1024) == 1 && pkts_for(1024, 1024) == 1 &&
               pkts_for(1025, 1024) == 2 &&
               pkts_for(0x80000000u, 256) == 1u << 23);
 
+// Trivial (no initialisers), so that an array of them on the WQE intake
+// path costs nothing until filled; SendWr and RecvWr zero theirs.
 struct Sge {
-  uint64_t addr = 0;
-  uint32_t length = 0;
-  uint32_t lkey = 0;
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
 };
 
 class Ah;
@@ -110,7 +112,7 @@ struct SendWr : SendWrHead {
 struct RecvWr {
   uint64_t wr_id = 0;
   uint32_t num_sge = 0;
-  Sge sg_list[kMaxSge];
+  Sge sg_list[kMaxSge]{};
 };
 
 // The 40-byte GRH a UD receive buffer starts with (IBTA 11.4.1.2; for
