@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -108,8 +109,14 @@ struct ShimQueue {
         while (bits) {
           bits &= bits - 1;
           const uint32_t p = sh.sq_prod.load(std::memory_order_acquire);
-          for (; seen != p; ++seen, ++taken)
-            std::memcpy(&out, &sq[seen & (kSlots - 1)], sizeof out);
+          // As drain_qp_st: the head, then as many SGEs as it says.
+          for (; seen != p; ++seen, ++taken) {
+            const urnic::shim::ShmSendWqe& slot = sq[seen & (kSlots - 1)];
+            std::memcpy(&out, &slot, offsetof(urnic::shim::ShmSendWqe, sge));
+            if (out.num_sge <= urnic::shim::kMaxSge)
+              std::memcpy(out.sge, slot.sge,
+                          out.num_sge * sizeof(urnic::shim::ShmSge));
+          }
           // The engine retires at completion; here at once.
           sh.sq_done.store(seen, std::memory_order_release);
         }
