@@ -765,8 +765,9 @@ void Engine::to_error(Qp& qp) {
   cc_sync(qp);
   cancel_timers(qp);
   unlink_ready(qp);
-  // Every WR still on the send queue completes with a flush error, in order
-  // (IBTA 10.3.1, C10-? "Error state"), signaled or not.
+  // Every WR still on the send queue completes with a flush error, in order,
+  // signaled or not (the IBTA's QP Error state; rule number unchecked, so
+  // none is given).
   while (qp.sq_head_ != qp.sq_tail_) {
     SendWqe& w = qp.sqe(qp.sq_head_);
     ibv_wc wc{};

@@ -583,7 +583,9 @@ void uc_rx(Engine& e, Qp& qp, const RxPkt& p) {
 
 void ud_rx(Engine& e, Qp& qp, const RxPkt& p) {
   Qp::Resp& r = qp.resp_;
-  if (p.f.deth_qkey != qp.qkey_) {  // C10-? Q_Key mismatch: silent drop
+  // A Q_Key that is not the QP's: the request is dropped, silently, and
+  // counted (the IBTA's Q_Key check; rule number unchecked, none given).
+  if (p.f.deth_qkey != qp.qkey_) {
     e.ctr_.inc(ECtr::rx_bad_qkey);
     return;
   }
