@@ -414,7 +414,12 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
       }
       return false;
     }
-    if (tail.compare_exchange_weak(t, t + 1, std::memory_order_relaxed)) break;
+    // Release: a producer that later reads this tail (acquire, above) then
+    // sees a cons at least as new as the one this reservation was checked
+    // against (free on x86 and ARMv8; the C++ model needs it).
+    if (tail.compare_exchange_weak(t, t + 1, std::memory_order_release,
+                                   std::memory_order_relaxed))
+      break;
   }
   ring_[t & mask_] = wc;
   std::atomic_ref<uint32_t> pub(pub_);
