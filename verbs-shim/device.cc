@@ -386,6 +386,22 @@ URNIC_EXPORT int ibv_get_device_index(ibv_device* device) {
 // --- open / close
 // ----------------------------------------------------------------------
 
+// What libibverbs' inline wrappers (ibv_poll_cq, ibv_post_send, ...) and
+// its legacy queries call through the context: one table, set whole at
+// open, as rdma-core's providers set theirs. Declaration order (C++20).
+constexpr ibv_context_ops kContextOps = {
+    ._compat_query_device = query_device,
+    ._compat_query_port = compat_query_port,
+    .alloc_mw = alloc_mw,
+    .bind_mw = bind_mw,
+    .dealloc_mw = dealloc_mw,
+    .poll_cq = poll_cq,
+    .req_notify_cq = req_notify_cq,
+    .post_srq_recv = post_srq_recv,
+    .post_send = post_send,
+    .post_recv = post_recv,
+};
+
 URNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   Device* d = urnic_device(device);
   if (!d) {
@@ -447,16 +463,7 @@ URNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;
-  c.ops._compat_query_device = query_device;
-  c.ops._compat_query_port = compat_query_port;
-  c.ops.poll_cq = poll_cq;
-  c.ops.req_notify_cq = req_notify_cq;
-  c.ops.post_send = post_send;
-  c.ops.post_recv = post_recv;
-  c.ops.post_srq_recv = post_srq_recv;
-  c.ops.alloc_mw = alloc_mw;
-  c.ops.bind_mw = bind_mw;
-  c.ops.dealloc_mw = dealloc_mw;
+  c.ops = kContextOps;
   register_context(ctx);
   return &c;
 }
