@@ -382,8 +382,10 @@ inline void ring_doorbell(DoorbellPage& db, uint32_t index) {
   db.pending.fetch_or(1u << (w / 64), std::memory_order_release);
 }
 
+// Every shared block is laid out in pages of this size.
+constexpr size_t kPageSize = 4096;
 constexpr size_t page_round(size_t n) {
-  return (n + 4095) & ~size_t{4095};
+  return (n + kPageSize - 1) & ~(kPageSize - 1);
 }
 constexpr size_t qp_shared_len(uint32_t sq, uint32_t rq) {
   return page_round(sizeof(QpShared)) +

@@ -136,8 +136,8 @@ class Cq {
   ibv_wc* ring_ = nullptr;
   // The block, when not shared: page-aligned as a shared mapping is
   // (CqShared is cache-line aligned; the ring starts at a page).
-  struct alignas(4096) Page {
-    uint8_t bytes[4096];
+  struct alignas(shim::kPageSize) Page {
+    uint8_t bytes[shim::kPageSize];
   };
   std::unique_ptr<Page[]> own_;
   uint32_t cap_ = 0;   // completions it holds (what create_cq granted)
