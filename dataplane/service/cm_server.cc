@@ -9,6 +9,7 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -170,13 +171,22 @@ void gid_of(uint32_t ip, uint8_t gid[16]) {
   wire::gid_from_ipv4(ip, gid);
 }
 
+// Kernel randomness by getrandom(2): no fd to open per draw (a
+// std::random_device is constructed, probed and destroyed per use), and
+// unpredictable to another local client, which sees its own tokens and PSNs.
+uint64_t random_u64() {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, 0) == static_cast<ssize_t>(sizeof v)) return v;
+  std::random_device rd;  // EINTR or no getrandom: the slow way
+  return uint64_t{rd()} << 32 | rd();
+}
+
 }  // namespace
 
 CmServer::CmServer(CmEnv env) : env_(std::move(env)) {
-  std::random_device rd;
   // Local comm IDs must not repeat across restarts either (a peer in
   // timewait would take a reused one for a duplicate): random start.
-  next_comm_ = rd() | 1;
+  next_comm_ = static_cast<uint32_t>(random_u64()) | 1;
 }
 
 CmServer::~CmServer() {
@@ -234,8 +244,7 @@ void CmServer::handle(CtlRequest& req, CtlReply& rep) {
       ch.ev_fd = req.fds[0];
       req.fds.clear();
       fcntl(ch.ev_fd, F_SETFL, fcntl(ch.ev_fd, F_GETFL) | O_NONBLOCK);
-      std::random_device rd;
-      ch.token = uint64_t{rd()} << 32 | rd();
+      ch.token = random_u64();
       shim::CmOpenRep r;
       r.token = ch.token;
       append(out, r);
@@ -403,8 +412,7 @@ int CmServer::cmd_create(Channel& ch, const uint8_t* b, std::string& out) {
   id.uid = c.uid;
   id.ps = c.ps;
   id.qp_type = c.qp_type;
-  std::random_device rd;
-  id.seq_num = rd() & wire::kMask24;
+  id.seq_num = random_u64() & wire::kMask24;
   ch.ids.push_back(id.id);
   ctr_.ids.fetch_add(1, std::memory_order_relaxed);
   rdma_ucm_create_id_resp r{};
@@ -488,11 +496,14 @@ bool CmServer::port_in_use(uint16_t ps, uint32_t ip, uint16_t port,
 
 int CmServer::auto_bind(Id& id) {
   if (!id.bound) {
-    std::random_device rd;
+    // A random start, then every port of the range once (Linux's
+    // ephemeral choice): random picks alone could miss the last free one.
     const uint32_t span = kEphemeralHi - kEphemeralLo + 1;
+    const auto start = static_cast<uint32_t>(random_u64() % span);
     uint16_t port = 0;
     for (uint32_t tries = 0; tries < span; ++tries) {
-      const auto p = static_cast<uint16_t>(kEphemeralLo + (rd() % span));
+      const auto p =
+          static_cast<uint16_t>(kEphemeralLo + (start + tries) % span);
       if (!port_in_use(id.ps, 0, p, &id)) {
         port = p;
         break;
@@ -1302,8 +1313,7 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
   if (!child) return;  // no id to give: the REQ will come again
   Id& id = *child;     // references to the others stay valid (node map)
   id.tos = q.primary.traffic_class;
-  std::random_device rd;
-  id.seq_num = rd() & wire::kMask24;
+  id.seq_num = random_u64() & wire::kMask24;
   alloc_comm(id);
   id.remote_comm_id = q.local_comm_id;
   id.remote_guid = q.local_ca_guid;
