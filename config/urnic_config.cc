@@ -326,6 +326,7 @@ struct Schema<CcConfig> {
        .member = &S::shared_min_window,
        .min = 1,
        .max = 1048576},
+      {.key = "grant", .member = &S::grant, .max = 1048576},
       {.key = "ecn", .member = &S::ecn},
       {.key = "cnp_interval_us", .member = &S::cnp_interval_us, .max = 1000000},
       {.key = "pace_burst_kb",

@@ -94,12 +94,71 @@ void Engine::cc_sync(Qp& qp) {
   if (qp.type_ == IBV_QPT_RC &&
       (qp.state_ == IBV_QPS_RTS || qp.state_ == IBV_QPS_SQD))
     out = std::max(psn_diff(qp.req_.psn, qp.comp_.psn), 0);
+  else
+    cc_release(qp);
   const auto now = static_cast<uint32_t>(out);
   if (now == qp.cc_out_) return;
   if (qp.cc_out_ == 0) ++cc_active_;
   if (now == 0) --cc_active_;
+  const bool drained = now < qp.cc_out_;
   cc_in_flight_ = cc_in_flight_ + now - qp.cc_out_;
   qp.cc_out_ = now;
+  if (drained && !cc_wait_.empty()) cc_wake();
+}
+
+bool Engine::cc_may_send(Qp& qp, int32_t out) {
+  const uint32_t g = cfg_.cc.grant;
+  if (!cfg_.cc.window || g == 0) return true;
+  if (out > 0) {
+    // Sending already. Past its grant it also needs room in the shared
+    // window (the share, window / QPs in flight, shrinks as QPs are
+    // admitted, while what the older ones have in flight drains only with
+    // their ACKs); after kGrantBursts grants while others wait its turn
+    // ends, and it queues again once drained. Either way the last packet
+    // before the stop asks for an ACK (cc_turn_ends), else one more goes
+    // that does: an unanswered tail would wait for a probe. Its ACKs make
+    // it ready again.
+    if (qp.req_.pkts_since_ackreq != 0) return true;
+    if (static_cast<uint32_t>(out) >= g &&
+        cc_in_flight_ + cc_reserved_ >= cc_shared_.window())
+      return false;
+    return cc_wait_.empty() || qp.cc_burst_ < g * CcParams::kGrantBursts;
+  }
+  if (qp.cc_admitted_) return true;  // the requester takes the grant once sent
+  if (!cc_wait_.empty() ||
+      (cc_active_ + cc_reserved_ != 0 &&
+       cc_in_flight_ + cc_reserved_ + g > cc_shared_.window())) {
+    if (!qp.cc_wait_link_.on) ctr_.inc(ECtr::cc_grant_waits);
+    cc_wait_.push_back(qp);  // no-op when queued already
+    // Someone in flight or granted wakes the queue; with no one, now.
+    if (cc_active_ + cc_reserved_ == 0) cc_wake();
+    return false;
+  }
+  qp.cc_burst_ = 0;
+  return true;
+}
+
+// Grants go in queue order while the shared window has room for one more
+// (or nothing is in flight or granted: someone has to go).
+void Engine::cc_wake() {
+  const uint32_t g = cfg_.cc.grant;
+  while (!cc_wait_.empty()) {
+    if (cc_active_ + cc_reserved_ != 0 &&
+        cc_in_flight_ + cc_reserved_ + g > cc_shared_.window())
+      break;
+    Qp* qp = cc_wait_.pop_front();
+    qp->cc_admitted_ = true;
+    cc_reserved_ += g;
+    make_ready(*qp);
+  }
+}
+
+void Engine::cc_release(Qp& qp) {
+  cc_wait_.remove(qp);  // O(queue): off the packet path (state changes)
+  if (!qp.cc_admitted_) return;
+  qp.cc_admitted_ = false;
+  cc_reserved_ -= cfg_.cc.grant;
+  if (!cc_wait_.empty()) cc_wake();
 }
 
 uint32_t Engine::cc_window(const Qp& qp) const {

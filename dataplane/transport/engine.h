@@ -80,7 +80,7 @@ class PacketIo {
   X(tail_probes)     X(rx_rkey_invalid) X(rx_rkey_pd)      X(rx_rkey_bounds) \
   X(rx_rkey_rights)  X(rx_qp_access)    X(rx_write_length) X(rx_rd_atomic_over) \
   X(rx_atomic_misaligned) X(rx_recv_too_small) X(rx_recv_bad_lkey)     \
-  X(rx_invalidate_rkey) X(atomic_writes)
+  X(rx_invalidate_rkey) X(atomic_writes) X(cc_grant_waits)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -220,6 +220,7 @@ class Engine {
   uint32_t cc_shared_window() const { return cc_shared_.window(); }
   uint64_t cc_in_flight() const { return cc_in_flight_; }
   uint32_t cc_active_qps() const { return cc_active_; }
+  uint64_t cc_reserved() const { return cc_reserved_; }
 
   // --- Internal: shared with the roles (roles.h); not an API. ---
 
@@ -233,6 +234,22 @@ class Engine {
   // an ACK queued behind every other QP's data burst would look lost.
   void make_ack_ready(Qp& qp) { ack_.push_back(qp); }
   void unlink_ready(Qp& qp);
+  // Grants of the shared window (CcParams::grant): may `qp`, with `out`
+  // packets in flight, send a new packet now? If not it waits for a grant
+  // (queued here) or for its packets in flight to drain.
+  bool cc_may_send(Qp& qp, int32_t out);
+  // The packet about to be sent is the last cc_may_send lets go for now
+  // (its turn ends, or it fills the shared window): it asks for an ACK.
+  bool cc_turn_ends(const Qp& qp) const {
+    if (!cfg_.cc.window || !cfg_.cc.grant) return false;
+    return (!cc_wait_.empty() &&
+            qp.cc_burst_ + 1 >= cfg_.cc.grant * CcParams::kGrantBursts) ||
+           (qp.cc_out_ + 1 >= cfg_.cc.grant &&
+            cc_in_flight_ + cc_reserved_ + 1 >= cc_shared_.window());
+  }
+  // An admitted QP that will not send (no work, not RTS) gives its grant
+  // back; a QP leaving RTS leaves the queue.
+  void cc_release(Qp& qp);
   // Completes sqe(qp.sq_head_) with `st` (a CQE if signaled or an error).
   void complete_head(Qp& qp, ibv_wc_status st);
   bool push_cqe(Qp& qp, Cq* cq, const ibv_wc& wc, bool solicited);
@@ -311,6 +328,11 @@ class Engine {
   SharedWindow cc_shared_;
   uint64_t cc_in_flight_ = 0;  // packets, all QPs
   uint32_t cc_active_ = 0;     // QPs with packets in flight
+  // QPs waiting for a grant, oldest first, and the packets granted to QPs
+  // that have not sent yet (counted as in flight for the next grant).
+  QpList<&Qp::cc_wait_link_> cc_wait_;
+  uint64_t cc_reserved_ = 0;
+  void cc_wake();
 };
 
 }  // namespace urnic::transport

@@ -258,6 +258,9 @@ class Qp {
   } comp_;
   LossWindow cc_;             // congestion window (congestion.h)
   uint32_t cc_out_ = 0;       // its packets in flight as the engine counts them
+  QpLink cc_wait_link_;       // waiting for a grant of the shared window
+  bool cc_admitted_ = false;  // granted: its next packet goes
+  uint32_t cc_burst_ = 0;     // packets sent since it started from none
   uint64_t cnp_sent_ns_ = 0;  // responder: when it last sent a CNP
   bool cnp_sent_ = false;
   DcqcnRate rate_;  // DCQCN reaction point and pacer (congestion.h)

@@ -144,7 +144,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
         std::max(std::min(e.config().ack_req_every, win / 2), 1u);
     f.ack_req =
         rc && (last || qp.req_.ackreq_next ||
-               qp.req_.pkts_since_ackreq + 1 >= every ||
+               qp.req_.pkts_since_ackreq + 1 >= every || e.cc_turn_ends(qp) ||
                static_cast<uint32_t>(psn_diff(psn_add(qp.req_.psn, psn_used),
                                               qp.comp_.psn)) >= win);
   }
@@ -265,18 +265,34 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
           !qp.probe_due_)
         break;
       if (!e.pace_ok(qp)) break;  // the pace timer makes it ready again
+      // New data waits for its turn in the shared window; a probe or a
+      // packet sent again after a go-back does not (it is in flight
+      // already as far as the window is concerned).
+      if (!qp.probe_due_ && !psn_before(qp.req_.psn, qp.req_.max_psn) &&
+          !e.cc_may_send(qp, out))
+        break;  // a grant or its own ACKs make it ready again
     }
+    const int32_t out_before = psn_diff(qp.req_.psn, qp.comp_.psn);
     if (!send_one(e, qp, w)) {
       *more = true;
       break;
     }
     qp.probe_due_ = false;
-    if (rc) e.paced_sent(qp);
+    if (rc) {
+      e.paced_sent(qp);
+      if (out_before <= 0 && qp.cc_admitted_) e.cc_release(qp);  // used it
+      if (out_before <= 0) qp.cc_burst_ = 0;
+      ++qp.cc_burst_;
+    }
     ++sent;
     // A probe of the oldest packet alone: back to where the pass was.
     if (qp.probe_one_) go_to_st(e, qp, qp.probe_resume_);
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
   }
+  // A grant this QP cannot use goes to the next in line.
+  if (qp.cc_admitted_ &&
+      (qp.sq_next_ == qp.sq_tail_ || qp.state_ != IBV_QPS_RTS))
+    e.cc_release(qp);
   return sent;
 }
 

@@ -414,6 +414,7 @@ field_mutations() {
            [](Config& c) { c.transport.cc.shared_init_window = 1024; }},
           {"transport.cc.shared_min_window",
            [](Config& c) { c.transport.cc.shared_min_window = 32; }},
+          {"transport.cc.grant", [](Config& c) { c.transport.cc.grant = 0; }},
           {"transport.cc.ecn", [](Config& c) { c.transport.cc.ecn = false; }},
           {"transport.cc.cnp_interval_us",
            [](Config& c) { c.transport.cc.cnp_interval_us = 4; }},

@@ -1877,6 +1877,12 @@ void Sim::run() {
           fmt("stalled: no completion for %" PRIu64 " ms of virtual time",
               kStallNs / kMs);
       int shown = 0;
+      for (Host& h : h_)
+        for (const auto& e : h.engs)
+          s += fmt("\n  %s engine %u: shared window %u, in flight %" PRIu64
+                   " on %u QPs, %" PRIu64 " granted not yet sent",
+                   h.name, e->config().home, e->cc_shared_window(),
+                   e->cc_in_flight(), e->cc_active_qps(), e->cc_reserved());
       for (auto& d : dirs_) {
         if ((!d->sq.empty() || (d->exact && !d->cons.empty())) && shown < 6) {
           s += "\n  " + dump(*d);

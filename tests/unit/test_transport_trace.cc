@@ -925,6 +925,105 @@ TEST_F(TransportTrace, SharedWindowLimitsAQpToItsShare) {
   EXPECT_EQ(engine_->cc_active_qps(), 0u);
 }
 
+// Grants of the shared window (CcParams::grant): 16 QPs with work share a
+// window of 32 packets. The peer answers each QP's newest packet that asked
+// for an ACK, every 10 us. With grants of 8, at most 4 QPs (and one
+// draining) have packets in flight, each asks for an ACK once per 4
+// packets, in flight stays within the window plus one grant, and every QP
+// gets its turns and completes. Without grants (0), all 16 share the 32
+// and ask for ACKs at least 1.5 times as often (measured: 233 vs 128).
+struct GrantRun {
+  uint32_t data = 0, ack_reqs = 0, max_active = 0, waits = 0;
+  uint64_t max_in_flight = 0;
+  int rounds = 0;
+  bool all_done = false;
+  std::vector<int> first_round;  // per QP: the round of its first packet
+};
+
+TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
+  constexpr int kQps = 16;
+  constexpr uint32_t kWrs = 8;  // 4 KiB SENDs: 4 packets each
+  auto run = [&](uint32_t grant) {
+    EngineConfig ec;
+    ec.cc.init_window = 64;
+    ec.cc.shared_init_window = 32;
+    ec.cc.shared_min_window = 16;
+    ec.cc.shared_max_window = 32;
+    ec.cc.grant = grant;
+    ec.tail_probe_ns = 0;
+    use_engine(ec);
+    std::vector<Qp*> qps;
+    for (int i = 0; i < kQps; ++i) {
+      Qp* q = create_qp(IBV_QPT_RC);
+      EXPECT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
+                         IBV_MTU_1024),
+                0);
+      for (uint32_t k = 0; k < kWrs; ++k)
+        EXPECT_EQ(engine_->post_send(q, wr(k + 1, IBV_WR_SEND, {sge(0, 4096)})),
+                  0);
+      qps.push_back(q);
+    }
+    GrantRun r;
+    r.first_round.assign(kQps, -1);
+    std::vector<uint32_t> done(kQps, 0);
+    for (; r.rounds < 400 && !r.all_done; ++r.rounds) {
+      poll(static_cast<uint64_t>(r.rounds) * 10 * kUs);
+      r.max_in_flight = std::max(r.max_in_flight, engine_->cc_in_flight());
+      r.max_active = std::max(r.max_active, engine_->cc_active_qps());
+      std::vector<int64_t> ack_to(kQps, -1);
+      for (const Pkt& p : sent()) {
+        const int i = static_cast<int>(p.f.dqpn - kPeerQpn);
+        EXPECT_TRUE(i >= 0 && i < kQps) << dump({p});
+        if (i < 0 || i >= kQps) continue;
+        ++r.data;
+        if (r.first_round[i] < 0) r.first_round[i] = r.rounds;
+        if (p.f.ack_req) {
+          ++r.ack_reqs;
+          ack_to[i] = p.f.psn;
+        }
+      }
+      for (int i = 0; i < kQps; ++i) {
+        if (ack_to[i] < 0) continue;
+        const auto psn = static_cast<uint32_t>(ack_to[i]);
+        wire::RoceFields a = ack(psn, (psn - (kSqPsn + i * 4096) + 1) / 4);
+        a.dqpn = qps[i]->qpn();
+        inject(a);
+      }
+      for (const ibv_wc& wc : cq_poll()) {
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        for (int i = 0; i < kQps; ++i)
+          if (wc.qp_num == qps[i]->qpn()) ++done[i];
+      }
+      r.all_done = std::all_of(done.begin(), done.end(),
+                               [&](uint32_t d) { return d == kWrs; });
+    }
+    r.waits = static_cast<uint32_t>(ctr(ECtr::cc_grant_waits));
+    return r;
+  };
+
+  const GrantRun on = run(8);
+  EXPECT_TRUE(on.all_done) << on.rounds << " rounds";
+  EXPECT_EQ(on.data, kQps * kWrs * 4);  // nothing lost: nothing resent
+  EXPECT_LE(on.max_active, 5u);
+  EXPECT_LE(on.max_in_flight, 32u + 8u);
+  EXPECT_GE(on.waits, 12u);  // QPs 5..16 waited for their first grant
+  EXPECT_LE(on.ack_reqs * 4, on.data) << on.ack_reqs << " of " << on.data;
+  for (int i = 0; i < kQps; ++i)
+    EXPECT_GE(on.first_round[i], 0) << "QP " << i << " never sent";
+
+  const GrantRun off = run(0);
+  EXPECT_TRUE(off.all_done) << off.rounds << " rounds";
+  EXPECT_EQ(off.max_active, static_cast<uint32_t>(kQps));
+  EXPECT_EQ(off.waits, 0u);
+  EXPECT_GE(off.ack_reqs * 2, on.ack_reqs * 3)
+      << off.ack_reqs << " of " << off.data;
+  std::printf(
+      "[ grants   ] %u data packets: grants of 8: %u asked for an "
+      "ACK, %u QPs at most in flight, %d rounds; none: %u, %u, %d\n",
+      on.data, on.ack_reqs, on.max_active, on.rounds, off.ack_reqs,
+      off.max_active, off.rounds);
+}
+
 // ECN, requester side: RC data leaves ECT(0); a CNP (Annex A17.9) halves
 // the window once per window of data and resends nothing.
 TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
