@@ -426,6 +426,10 @@ int Run::report() const {
     std::printf("  converged (every %" PRIu64 " ms bin within %.0f %%) %" PRIu64
                 " ms after the last flow started\n",
                 a_.bin_ms, 100 * (1 - a_.fair), conv_ms);
+  } else if (first_bin >= bins_) {
+    std::printf("  the last flow starts after the run: ms=%" PRIu64
+                " is shorter than flows x stagger_ms\n",
+                bins_ * a_.bin_ms);
   } else {
     std::printf("  not converged within %" PRIu64 " ms of the last start\n",
                 (bins_ - first_bin) * a_.bin_ms);

@@ -120,16 +120,18 @@ bool Engine::cc_may_send(Qp& qp, int32_t out) {
     // it ready again.
     if (qp.req_.pkts_since_ackreq != 0) return true;
     if (static_cast<uint32_t>(out) >= g &&
-        cc_in_flight_ + cc_reserved_ >= cc_shared_.window())
+        cc_in_flight_ + cc_reserved_ >= cc_limit())
       return false;
     return cc_wait_.empty() || qp.cc_burst_ < g * CcParams::kGrantBursts;
   }
   if (qp.cc_admitted_) return true;  // the requester takes the grant once sent
-  if (!cc_wait_.empty() ||
-      (cc_active_ + cc_reserved_ != 0 &&
-       cc_in_flight_ + cc_reserved_ + g > cc_shared_.window())) {
-    if (!qp.cc_wait_link_.on) ctr_.inc(ECtr::cc_grant_waits);
-    cc_wait_.push_back(qp);  // no-op when queued already
+  if (!cc_wait_.empty() || (cc_active_ + cc_reserved_ != 0 &&
+                            cc_in_flight_ + cc_reserved_ + g > cc_limit())) {
+    if (!qp.cc_wait_link_.on) {
+      ctr_.inc(ECtr::cc_grant_waits);
+      cc_wait_.push_back(qp);
+      ++cc_waiting_;
+    }
     // Someone in flight or granted wakes the queue; with no one, now.
     if (cc_active_ + cc_reserved_ == 0) cc_wake();
     return false;
@@ -144,9 +146,10 @@ void Engine::cc_wake() {
   const uint32_t g = cfg_.cc.grant;
   while (!cc_wait_.empty()) {
     if (cc_active_ + cc_reserved_ != 0 &&
-        cc_in_flight_ + cc_reserved_ + g > cc_shared_.window())
+        cc_in_flight_ + cc_reserved_ + g > cc_limit())
       break;
     Qp* qp = cc_wait_.pop_front();
+    --cc_waiting_;
     qp->cc_admitted_ = true;
     cc_reserved_ += g;
     make_ready(*qp);
@@ -154,7 +157,10 @@ void Engine::cc_wake() {
 }
 
 void Engine::cc_release(Qp& qp) {
-  cc_wait_.remove(qp);  // O(queue): off the packet path (state changes)
+  if (qp.cc_wait_link_.on) {
+    cc_wait_.remove(qp);  // O(queue): off the packet path (state changes)
+    --cc_waiting_;
+  }
   if (!qp.cc_admitted_) return;
   qp.cc_admitted_ = false;
   cc_reserved_ -= cfg_.cc.grant;
@@ -165,8 +171,10 @@ uint32_t Engine::cc_window(const Qp& qp) const {
   if (!cfg_.cc.window) return cfg_.max_unacked;
   // This QP counts among the active ones once it has a packet in flight.
   const uint32_t active = cc_active_ + (qp.cc_out_ ? 0 : 1);
-  return std::min(qp.cc_.window(),
-                  cc_shared_.share(active, std::max(cfg_.cc.min_window, 1u)));
+  uint64_t share = cc_shared_.share(active, std::max(cfg_.cc.min_window, 1u));
+  // With grants the QPs in flight divide what grants fill (cc_limit).
+  if (cfg_.cc.grant) share = std::max<uint64_t>(share, cc_limit() / active);
+  return static_cast<uint32_t>(std::min<uint64_t>(qp.cc_.window(), share));
 }
 
 void Engine::send_cnp(Qp& qp) {

@@ -245,7 +245,7 @@ class Engine {
     return (!cc_wait_.empty() &&
             qp.cc_burst_ + 1 >= cfg_.cc.grant * CcParams::kGrantBursts) ||
            (qp.cc_out_ + 1 >= cfg_.cc.grant &&
-            cc_in_flight_ + cc_reserved_ + 1 >= cc_shared_.window());
+            cc_in_flight_ + cc_reserved_ + 1 >= cc_limit());
   }
   // An admitted QP that will not send (no work, not RTS) gives its grant
   // back; a QP leaving RTS leaves the queue.
@@ -331,8 +331,20 @@ class Engine {
   // QPs waiting for a grant, oldest first, and the packets granted to QPs
   // that have not sent yet (counted as in flight for the next grant).
   QpList<&Qp::cc_wait_link_> cc_wait_;
+  uint32_t cc_waiting_ = 0;  // QPs on cc_wait_
   uint64_t cc_reserved_ = 0;
   void cc_wake();
+  // What grants fill: the shared window, but never less than min_window
+  // per QP with work (in flight or waiting), the floor each QP's share has
+  // (SharedWindow::share): with grants the same packets are in flight as
+  // without, held by fewer QPs at a time. The window alone (the pipe,
+  // measured from the lowest RTT) starved two workers on shared CPUs,
+  // whose queues ride out the time a lcore is off the CPU.
+  uint64_t cc_limit() const {
+    return std::max<uint64_t>(cc_shared_.window(),
+                              uint64_t{std::max(cfg_.cc.min_window, 1u)} *
+                                  (cc_active_ + cc_waiting_));
+  }
 };
 
 }  // namespace urnic::transport

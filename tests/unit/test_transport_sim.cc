@@ -2027,7 +2027,7 @@ void Sim::report() {
       "\n             retransmits %" PRIu64 " timeouts %" PRIu64
       " naks rx seq/rnr/other %" PRIu64 "/%" PRIu64 "/%" PRIu64
       " rnr_waits %" PRIu64 " rx_dup %" PRIu64 " out_of_seq %" PRIu64
-      " uc_dropped %" PRIu64 " dry RQs %" PRIu64
+      " uc_dropped %" PRIu64 " dry RQs %" PRIu64 " grant waits %" PRIu64
       " | sim %.3f ms, wall %.2f s, "
       "%" PRIu64 " loop iterations\n",
       p_.test, h_[0].qps.size() + h_[1].qps.size(),
@@ -2047,8 +2047,8 @@ void Sim::report() {
       sum(ECtr::naks_access_rx) + sum(ECtr::naks_inv_req_rx) +
           sum(ECtr::naks_op_rx),
       sum(ECtr::rnr_waits), sum(ECtr::rx_dup), sum(ECtr::rx_out_of_seq),
-      sum(ECtr::rx_uc_dropped), dry, static_cast<double>(now_) / kMs, wall,
-      loop_iters_);
+      sum(ECtr::rx_uc_dropped), dry, sum(ECtr::cc_grant_waits),
+      static_cast<double>(now_) / kMs, wall, loop_iters_);
   if (p_.rate_mbps) {
     const double peak =
         std::max(link_.queue(0).peak_bytes(), link_.queue(1).peak_bytes());
