@@ -107,11 +107,10 @@ void Engine::cc_sync(Qp& qp) {
 }
 
 bool Engine::cc_may_send(Qp& qp, int32_t out) {
-  const uint32_t g = cfg_.cc.grant;
-  if (!cfg_.cc.window || g == 0) return true;
+  if (!cfg_.cc.window || cfg_.cc.grant == 0) return true;
   if (out > 0) {
     // Sending already. Past its grant it also needs room in the shared
-    // window (the share, window / QPs in flight, shrinks as QPs are
+    // window (the share, limit / QPs in flight, shrinks as QPs are
     // admitted, while what the older ones have in flight drains only with
     // their ACKs); after kGrantBursts grants while others wait its turn
     // ends, and it queues again once drained. Either way the last packet
@@ -119,39 +118,46 @@ bool Engine::cc_may_send(Qp& qp, int32_t out) {
     // that does: an unanswered tail would wait for a probe. Its ACKs make
     // it ready again.
     if (qp.req_.pkts_since_ackreq != 0) return true;
-    if (static_cast<uint32_t>(out) >= g &&
-        cc_in_flight_ + cc_reserved_ >= cc_limit())
+    const uint64_t g = cc_grant();
+    if (static_cast<uint32_t>(out) >= g && cc_committed() >= cc_limit())
       return false;
     return cc_wait_.empty() || qp.cc_burst_ < g * CcParams::kGrantBursts;
   }
   if (qp.cc_admitted_) return true;  // the requester takes the grant once sent
-  if (!cc_wait_.empty() || (cc_active_ + cc_reserved_ != 0 &&
-                            cc_in_flight_ + cc_reserved_ + g > cc_limit())) {
+  if (!cc_wait_.empty() || !cc_admissible()) {
     if (!qp.cc_wait_link_.on) {
       ctr_.inc(ECtr::cc_grant_waits);
       cc_wait_.push_back(qp);
       ++cc_waiting_;
     }
     // Someone in flight or granted wakes the queue; with no one, now.
-    if (cc_active_ + cc_reserved_ == 0) cc_wake();
+    if (cc_active_ + cc_granted_ == 0) cc_wake();
     return false;
   }
-  qp.cc_burst_ = 0;
   return true;
 }
 
-// Grants go in queue order while the shared window has room for one more
-// (or nothing is in flight or granted: someone has to go).
+bool Engine::cc_admissible() const {
+  if (cc_active_ + cc_granted_ == 0) return true;  // someone has to go
+  const uint64_t g = cc_grant(), limit = cc_limit();
+  // Room for a grant; or, while no more than the limit is committed, fewer
+  // QPs sending than the limit holds grants: a QP whose peer went silent
+  // keeps its packets counted until its timeout (for ever with timeout 0)
+  // and must not hold up the others' turns. In flight stays within the
+  // limit plus one grant.
+  const uint64_t committed = cc_committed();
+  return committed + g <= limit ||
+         (committed <= limit &&
+          (uint64_t{cc_active_} + cc_granted_ + 1) * g <= limit);
+}
+
+// Grants go in queue order while the head is admissible.
 void Engine::cc_wake() {
-  const uint32_t g = cfg_.cc.grant;
-  while (!cc_wait_.empty()) {
-    if (cc_active_ + cc_reserved_ != 0 &&
-        cc_in_flight_ + cc_reserved_ + g > cc_limit())
-      break;
+  while (!cc_wait_.empty() && cc_admissible()) {
     Qp* qp = cc_wait_.pop_front();
     --cc_waiting_;
     qp->cc_admitted_ = true;
-    cc_reserved_ += g;
+    ++cc_granted_;
     make_ready(*qp);
   }
 }
@@ -163,7 +169,7 @@ void Engine::cc_release(Qp& qp) {
   }
   if (!qp.cc_admitted_) return;
   qp.cc_admitted_ = false;
-  cc_reserved_ -= cfg_.cc.grant;
+  --cc_granted_;
   if (!cc_wait_.empty()) cc_wake();
 }
 
@@ -345,6 +351,10 @@ int Engine::destroy_qp(Qp* qp) {
 void Engine::reset_qp(Qp& qp) {
   cancel_timers(qp);
   unlink_ready(qp);
+  // Called before the state changes (cc_sync would still see RTS): out of
+  // the grant queue, its grant back.
+  cc_release(qp);
+  qp.cc_burst_ = 0;
   qp.sq_head_ = qp.sq_next_ = qp.sq_tail_ = 0;
   qp.rq_head_ = qp.rq_tail_ = 0;
   qp.sq_pub_bias_ = qp.rq_pub_bias_ = 0;

@@ -220,7 +220,7 @@ class Engine {
   uint32_t cc_shared_window() const { return cc_shared_.window(); }
   uint64_t cc_in_flight() const { return cc_in_flight_; }
   uint32_t cc_active_qps() const { return cc_active_; }
-  uint64_t cc_reserved() const { return cc_reserved_; }
+  uint32_t cc_granted_qps() const { return cc_granted_; }
 
   // --- Internal: shared with the roles (roles.h); not an API. ---
 
@@ -242,10 +242,10 @@ class Engine {
   // (its turn ends, or it fills the shared window): it asks for an ACK.
   bool cc_turn_ends(const Qp& qp) const {
     if (!cfg_.cc.window || !cfg_.cc.grant) return false;
+    const uint64_t g = cc_grant();
     return (!cc_wait_.empty() &&
-            qp.cc_burst_ + 1 >= cfg_.cc.grant * CcParams::kGrantBursts) ||
-           (qp.cc_out_ + 1 >= cfg_.cc.grant &&
-            cc_in_flight_ + cc_reserved_ + 1 >= cc_limit());
+            qp.cc_burst_ + 1 >= g * CcParams::kGrantBursts) ||
+           (qp.cc_out_ + 1 >= g && cc_committed() + 1 >= cc_limit());
   }
   // An admitted QP that will not send (no work, not RTS) gives its grant
   // back; a QP leaving RTS leaves the queue.
@@ -328,12 +328,13 @@ class Engine {
   SharedWindow cc_shared_;
   uint64_t cc_in_flight_ = 0;  // packets, all QPs
   uint32_t cc_active_ = 0;     // QPs with packets in flight
-  // QPs waiting for a grant, oldest first, and the packets granted to QPs
-  // that have not sent yet (counted as in flight for the next grant).
+  // QPs waiting for a grant, oldest first, and the QPs granted that have
+  // not sent yet (each counted as a grant in flight).
   QpList<&Qp::cc_wait_link_> cc_wait_;
   uint32_t cc_waiting_ = 0;  // QPs on cc_wait_
-  uint64_t cc_reserved_ = 0;
+  uint32_t cc_granted_ = 0;
   void cc_wake();
+  bool cc_admissible() const;
   // What grants fill: the shared window, but never less than min_window
   // per QP with work (in flight or waiting), the floor each QP's share has
   // (SharedWindow::share): with grants the same packets are in flight as
@@ -344,6 +345,15 @@ class Engine {
     return std::max<uint64_t>(cc_shared_.window(),
                               uint64_t{std::max(cfg_.cc.min_window, 1u)} *
                                   (cc_active_ + cc_waiting_));
+  }
+  // A grant: cc.grant packets, but at most half the limit, so that a
+  // window cut to its floor still lets two QPs take turns.
+  uint64_t cc_grant() const {
+    return std::clamp<uint64_t>(cc_limit() / 2, 1, cfg_.cc.grant);
+  }
+  // Packets in flight and granted.
+  uint64_t cc_committed() const {
+    return cc_in_flight_ + uint64_t{cc_granted_} * cc_grant();
   }
 };
 

@@ -273,6 +273,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
         break;  // a grant or its own ACKs make it ready again
     }
     const int32_t out_before = psn_diff(qp.req_.psn, qp.comp_.psn);
+    const bool fresh = !psn_before(qp.req_.psn, qp.req_.max_psn);
     if (!send_one(e, qp, w)) {
       *more = true;
       break;
@@ -281,7 +282,9 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     if (rc) {
       e.paced_sent(qp);
       if (out_before <= 0 && qp.cc_admitted_) e.cc_release(qp);  // used it
-      if (out_before <= 0) qp.cc_burst_ = 0;
+      // A turn starts with new data from nothing in flight; a resend after
+      // a go-back does not start one (it would skip the queue).
+      if (out_before <= 0 && fresh) qp.cc_burst_ = 0;
       ++qp.cc_burst_;
     }
     ++sent;

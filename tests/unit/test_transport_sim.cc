@@ -1880,9 +1880,9 @@ void Sim::run() {
       for (Host& h : h_)
         for (const auto& e : h.engs)
           s += fmt("\n  %s engine %u: shared window %u, in flight %" PRIu64
-                   " on %u QPs, %" PRIu64 " granted not yet sent",
+                   " on %u QPs, %u QPs granted not yet sending",
                    h.name, e->config().home, e->cc_shared_window(),
-                   e->cc_in_flight(), e->cc_active_qps(), e->cc_reserved());
+                   e->cc_in_flight(), e->cc_active_qps(), e->cc_granted_qps());
       for (auto& d : dirs_) {
         if ((!d->sq.empty() || (d->exact && !d->cons.empty())) && shown < 6) {
           s += "\n  " + dump(*d);

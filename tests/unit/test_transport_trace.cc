@@ -1024,6 +1024,92 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
       off.max_active, off.rounds);
 }
 
+// A QP whose peer went silent keeps its packets counted until its timeout
+// (for ever with timeout 0) and must not hold up another QP's first grant:
+// admission also counts senders, not only packets in flight.
+TEST_F(TransportTrace, GrantsDoNotWaitForASilentPeer) {
+  EngineConfig ec;
+  ec.cc.init_window = 64;
+  ec.cc.shared_init_window = 64;
+  ec.cc.shared_min_window = 16;
+  ec.cc.shared_max_window = 64;
+  ec.cc.grant = 16;
+  ec.tail_probe_ns = 0;
+  use_engine(ec);
+  QpOpts o;
+  o.timeout = 0;  // no Local ACK Timeout: A's packets stay in flight
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  for (uint64_t i = 0; i < 64; ++i)
+    ASSERT_EQ(post(wr(i + 1, IBV_WR_SEND, {sge(0, 1024)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 64u);  // the whole shared window; no ACK comes
+  Qp* b = create_qp(IBV_QPT_RC);
+  ASSERT_EQ(bring_up(b, IBV_QPT_RC, kPeerQpn + 1, kSqPsn, kRqPsn, IBV_MTU_1024),
+            0);
+  for (uint64_t i = 0; i < 4; ++i)
+    ASSERT_EQ(engine_->post_send(b, wr(i + 1, IBV_WR_SEND, {sge(0, 1024)})), 0);
+  poll(10 * kUs);
+  const auto p = sent();
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  for (const Pkt& x : p) EXPECT_EQ(x.f.dqpn, kPeerQpn + 1);
+  EXPECT_EQ(ctr(ECtr::cc_grant_waits), 0u);
+}
+
+// A QP moved from RTS straight to RESET while it waits for a grant leaves
+// the queue: it is never granted one it cannot use (which would count as
+// in flight for ever).
+TEST_F(TransportTrace, GrantQueueForgetsAQpReset) {
+  EngineConfig ec;
+  ec.cc.init_window = 64;
+  ec.cc.shared_init_window = 16;
+  ec.cc.shared_min_window = 16;
+  ec.cc.shared_max_window = 16;
+  ec.cc.grant = 16;  // a grant is half the limit: 8
+  ec.tail_probe_ns = 0;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  std::vector<Qp*> q{qp_};
+  for (uint32_t k = 1; k < 3; ++k) {
+    q.push_back(create_qp(IBV_QPT_RC));
+    ASSERT_EQ(bring_up(q[k], IBV_QPT_RC, kPeerQpn + k, kSqPsn + k * 4096,
+                       kRqPsn, IBV_MTU_1024),
+              0);
+  }
+  // A and B fill the window between them (16 + 8); C waits.
+  for (uint32_t k = 0; k < 3; ++k)
+    for (uint64_t i = 0; i < 16; ++i)
+      ASSERT_EQ(
+          engine_->post_send(q[k], wr(i + 1, IBV_WR_SEND, {sge(0, 1024)})), 0);
+  poll(0);
+  auto p = sent();
+  uint32_t per[3] = {};
+  for (const Pkt& x : p) ++per[x.f.dqpn - kPeerQpn];
+  EXPECT_EQ(per[0], 16u) << dump(p);
+  EXPECT_EQ(per[1], 8u) << dump(p);
+  EXPECT_EQ(per[2], 0u) << dump(p);
+  EXPECT_EQ(ctr(ECtr::cc_grant_waits), 1u);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(engine_->modify_qp(q[2], a, IBV_QP_STATE), 0);
+  // The peer ACKs everything A and B sent: nothing in flight, nobody
+  // granted, nobody waiting.
+  wire::RoceFields ack_a = ack(kSqPsn + 15, 16);
+  inject(ack_a);
+  wire::RoceFields ack_b = ack(kSqPsn + 4096 + 7, 8);
+  ack_b.dqpn = q[1]->qpn();
+  inject(ack_b);
+  poll(10 * kUs);
+  EXPECT_EQ(engine_->cc_granted_qps(), 0u);
+  sent();
+  ack_b = ack(kSqPsn + 4096 + 15, 16);
+  ack_b.dqpn = q[1]->qpn();
+  inject(ack_b);
+  poll(20 * kUs);
+  EXPECT_EQ(engine_->cc_in_flight(), 0u);
+  EXPECT_EQ(engine_->cc_active_qps(), 0u);
+  EXPECT_EQ(engine_->cc_granted_qps(), 0u);
+}
+
 // ECN, requester side: RC data leaves ECT(0); a CNP (Annex A17.9) halves
 // the window once per window of data and resends nothing.
 TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
