@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <infiniband/verbs.h>
+#include <malloc.h>
 #include <sys/wait.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -178,6 +179,10 @@ struct Run {
   uint64_t cq_room = 0;              // CQEs a thread's CQ can hold
   uint32_t recv_depth = 0;           // receives kept posted per QP
   std::vector<uint64_t> thread_out;  // send WRs outstanding per thread
+  // Heap bytes the verbs library (the shim, under LD_PRELOAD) kept across
+  // our ibv_create_qp calls (mallinfo2; 0 where an ASan allocator replaces
+  // malloc): its own per-QP memory, apart from ours and from the rings.
+  int64_t qp_lib_heap = 0;
 };
 
 uint32_t slot_bytes(const Run& r) {
@@ -293,7 +298,10 @@ void setup(Run& r) {
     a.cap.max_recv_wr = rq;
     a.cap.max_send_sge = a.cap.max_recv_sge = 1;
     a.cap.max_inline_data = p.inline_max;
+    const size_t heap0 = mallinfo2().uordblks;
     q->qp = ibv_create_qp(r.pd, &a);
+    r.qp_lib_heap += static_cast<int64_t>(mallinfo2().uordblks) -
+                     static_cast<int64_t>(heap0);
     if (!q->qp)
       die(1, "ibv_create_qp #%u (send %u recv %u): %s", i, sq, rq,
           strerror(errno));
@@ -913,8 +921,10 @@ std::string to_json(const Run& r, const std::vector<Result>& res,
     appendf(s,
             ",\"memory\":{\"rss_kib_start\":%" PRIu64
             ",\"rss_kib_device\":%" PRIu64 ",\"rss_kib_qps\":%" PRIu64
-            ",\"qps\":%u,\"ring_bytes\":%" PRIu64 ",\"buffer_bytes\":%zu}",
-            mem[0], mem[1], mem[2], p.qps, ring, r.buf_len);
+            ",\"qps\":%u,\"ring_bytes\":%" PRIu64
+            ",\"buffer_bytes\":%zu"
+            ",\"qp_lib_heap_bytes\":%" PRId64 "}",
+            mem[0], mem[1], mem[2], p.qps, ring, r.buf_len, r.qp_lib_heap);
   }
   s += "}\n";
   return s;
