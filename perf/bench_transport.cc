@@ -62,10 +62,10 @@ struct Host : test::EngineHost {
 };
 
 void connect(Host& h, Qp* qp, uint32_t peer_qpn, uint8_t peer_id) {
-  test::RcPath p;
+  test::QpPath p;
   p.peer_qpn = peer_qpn;
   test::EngineHost::gid(peer_id, p.peer_gid);
-  if (test::connect_rc(*h.eng, qp, p)) std::abort();
+  if (test::bring_up(*h.eng, qp, p)) std::abort();
 }
 
 struct Pair {

@@ -192,13 +192,13 @@ class Run {
       if (a_host_.eng->create_qp(ia, &f.qa) ||
           b_host_.eng->create_qp(ib, &f.qb))
         usage("could not create the QPs");
-      test::RcPath pa, pb;
+      test::QpPath pa, pb;
       pa.peer_qpn = f.qb->qpn();
       test::EngineHost::gid(2, pa.peer_gid);
       pb.peer_qpn = f.qa->qpn();
       test::EngineHost::gid(1, pb.peer_gid);
-      if (test::connect_rc(*a_host_.eng, f.qa, pa) ||
-          test::connect_rc(*b_host_.eng, f.qb, pb))
+      if (test::bring_up(*a_host_.eng, f.qa, pa) ||
+          test::bring_up(*b_host_.eng, f.qb, pb))
         usage("could not connect the QPs");
       f.start = k * a.stagger_ms * kMs;
       f.expect = pa.sq_psn & transport::kPsnMask;

@@ -1,7 +1,8 @@
 // Test and benchmark support for programs that drive transport engines
 // directly (no service, no shim): a host (device, engine, PD, CQ, one MR)
-// and the RESET -> RTS bring-up of an RC QP, the way an application's
-// three modify_qp calls would do it. Header-only.
+// and the RESET -> RTS bring-up of a QP, the way an application's three
+// modify_qp calls would do it (the unit tests, bench_transport, converge).
+// Header-only.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -63,54 +64,81 @@ struct EngineHost {
   }
 };
 
-struct RcPath {
-  uint32_t peer_qpn = 0;
-  uint8_t peer_gid[16] = {};
+// What a RESET -> INIT -> RTR -> RTS bring-up sets (RC, UC or UD).
+struct QpPath {
+  ibv_qp_type type = IBV_QPT_RC;
+  uint32_t peer_qpn = 0;      // RC, UC
+  uint8_t peer_gid[16] = {};  // RC, UC
+  uint8_t hop_limit = 64;
   uint32_t sq_psn = 100;  // ours; the peer's rq_psn must match
   uint32_t rq_psn = 100;  // the peer's sq_psn
   ibv_mtu mtu = IBV_MTU_4096;
-  uint8_t timeout = 14;  // 67 ms, perftest's
-  uint8_t rd_atomic = 16;
+  unsigned access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
+  uint32_t qkey = 0x11111111;  // UD
+  uint8_t timeout = 14;        // RC: 67 ms, perftest's
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t min_rnr_timer = 1;
+  uint8_t max_rd_atomic = 16;       // RC, initiator
+  uint8_t max_dest_rd_atomic = 16;  // RC, responder
+  ibv_qp_state until = IBV_QPS_RTS;
 };
 
-// 0, or the first modify_qp's error.
-inline int connect_rc(transport::Engine& e, transport::Qp* qp,
-                      const RcPath& p) {
+// The three modify_qp calls an application makes (or fewer: p.until), each
+// with the attribute mask ib_modify_qp_is_ok asks of the QP's type. 0, or
+// the errno of the first that failed.
+inline int bring_up(transport::Engine& e, transport::Qp* qp, const QpPath& p) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
   a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
-  if (int rc = e.modify_qp(
-          qp, a,
-          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    return rc;
+  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+  if (p.type == IBV_QPT_UD) {
+    a.qkey = p.qkey;
+    mask |= IBV_QP_QKEY;
+  } else {
+    a.qp_access_flags = p.access;
+    mask |= IBV_QP_ACCESS_FLAGS;
+  }
+  if (int rc = e.modify_qp(qp, a, mask)) return rc;
+  if (p.until == IBV_QPS_INIT) return 0;
+
   a = {};
   a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = p.mtu;
-  a.dest_qp_num = p.peer_qpn;
-  a.rq_psn = p.rq_psn;
-  a.max_dest_rd_atomic = p.rd_atomic;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.port_num = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, p.peer_gid, 16);
-  if (int rc = e.modify_qp(
-          qp, a,
-          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return rc;
+  mask = IBV_QP_STATE;
+  if (p.type != IBV_QPT_UD) {
+    a.path_mtu = p.mtu;
+    a.dest_qp_num = p.peer_qpn;
+    a.rq_psn = p.rq_psn;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.port_num = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, p.peer_gid, 16);
+    a.ah_attr.grh.sgid_index = 0;
+    a.ah_attr.grh.hop_limit = p.hop_limit;
+    mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    if (p.type == IBV_QPT_RC) {
+      a.max_dest_rd_atomic = p.max_dest_rd_atomic;
+      a.min_rnr_timer = p.min_rnr_timer;
+      mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    }
+  }
+  if (int rc = e.modify_qp(qp, a, mask)) return rc;
+  if (p.until == IBV_QPS_RTR) return 0;
+
   a = {};
   a.qp_state = IBV_QPS_RTS;
   a.sq_psn = p.sq_psn;
-  a.timeout = p.timeout;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = p.rd_atomic;
-  return e.modify_qp(qp, a,
-                     IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                         IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                         IBV_QP_MAX_QP_RD_ATOMIC);
+  mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (p.type == IBV_QPT_RC) {
+    a.timeout = p.timeout;
+    a.retry_cnt = p.retry_cnt;
+    a.rnr_retry = p.rnr_retry;
+    a.max_rd_atomic = p.max_rd_atomic;
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+            IBV_QP_MAX_QP_RD_ATOMIC;
+  }
+  return e.modify_qp(qp, a, mask);
 }
 
 }  // namespace urnic::test

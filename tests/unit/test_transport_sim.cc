@@ -61,6 +61,7 @@
 #include "dataplane/transport/sim_link.h"
 #include "dataplane/transport/types.h"
 #include "dataplane/wire/codec.h"
+#include "tests/support/engine_host.h"
 
 using namespace urnic;
 using namespace urnic::transport;
@@ -779,54 +780,22 @@ void Sim::modify_to_rts(Qp* qp, Host& self, Host& peer, Kind kind, uint32_t mtu,
                         uint8_t timeout, uint8_t min_rnr, uint8_t rd_atomic,
                         uint8_t dest_rd_atomic) {
   Engine& e = self.eng_of(qp->qpn());
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
-  a.port_num = 1;
-  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-  if (kind == Kind::kUd) {
-    a.qkey = kUdQkey;
-    mask |= IBV_QP_QKEY;
-  } else {
-    a.qp_access_flags = kAccessAll;
-    mask |= IBV_QP_ACCESS_FLAGS;
-  }
-  ASSERT_EQ(e.modify_qp(qp, a, mask), 0) << "RESET->INIT";
-
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  mask = IBV_QP_STATE;
-  if (kind != Kind::kUd) {
-    a.path_mtu = mtu == 4096 ? IBV_MTU_4096 : IBV_MTU_1024;
-    a.dest_qp_num = dest_qpn;
-    a.rq_psn = rq_psn;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
-    a.ah_attr.grh.sgid_index = 0;
-    a.ah_attr.grh.hop_limit = 64;
-    mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-    if (kind == Kind::kRc) {
-      a.max_dest_rd_atomic = dest_rd_atomic;
-      a.min_rnr_timer = min_rnr;
-      mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-    }
-  }
-  ASSERT_EQ(e.modify_qp(qp, a, mask), 0) << "INIT->RTR";
-
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = sq_psn;
-  mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-  if (kind == Kind::kRc) {
-    a.timeout = timeout;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = rd_atomic;
-    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-            IBV_QP_MAX_QP_RD_ATOMIC;
-  }
-  ASSERT_EQ(e.modify_qp(qp, a, mask), 0) << "RTR->RTS";
+  test::QpPath p;
+  p.type = kind == Kind::kUd   ? IBV_QPT_UD
+           : kind == Kind::kUc ? IBV_QPT_UC
+                               : IBV_QPT_RC;
+  p.qkey = kUdQkey;
+  p.access = kAccessAll;
+  p.mtu = mtu == 4096 ? IBV_MTU_4096 : IBV_MTU_1024;
+  p.peer_qpn = dest_qpn;
+  std::memcpy(p.peer_gid, peer.gid, 16);
+  p.sq_psn = sq_psn;
+  p.rq_psn = rq_psn;
+  p.timeout = timeout;
+  p.min_rnr_timer = min_rnr;
+  p.max_rd_atomic = rd_atomic;
+  p.max_dest_rd_atomic = dest_rd_atomic;
+  ASSERT_EQ(test::bring_up(e, qp, p), 0) << "RESET->RTS";
   ASSERT_EQ(qp->state(), IBV_QPS_RTS);
 }
 

@@ -20,6 +20,7 @@
 #include "dataplane/transport/engine.h"
 #include "dataplane/transport/psn.h"
 #include "dataplane/wire/codec.h"
+#include "tests/support/engine_host.h"
 
 namespace urnic::transport {
 namespace {
@@ -225,55 +226,27 @@ class TransportTrace : public ::testing::Test {
   }
 
   // RESET -> INIT -> RTR -> RTS (or up to o.until) with the verbs masks of
-  // ib_modify_qp_is_ok for each transition. 0 or the failing errno.
+  // ib_modify_qp_is_ok for each transition (tests/support). 0 or the
+  // failing errno.
   int bring_up(Qp* qp, ibv_qp_type type, uint32_t peer_qpn, uint32_t sq_psn,
                uint32_t rq_psn, ibv_mtu mtu, const QpOpts& o = {}) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = 1;
-    int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-    if (type == IBV_QPT_UD) {
-      a.qkey = o.qkey;
-      mask |= IBV_QP_QKEY;
-    } else {
-      a.qp_access_flags = o.access;
-      mask |= IBV_QP_ACCESS_FLAGS;
-    }
-    if (int rc = engine_->modify_qp(qp, a, mask)) return rc;
-    if (o.until == IBV_QPS_INIT) return 0;
-
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    mask = IBV_QP_STATE;
-    if (type != IBV_QPT_UD) {
-      a.ah_attr = peer_ah_attr();
-      a.path_mtu = mtu;
-      a.dest_qp_num = peer_qpn;
-      a.rq_psn = rq_psn;
-      mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-      if (type == IBV_QPT_RC) {
-        a.max_dest_rd_atomic = o.max_dest_rd_atomic;
-        a.min_rnr_timer = o.min_rnr_timer;
-        mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-      }
-    }
-    if (int rc = engine_->modify_qp(qp, a, mask)) return rc;
-    if (o.until == IBV_QPS_RTR) return 0;
-
-    a = {};
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = sq_psn;
-    mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-    if (type == IBV_QPT_RC) {
-      a.timeout = o.timeout;
-      a.retry_cnt = o.retry_cnt;
-      a.rnr_retry = o.rnr_retry;
-      a.max_rd_atomic = o.max_rd_atomic;
-      mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-              IBV_QP_MAX_QP_RD_ATOMIC;
-    }
-    return engine_->modify_qp(qp, a, mask);
+    test::QpPath p;
+    p.type = type;
+    p.peer_qpn = peer_qpn;
+    wire::gid_from_ipv4(kPeerIp, p.peer_gid);
+    p.sq_psn = sq_psn;
+    p.rq_psn = rq_psn;
+    p.mtu = mtu;
+    p.access = o.access;
+    p.qkey = o.qkey;
+    p.timeout = o.timeout;
+    p.retry_cnt = o.retry_cnt;
+    p.rnr_retry = o.rnr_retry;
+    p.min_rnr_timer = o.min_rnr_timer;
+    p.max_rd_atomic = o.max_rd_atomic;
+    p.max_dest_rd_atomic = o.max_dest_rd_atomic;
+    p.until = o.until;
+    return test::bring_up(*engine_, qp, p);
   }
 
   // Creates the QP under test (qp_) and brings it up; nullptr on failure.
