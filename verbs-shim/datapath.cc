@@ -27,7 +27,7 @@ bool send_ok(uint32_t state) {
 }
 
 bool ah_ok(const Qp& q, const ibv_ah* ah) {
-  return ah && ah->context == q.qpx.qp_base.context;
+  return ah && ah->context == q.ibv()->context;
 }
 
 // The checks the engine would otherwise make later (with a LOC_QP_OP_ERR
@@ -54,7 +54,7 @@ int check_length(const Qp& q, ibv_wr_opcode op, uint64_t len, bool inl,
 // service checks the MR, range and rights when the bind executes.
 int set_bind(Qp& q, ShmSendWqe& w, ibv_mw* mw, uint32_t rkey,
              const ibv_mw_bind_info& bi) {
-  if (!mw || mw->context != q.qpx.qp_base.context) return EINVAL;
+  if (!mw || mw->context != q.ibv()->context) return EINVAL;
   if (bi.mr && bi.mr->context != mw->context) return EINVAL;
   w.imm_data = mw->rkey;
   w.rkey = rkey;
@@ -687,7 +687,7 @@ void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn,
 }  // namespace
 
 void set_qp_ex_ops(Qp& q, uint64_t ops) {
-  ibv_qp_ex& x = q.qpx;
+  ibv_qp_ex& x = *q.ibv_ex();
   x.wr_start = wr_start;
   x.wr_complete = wr_complete;
   x.wr_abort = wr_abort;

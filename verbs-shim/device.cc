@@ -493,9 +493,9 @@ URNIC_EXPORT int ibv_close_device(ibv_context* context) {
     std::lock_guard g(ctx->obj_mu);
     for (auto& [h, q] : ctx->qps) {
       munmap(q->map, q->map_len);
-      pthread_mutex_destroy(&q->qpx.qp_base.mutex);
-      pthread_cond_destroy(&q->qpx.qp_base.cond);
-      delete q;
+      pthread_mutex_destroy(&q->ibv()->mutex);
+      pthread_cond_destroy(&q->ibv()->cond);
+      delete_qp(q);
     }
     for (auto& [h, q] : ctx->srqs) {
       munmap(q->map, q->map_len);

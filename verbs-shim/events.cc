@@ -303,7 +303,7 @@ URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
       case Element::kQp: {
         auto it = c.qps.find(m.handle);
         if (it == c.qps.end()) continue;
-        event->element.qp = &it->second->qpx.qp_base;
+        event->element.qp = it->second->ibv();
         return 0;
       }
       case Element::kSrq: {

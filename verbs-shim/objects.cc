@@ -695,7 +695,7 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
     say("%s: the QP memory urnicd returned is malformed", what);
     return undo(EPROTO);
   }
-  auto* q = new (std::nothrow) Qp;
+  Qp* q = new_qp(ex);
   if (!q) {
     munmap(map, rep.map_len);
     return undo(ENOMEM);
@@ -717,7 +717,7 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
   q->ex = ex;
   q->map = map;
   q->map_len = rep.map_len;
-  ibv_qp& b = q->qpx.qp_base;
+  ibv_qp& b = *q->ibv();
   b.context = pd->context;
   b.qp_context = attr->qp_context;
   b.pd = pd;
@@ -777,7 +777,7 @@ URNIC_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
     return f ? f(qp) : nullptr;
   }
   Qp& q = qp_of(qp);
-  return q.ex ? &q.qpx : nullptr;
+  return q.ex ? q.ibv_ex() : nullptr;
 }
 
 URNIC_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
@@ -847,7 +847,7 @@ URNIC_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   munmap(q.map, q.map_len);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
-  delete &q;
+  delete_qp(&q);
   return 0;
 }
 

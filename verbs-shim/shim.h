@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -203,8 +204,12 @@ struct Srq {
 };
 static_assert(std::is_standard_layout_v<Srq>);
 
+// A QP: the shim's state, then (at kQpVerbsOffset, PlainQp / ExQp) what
+// the application holds: an ibv_qp, or for a QP created with
+// send_ops_flags an ibv_qp_ex, whose first member is that ibv_qp. Only
+// those carry the ibv_qp_ex's 192 B of function pointers (3 MiB of the
+// shim's heap at 16384 QPs). new_qp / delete_qp allocate and free them.
 struct Qp {
-  ibv_qp_ex qpx{};  // first; ibv_qp is its prefix
   Context* ctx = nullptr;
   QpShared* sh = nullptr;
   ShmSendWqe* sq = nullptr;
@@ -225,14 +230,59 @@ struct Qp {
   int wr_err = 0;     // first error
   ShmSendWqe* wr_cur = nullptr;
   bool wr_ud_set = false;
+
+  ibv_qp* ibv();
+  const ibv_qp* ibv() const;
+  ibv_qp_ex* ibv_ex() { return reinterpret_cast<ibv_qp_ex*>(ibv()); }  // ex
 };
 static_assert(std::is_standard_layout_v<Qp>);
 
+struct PlainQp {
+  Qp q;
+  ibv_qp v{};
+};
+struct ExQp {
+  Qp q;
+  ibv_qp_ex v{};  // v.qp_base is the ibv_qp
+};
+static_assert(std::is_standard_layout_v<PlainQp> &&
+              std::is_standard_layout_v<ExQp>);
+static_assert(offsetof(PlainQp, v) == offsetof(ExQp, v) &&
+              offsetof(ExQp, v.qp_base) == offsetof(ExQp, v));
+inline constexpr size_t kQpVerbsOffset = offsetof(PlainQp, v);
+
+inline ibv_qp* Qp::ibv() {
+  return reinterpret_cast<ibv_qp*>(reinterpret_cast<char*>(this) +
+                                   kQpVerbsOffset);
+}
+inline const ibv_qp* Qp::ibv() const {
+  return reinterpret_cast<const ibv_qp*>(reinterpret_cast<const char*>(this) +
+                                         kQpVerbsOffset);
+}
+// The QP of the application's handle (container-of).
 inline Qp& qp_of(ibv_qp* q) {
-  return *reinterpret_cast<Qp*>(q);
+  return *reinterpret_cast<Qp*>(reinterpret_cast<char*>(q) - kQpVerbsOffset);
 }
 inline Qp& qp_of(ibv_qp_ex* q) {
-  return *reinterpret_cast<Qp*>(q);
+  return qp_of(&q->qp_base);
+}
+// A zeroed QP with `ex` set, or nullptr; delete_qp frees either form.
+inline Qp* new_qp(bool ex) {
+  if (ex) {
+    auto* x = new (std::nothrow) ExQp;
+    if (!x) return nullptr;
+    x->q.ex = true;
+    return &x->q;
+  }
+  auto* p = new (std::nothrow) PlainQp;
+  return p ? &p->q : nullptr;
+}
+inline void delete_qp(Qp* q) {
+  if (!q) return;
+  if (q->ex)
+    delete reinterpret_cast<ExQp*>(q);  // q is its first member
+  else
+    delete reinterpret_cast<PlainQp*>(q);
 }
 inline Cq& cq_of(ibv_cq* c) {
   return *reinterpret_cast<Cq*>(c);
