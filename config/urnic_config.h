@@ -188,10 +188,11 @@ struct CcConfig {
   uint32_t shared_init_window = 256;
   uint32_t shared_min_window = 16;
   // Grants of the shared window: a QP with nothing in flight starts only
-  // when the window has room for this many packets, QPs waiting for room
-  // queue in order, and a QP yields after 4 x grant packets while others
-  // wait. Many QPs then take turns with useful windows instead of each
-  // holding a few packets (an ACK per packet or two). 0: off.
+  // when the window has room for this many packets (or fewer QPs send
+  // than it holds grants), QPs waiting queue in order, and a QP yields after 4
+  // x grant packets while others wait. Many QPs then take turns with useful
+  // windows instead of each holding a few packets (an ACK per packet or two).
+  // 0: off.
   uint32_t grant = 16;
   // ECN: RC data leaves ECT(0); CE-marked packets are answered with a CNP
   // (at most one per QP per cnp_interval_us); a CNP cuts the windows.

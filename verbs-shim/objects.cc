@@ -714,8 +714,7 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
   q->cap = rep.cap;
   q->type = attr->qp_type;
   q->has_srq = attr->srq != nullptr;
-  q->ex = ex;
-  q->map = map;
+  q->map = map;  // q->ex: set by new_qp
   q->map_len = rep.map_len;
   ibv_qp& b = *q->ibv();
   b.context = pd->context;

@@ -79,11 +79,12 @@ struct CcParams {
   uint32_t shared_init_window = 256;
   uint32_t shared_min_window = 16;
   uint32_t shared_max_window = 1u << 20;
-  // Grants (Engine::cc_may_send): a QP with nothing in flight starts only
-  // with room for `grant` packets in the shared window, waiting in FIFO
-  // order otherwise; one sending yields after kGrantBursts x grant packets
-  // while others wait. Without it, 256 QPs sharing 512 packets each hold
-  // two and every packet or two asks for an ACK. 0: off.
+  // Grants (Engine::cc_may_send, dataplane/NOTES.md): a QP with nothing in
+  // flight starts only with room for `grant` packets in the shared window
+  // (or while fewer QPs send than it holds grants), in FIFO order; one sending
+  // yields after kGrantBursts x grant packets while others wait. Without it,
+  // 256 QPs sharing 512 packets each hold two and every packet or two asks for
+  // an ACK. 0: off.
   uint32_t grant = 16;
   static constexpr uint32_t kGrantBursts = 4;
   // ECN (RFC 3168 marks, RoCEv2 CNPs, Annex A17.9): RC data packets leave

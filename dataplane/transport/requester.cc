@@ -253,8 +253,11 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
                     : pkts_for(w.length, qp.mtu_);
     }
     if (rd && !w.rd_counted && qp.req_.rd_atomic >= qp.max_rd_atomic_) break;
+    // Packets in flight before this one, and whether it is new data (not
+    // sent before a go-back).
+    const int32_t out = psn_diff(qp.req_.psn, qp.comp_.psn);
+    const bool fresh = !psn_before(qp.req_.psn, qp.req_.max_psn);
     if (rc) {
-      const int32_t out = psn_diff(qp.req_.psn, qp.comp_.psn);
       const uint32_t need = w.wr.opcode == IBV_WR_RDMA_READ
                                 ? w.npkts - qp.req_.offset / qp.mtu_
                                 : 1;
@@ -268,12 +271,9 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       // New data waits for its turn in the shared window; a probe or a
       // packet sent again after a go-back does not (it is in flight
       // already as far as the window is concerned).
-      if (!qp.probe_due_ && !psn_before(qp.req_.psn, qp.req_.max_psn) &&
-          !e.cc_may_send(qp, out))
+      if (!qp.probe_due_ && fresh && !e.cc_may_send(qp, out))
         break;  // a grant or its own ACKs make it ready again
     }
-    const int32_t out_before = psn_diff(qp.req_.psn, qp.comp_.psn);
-    const bool fresh = !psn_before(qp.req_.psn, qp.req_.max_psn);
     if (!send_one(e, qp, w)) {
       *more = true;
       break;
@@ -281,10 +281,10 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     qp.probe_due_ = false;
     if (rc) {
       e.paced_sent(qp);
-      if (out_before <= 0 && qp.cc_admitted_) e.cc_release(qp);  // used it
+      if (out <= 0 && qp.cc_admitted_) e.cc_release(qp);  // used it
       // A turn starts with new data from nothing in flight; a resend after
       // a go-back does not start one (it would skip the queue).
-      if (out_before <= 0 && fresh) qp.cc_burst_ = 0;
+      if (out <= 0 && fresh) qp.cc_burst_ = 0;
       ++qp.cc_burst_;
     }
     ++sent;

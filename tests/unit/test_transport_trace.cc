@@ -905,6 +905,19 @@ TEST_F(TransportTrace, SharedWindowLimitsAQpToItsShare) {
 // packets, in flight stays within the window plus one grant, and every QP
 // gets its turns and completes. Without grants (0), all 16 share the 32
 // and ask for ACKs at least 1.5 times as often (measured: 233 vs 128).
+// The grant traces' engine: QP windows of 64, a shared window from `init`
+// to `max` packets (floor 16), grants of `grant`, no tail-loss probes.
+EngineConfig grant_engine(uint32_t init, uint32_t max, uint32_t grant) {
+  EngineConfig ec;
+  ec.cc.init_window = 64;
+  ec.cc.shared_init_window = init;
+  ec.cc.shared_min_window = 16;
+  ec.cc.shared_max_window = max;
+  ec.cc.grant = grant;
+  ec.tail_probe_ns = 0;
+  return ec;
+}
+
 struct GrantRun {
   uint32_t data = 0, ack_reqs = 0, max_active = 0, waits = 0;
   uint64_t max_in_flight = 0;
@@ -917,14 +930,7 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
   constexpr int kQps = 16;
   constexpr uint32_t kWrs = 8;  // 4 KiB SENDs: 4 packets each
   auto run = [&](uint32_t grant) {
-    EngineConfig ec;
-    ec.cc.init_window = 64;
-    ec.cc.shared_init_window = 32;
-    ec.cc.shared_min_window = 16;
-    ec.cc.shared_max_window = 32;
-    ec.cc.grant = grant;
-    ec.tail_probe_ns = 0;
-    use_engine(ec);
+    use_engine(grant_engine(32, 32, grant));
     std::vector<Qp*> qps;
     for (int i = 0; i < kQps; ++i) {
       Qp* q = create_qp(IBV_QPT_RC);
@@ -1001,14 +1007,7 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
 // (for ever with timeout 0) and must not hold up another QP's first grant:
 // admission also counts senders, not only packets in flight.
 TEST_F(TransportTrace, GrantsDoNotWaitForASilentPeer) {
-  EngineConfig ec;
-  ec.cc.init_window = 64;
-  ec.cc.shared_init_window = 64;
-  ec.cc.shared_min_window = 16;
-  ec.cc.shared_max_window = 64;
-  ec.cc.grant = 16;
-  ec.tail_probe_ns = 0;
-  use_engine(ec);
+  use_engine(grant_engine(64, 64, 16));
   QpOpts o;
   o.timeout = 0;  // no Local ACK Timeout: A's packets stay in flight
   ASSERT_TRUE(up(IBV_QPT_RC, o));
@@ -1032,14 +1031,7 @@ TEST_F(TransportTrace, GrantsDoNotWaitForASilentPeer) {
 // the queue: it is never granted one it cannot use (which would count as
 // in flight for ever).
 TEST_F(TransportTrace, GrantQueueForgetsAQpReset) {
-  EngineConfig ec;
-  ec.cc.init_window = 64;
-  ec.cc.shared_init_window = 16;
-  ec.cc.shared_min_window = 16;
-  ec.cc.shared_max_window = 16;
-  ec.cc.grant = 16;  // a grant is half the limit: 8
-  ec.tail_probe_ns = 0;
-  use_engine(ec);
+  use_engine(grant_engine(16, 16, 16));  // a grant is half the limit: 8
   ASSERT_TRUE(up());
   std::vector<Qp*> q{qp_};
   for (uint32_t k = 1; k < 3; ++k) {
