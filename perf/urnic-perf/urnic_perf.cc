@@ -185,6 +185,13 @@ struct Run {
   int64_t qp_lib_heap = 0;
 };
 
+// malloc's bytes in use: the arenas' and the chunks it mmapped apart
+// (blocks of 128 KiB and more, such as a lookup table that has grown).
+int64_t heap_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
 uint32_t slot_bytes(const Run& r) {
   return std::max<uint32_t>(r.max_size, 8);
 }
@@ -298,10 +305,9 @@ void setup(Run& r) {
     a.cap.max_recv_wr = rq;
     a.cap.max_send_sge = a.cap.max_recv_sge = 1;
     a.cap.max_inline_data = p.inline_max;
-    const size_t heap0 = mallinfo2().uordblks;
+    const int64_t heap0 = heap_in_use();
     q->qp = ibv_create_qp(r.pd, &a);
-    r.qp_lib_heap += static_cast<int64_t>(mallinfo2().uordblks) -
-                     static_cast<int64_t>(heap0);
+    r.qp_lib_heap += heap_in_use() - heap0;
     if (!q->qp)
       die(1, "ibv_create_qp #%u (send %u recv %u): %s", i, sq, rq,
           strerror(errno));
