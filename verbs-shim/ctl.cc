@@ -245,12 +245,6 @@ int Context::call(Op op, const char* what, const void* req, size_t req_len,
   return 0;
 }
 
-Context& ctx_of(ibv_context* c) {
-  auto* vctx = reinterpret_cast<verbs_context*>(
-      reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
-  return *reinterpret_cast<CtxBox*>(vctx)->self;
-}
-
 void* map_service_fd(int fd, size_t len) {
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int e = errno;

@@ -38,10 +38,9 @@ int check_length(const Qp& q, ibv_wr_opcode op, uint64_t len, bool inl,
   if (is_atomic(op) && (inl || num_sge != 1 || first_len != 8)) return EINVAL;
   // ATOMIC_WRITE carries its 8 bytes in the WQE, no SGE or inline data.
   if (op == IBV_WR_ATOMIC_WRITE && (inl || num_sge || len)) return EINVAL;
-  if (inl && (op == IBV_WR_RDMA_READ || len > q.cap.max_inline_data))
-    return EINVAL;
+  if (inl && (op == IBV_WR_RDMA_READ || len > q.max_inline)) return EINVAL;
   if (q.type == IBV_QPT_UD) {
-    if (len > q.ctx->active_mtu.load(std::memory_order_relaxed)) return EINVAL;
+    if (len > q.ctx().active_mtu.load(std::memory_order_relaxed)) return EINVAL;
   } else if (const uint32_t mtu = q.path_mtu.load(std::memory_order_relaxed);
              mtu && len / mtu >= kMaxPackets) {
     return EINVAL;
@@ -78,7 +77,7 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
   if (hostif::is_local_op(wr->opcode) && (wr->num_sge || inl)) return EINVAL;
   const auto nsge = static_cast<uint32_t>(wr->num_sge);
   // Inline data is gathered now, so any number of SGEs may feed it.
-  if (!inl && nsge > q.cap.max_send_sge) return EINVAL;
+  if (!inl && nsge > q.max_send_sge) return EINVAL;
   uint64_t len = 0;
   for (uint32_t i = 0; i < nsge; ++i) len += wr->sg_list[i].length;
   if (const int rc = check_length(q, wr->opcode, len, inl, nsge,
@@ -150,7 +149,7 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
 void publish_sq(Qp& q, uint32_t prod) {
   q.sq_prod = prod;
   q.sh->sq_prod.store(prod, std::memory_order_release);
-  ring_doorbell(*q.ctx->db, q.doorbell);
+  ring_doorbell(*q.ctx().db, q.doorbell);
 }
 
 }  // namespace
@@ -174,7 +173,7 @@ int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mb) {
 int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Qp& q = qp_of(qp);
   int rc = 0;
-  if (q.ctx->dead.load(std::memory_order_relaxed)) {
+  if (q.ctx().dead.load(std::memory_order_relaxed)) {
     *bad = wr;
     return EIO;
   }
@@ -186,14 +185,14 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   uint32_t prod = q.sq_prod;
   uint32_t done = q.sh->sq_done.load(std::memory_order_acquire);
   for (; wr; wr = wr->next) {
-    if (prod - done >= q.sq_size) {
+    if (prod - done >= q.sq_size()) {
       done = q.sh->sq_done.load(std::memory_order_acquire);
-      if (prod - done >= q.sq_size) {
+      if (prod - done >= q.sq_size()) {
         rc = ENOMEM;
         break;
       }
     }
-    rc = build_send(q, q.sq[prod & (q.sq_size - 1)], wr);
+    rc = build_send(q, q.sq()[prod & (q.sq_size() - 1)], wr);
     if (rc) break;
     ++prod;
   }
@@ -251,7 +250,7 @@ int post_recv_ring(ShmRecvWqe* ring, uint32_t size, uint32_t max_sge,
 
 int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   Qp& q = qp_of(qp);
-  if (q.ctx->dead.load(std::memory_order_relaxed)) {
+  if (q.ctx().dead.load(std::memory_order_relaxed)) {
     *bad = wr;
     return EIO;
   }
@@ -264,8 +263,8 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
-  return post_recv_ring(q.rq, q.rq_size, q.cap.max_recv_sge, q.rq_prod,
-                        q.sh->rq_prod, q.sh->rq_done, *q.ctx->db, q.doorbell,
+  return post_recv_ring(q.rq(), q.rq_size(), q.max_recv_sge, q.rq_prod,
+                        q.sh->rq_prod, q.sh->rq_done, *q.ctx().db, q.doorbell,
                         wr, bad);
 }
 
@@ -458,15 +457,17 @@ void set_cq_ex_ops(Cq& c) {
 namespace {
 
 void wr_error(Qp& q, int err) {
-  if (!q.wr_err) q.wr_err = err;
-  q.wr_cur = nullptr;
+  WrBatch& b = wr_batch(q);
+  if (!b.err) b.err = err;
+  b.cur = nullptr;
 }
 
 // Checks the WQE being built once all of it is known.
 void wr_finish(Qp& q) {
-  ShmSendWqe* w = q.wr_cur;
+  WrBatch& b = wr_batch(q);
+  ShmSendWqe* w = b.cur;
   if (!w) return;
-  q.wr_cur = nullptr;
+  b.cur = nullptr;
   const auto op = static_cast<ibv_wr_opcode>(w->opcode);
   const bool inl = w->send_flags & IBV_SEND_INLINE;
   uint64_t len = inl ? w->inline_len : 0;
@@ -477,20 +478,21 @@ void wr_finish(Qp& q) {
     wr_error(q, rc);
     return;
   }
-  if (q.type == IBV_QPT_UD && !q.wr_ud_set) wr_error(q, EINVAL);
+  if (q.type == IBV_QPT_UD && !b.ud_set) wr_error(q, EINVAL);
 }
 
 ShmSendWqe* wr_begin(ibv_qp_ex* qx, ibv_wr_opcode op) {
   Qp& q = qp_of(qx);
   wr_finish(q);
-  if (q.wr_err) return nullptr;
-  const uint32_t prod = q.sq_prod + q.wr_n;
-  if (prod - q.sh->sq_done.load(std::memory_order_acquire) >= q.sq_size) {
+  WrBatch& b = wr_batch(q);
+  if (b.err) return nullptr;
+  const uint32_t prod = q.sq_prod + b.n;
+  if (prod - q.sh->sq_done.load(std::memory_order_acquire) >= q.sq_size()) {
     wr_error(q, ENOMEM);
     return nullptr;
   }
-  ShmSendWqe& w = q.sq[prod & (q.sq_size - 1)];
-  ++q.wr_n;
+  ShmSendWqe& w = q.sq()[prod & (q.sq_size() - 1)];
+  ++b.n;
   w.wr_id = qx->wr_id;
   w.opcode = op;
   // Where the data comes from is decided by wr_set_sge* / wr_set_inline*.
@@ -507,39 +509,38 @@ ShmSendWqe* wr_begin(ibv_qp_ex* qx, ibv_wr_opcode op) {
   w.remote_qkey = 0;
   w.bind_lkey = 0;
   w.sge[0] = {};
-  q.wr_cur = &w;
-  q.wr_ud_set = false;
+  b.cur = &w;
+  b.ud_set = false;
   return &w;
 }
 
 void wr_start(ibv_qp_ex* qx) {
   Qp& q = qp_of(qx);
   q.sq_lock.lock();
-  q.wr_n = 0;
-  q.wr_err = 0;
-  q.wr_cur = nullptr;
-  q.wr_ud_set = false;
+  wr_batch(q) = WrBatch{};
 }
 
 int wr_complete(ibv_qp_ex* qx) {
   Qp& q = qp_of(qx);
   wr_finish(q);
-  int rc = q.wr_err;
-  if (!rc && q.ctx->dead.load(std::memory_order_relaxed)) rc = EIO;
-  if (!rc && q.wr_n && !send_ok(q.sh->state.load(std::memory_order_acquire)))
+  WrBatch& b = wr_batch(q);
+  int rc = b.err;
+  if (!rc && q.ctx().dead.load(std::memory_order_relaxed)) rc = EIO;
+  if (!rc && b.n && !send_ok(q.sh->state.load(std::memory_order_acquire)))
     rc = EINVAL;
-  if (!rc && q.wr_n) publish_sq(q, q.sq_prod + q.wr_n);
-  q.wr_n = 0;
-  q.wr_err = 0;
+  if (!rc && b.n) publish_sq(q, q.sq_prod + b.n);
+  b.n = 0;
+  b.err = 0;
   q.sq_lock.unlock();
   return rc;
 }
 
 void wr_abort(ibv_qp_ex* qx) {
   Qp& q = qp_of(qx);
-  q.wr_n = 0;
-  q.wr_err = 0;
-  q.wr_cur = nullptr;
+  WrBatch& b = wr_batch(q);
+  b.n = 0;
+  b.err = 0;
+  b.cur = nullptr;
   q.sq_lock.unlock();
 }
 
@@ -620,15 +621,16 @@ void wr_atomic_write(ibv_qp_ex* qx, uint32_t rkey, uint64_t raddr,
 
 // The WQE the setters apply to; a setter without an operation is an error.
 ShmSendWqe* wr_target(Qp& q) {
-  if (!q.wr_cur && !q.wr_err) q.wr_err = EINVAL;
-  return q.wr_cur;
+  WrBatch& b = wr_batch(q);
+  if (!b.cur && !b.err) b.err = EINVAL;
+  return b.cur;
 }
 
 void wr_set_sge(ibv_qp_ex* qx, uint32_t lkey, uint64_t addr, uint32_t len) {
   Qp& q = qp_of(qx);
   ShmSendWqe* w = wr_target(q);
   if (!w) return;
-  if (q.cap.max_send_sge < 1) return wr_error(q, EINVAL);
+  if (q.max_send_sge < 1) return wr_error(q, EINVAL);
   w->send_flags &= ~static_cast<uint32_t>(IBV_SEND_INLINE);
   w->num_sge = 1;
   w->inline_len = 0;
@@ -639,7 +641,7 @@ void wr_set_sge_list(ibv_qp_ex* qx, size_t n, const ibv_sge* list) {
   Qp& q = qp_of(qx);
   ShmSendWqe* w = wr_target(q);
   if (!w) return;
-  if (n > q.cap.max_send_sge) return wr_error(q, EINVAL);
+  if (n > q.max_send_sge) return wr_error(q, EINVAL);
   w->send_flags &= ~static_cast<uint32_t>(IBV_SEND_INLINE);
   w->num_sge = static_cast<uint32_t>(n);
   w->inline_len = 0;
@@ -655,8 +657,7 @@ void wr_set_inline_data_list(ibv_qp_ex* qx, size_t n,
   if (!w) return;
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) total += bufs[i].length;
-  if (total > q.cap.max_inline_data || total > kMaxInline)
-    return wr_error(q, EINVAL);
+  if (total > q.max_inline || total > kMaxInline) return wr_error(q, EINVAL);
   size_t off = 0;
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(w->inline_data + off, bufs[i].addr, bufs[i].length);
@@ -681,7 +682,7 @@ void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn,
   w->ah = ah->handle;
   w->remote_qpn = remote_qpn;
   w->remote_qkey = remote_qkey;
-  q.wr_ud_set = true;
+  wr_batch(q).ud_set = true;
 }
 
 }  // namespace

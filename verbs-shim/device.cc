@@ -491,20 +491,20 @@ URNIC_EXPORT int ibv_close_device(ibv_context* context) {
   }
   {
     std::lock_guard g(ctx->obj_mu);
-    for (auto& [h, q] : ctx->qps) {
-      munmap(q->map, q->map_len);
+    ctx->qps.for_each([](Qp* q) {
+      munmap(q->sh, q->map_len);
       pthread_mutex_destroy(&q->ibv()->mutex);
       pthread_cond_destroy(&q->ibv()->cond);
       delete_qp(q);
-    }
-    for (auto& [h, q] : ctx->srqs) {
+    });
+    ctx->srqs.for_each([](Srq* q) {
       munmap(q->map, q->map_len);
       delete q;
-    }
-    for (auto& [h, q] : ctx->cqs) {
+    });
+    ctx->cqs.for_each([](Cq* q) {
       munmap(q->map, q->map_len);
       delete q;
-    }
+    });
     ctx->qps.clear();
     ctx->srqs.clear();
     ctx->cqs.clear();

@@ -169,8 +169,7 @@ URNIC_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
     Cq* q = nullptr;
     {
       std::lock_guard g(c.obj_mu);
-      auto it = c.cqs.find(static_cast<uint32_t>(handle));
-      if (it != c.cqs.end()) q = it->second;
+      q = c.cqs.find(static_cast<uint32_t>(handle));
     }
     if (!q) continue;  // an event for a CQ destroyed since
     ibv_cq* x = ibv_cq_ex_to_cq(&q->cqx);
@@ -245,13 +244,13 @@ void urnic::shim::purge_async_events(Context& c) {
       std::lock_guard g(c.obj_mu);
       switch (element_of(static_cast<ibv_event_type>(m.type))) {
         case Element::kCq:
-          live = c.cqs.count(m.handle) != 0;
+          live = c.cqs.find(m.handle) != nullptr;
           break;
         case Element::kQp:
-          live = c.qps.count(m.handle) != 0;
+          live = c.qps.find(m.handle) != nullptr;
           break;
         case Element::kSrq:
-          live = c.srqs.count(m.handle) != 0;
+          live = c.srqs.find(m.handle) != nullptr;
           break;
         case Element::kDevice:
         case Element::kPort:
@@ -295,21 +294,21 @@ URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
     std::lock_guard g(c.obj_mu);
     switch (element_of(event->event_type)) {
       case Element::kCq: {
-        auto it = c.cqs.find(m.handle);
-        if (it == c.cqs.end()) continue;  // destroyed since
-        event->element.cq = ibv_cq_ex_to_cq(&it->second->cqx);
+        Cq* q = c.cqs.find(m.handle);
+        if (!q) continue;  // destroyed since
+        event->element.cq = ibv_cq_ex_to_cq(&q->cqx);
         return 0;
       }
       case Element::kQp: {
-        auto it = c.qps.find(m.handle);
-        if (it == c.qps.end()) continue;
-        event->element.qp = it->second->ibv();
+        Qp* q = c.qps.find(m.handle);
+        if (!q) continue;
+        event->element.qp = q->ibv();
         return 0;
       }
       case Element::kSrq: {
-        auto it = c.srqs.find(m.handle);
-        if (it == c.srqs.end()) continue;
-        event->element.srq = &it->second->srq;
+        Srq* q = c.srqs.find(m.handle);
+        if (!q) continue;
+        event->element.srq = &q->srq;
         return 0;
       }
       case Element::kDevice:

@@ -370,12 +370,19 @@ Cq* make_cq(Context& c, int cqe, void* cq_context, ibv_comp_channel* channel,
   x.channel = channel;
   x.cq_context = cq_context;
   x.handle = rep.handle;
+  q->handle = rep.handle;
   pthread_mutex_init(&x.mutex, nullptr);
   pthread_cond_init(&x.cond, nullptr);
   set_cq_ex_ops(*q);
   {
     std::lock_guard g(c.obj_mu);
-    c.cqs[rep.handle] = q;
+    if (!c.cqs.insert(q)) {
+      pthread_mutex_destroy(&x.mutex);
+      pthread_cond_destroy(&x.cond);
+      munmap(q->map, q->map_len);
+      delete q;
+      return undo(ENOMEM);
+    }
   }
   if (channel) {
     pthread_mutex_lock(&c.ibv()->mutex);
@@ -452,13 +459,13 @@ URNIC_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
   }
   Cq& q = cq_of(cq);
   Context& c = *q.ctx;
-  HandleReq h{cq->handle};
+  HandleReq h{q.handle};
   const int rc = c.call(Op::kDestroyCq, "ibv_destroy_cq", &h, sizeof h, nullptr,
                         0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
   {
     std::lock_guard g(c.obj_mu);
-    c.cqs.erase(cq->handle);
+    c.cqs.erase(q.handle);
   }
   purge_async_events(c);
   // As rdma-core: every completion event handed out must be acknowledged.
@@ -530,13 +537,22 @@ ibv_srq* make_srq(ibv_pd* pd, ibv_srq_init_attr* init, const char* what) {
   x.srq_context = init->srq_context;
   x.pd = pd;
   x.handle = rep.handle;
+  s->handle = rep.handle;
   pthread_mutex_init(&x.mutex, nullptr);
   pthread_cond_init(&x.cond, nullptr);
+  {
+    std::lock_guard g(c.obj_mu);
+    if (!c.srqs.insert(s)) {
+      pthread_mutex_destroy(&x.mutex);
+      pthread_cond_destroy(&x.cond);
+      munmap(s->map, s->map_len);
+      delete s;
+      return undo(ENOMEM);
+    }
+  }
   // What the queue really holds, as providers report it.
   init->attr.max_wr = rep.max_wr;
   init->attr.max_sge = rep.max_sge;
-  std::lock_guard g(c.obj_mu);
-  c.srqs[rep.handle] = s;
   return &s->srq;
 }
 
@@ -589,7 +605,7 @@ URNIC_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* srq_attr) {
     auto f = URNIC_REAL(ibv_query_srq, "IBVERBS_1.1");
     return f ? f(srq, srq_attr) : ENOSYS;
   }
-  HandleReq h{srq->handle};
+  HandleReq h{srq_of(srq).handle};
   return ctx_of(srq->context)
       .call(Op::kQuerySrq, "ibv_query_srq", &h, sizeof h, nullptr, 0, srq_attr,
             sizeof *srq_attr);
@@ -602,13 +618,13 @@ URNIC_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   }
   Srq& s = srq_of(srq);
   Context& c = *s.ctx;
-  HandleReq h{srq->handle};
+  HandleReq h{srq_of(srq).handle};
   const int rc = c.call(Op::kDestroySrq, "ibv_destroy_srq", &h, sizeof h,
                         nullptr, 0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
   {
     std::lock_guard g(c.obj_mu);
-    c.srqs.erase(srq->handle);
+    c.srqs.erase(s.handle);
   }
   purge_async_events(c);
   munmap(s.map, s.map_len);
@@ -690,9 +706,15 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
   if (!std::has_single_bit(sh->sq_size) || !rq_ok ||
       sh->sq_offset + uint64_t{sh->sq_size} * sizeof(ShmSendWqe) >
           rep.map_len ||
-      rep.doorbell >= kMaxDoorbells) {
+      rep.map_len > UINT32_MAX || rep.doorbell >= kMaxDoorbells) {
     munmap(map, rep.map_len);
     say("%s: the QP memory urnicd returned is malformed", what);
+    return undo(EPROTO);
+  }
+  if (rep.cap.max_inline_data > kMaxInline || rep.cap.max_send_sge > kMaxSge ||
+      rep.cap.max_recv_sge > kMaxSge) {
+    munmap(map, rep.map_len);
+    say("%s: urnicd granted more than its own limits", what);
     return undo(EPROTO);
   }
   Qp* q = new_qp(ex);
@@ -700,22 +722,22 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
     munmap(map, rep.map_len);
     return undo(ENOMEM);
   }
-  q->ctx = &c;
   q->sh = sh;
-  q->sq =
-      reinterpret_cast<ShmSendWqe*>(static_cast<char*>(map) + sh->sq_offset);
-  q->rq =
-      reinterpret_cast<ShmRecvWqe*>(static_cast<char*>(map) + sh->rq_offset);
-  q->sq_size = sh->sq_size;
-  q->rq_size = attr->srq ? 0 : sh->rq_size;
+  q->handle = rep.handle;
+  q->sq_off = static_cast<uint32_t>(sh->sq_offset);
+  q->rq_off = static_cast<uint32_t>(sh->rq_offset);
+  q->sq_log = static_cast<uint8_t>(std::countr_zero(sh->sq_size));
+  q->rq_log =
+      attr->srq ? 0 : static_cast<uint8_t>(std::countr_zero(sh->rq_size));
   q->sq_prod = sh->sq_prod.load(std::memory_order_relaxed);
   q->rq_prod = sh->rq_prod.load(std::memory_order_relaxed);
-  q->doorbell = rep.doorbell;
-  q->cap = rep.cap;
+  q->doorbell = static_cast<uint16_t>(rep.doorbell);
+  q->max_inline = static_cast<uint16_t>(rep.cap.max_inline_data);
+  q->max_send_sge = static_cast<uint8_t>(rep.cap.max_send_sge);
+  q->max_recv_sge = static_cast<uint8_t>(rep.cap.max_recv_sge);
   q->type = attr->qp_type;
-  q->has_srq = attr->srq != nullptr;
-  q->map = map;  // q->ex: set by new_qp
-  q->map_len = rep.map_len;
+  q->has_srq = attr->srq != nullptr;  // q->ex: set by new_qp
+  q->map_len = static_cast<uint32_t>(rep.map_len);
   ibv_qp& b = *q->ibv();
   b.context = pd->context;
   b.qp_context = attr->qp_context;
@@ -730,9 +752,17 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
   pthread_mutex_init(&b.mutex, nullptr);
   pthread_cond_init(&b.cond, nullptr);
   if (ex) set_qp_ex_ops(*q, send_ops);
+  {
+    std::lock_guard g(c.obj_mu);
+    if (!c.qps.insert(q)) {
+      pthread_mutex_destroy(&b.mutex);
+      pthread_cond_destroy(&b.cond);
+      munmap(map, rep.map_len);
+      delete_qp(q);
+      return undo(ENOMEM);
+    }
+  }
   attr->cap = rep.cap;  // what the queues really hold
-  std::lock_guard g(c.obj_mu);
-  c.qps[rep.handle] = q;
   return &b;
 }
 
@@ -786,12 +816,12 @@ URNIC_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
   }
   Qp& q = qp_of(qp);
   ModifyQpReq req;
-  req.handle = qp->handle;
+  req.handle = qp_of(qp).handle;
   req.mask = attr_mask;
   req.attr = *attr;
   ModifyQpRep rep;
-  const int rc = q.ctx->call(Op::kModifyQp, "ibv_modify_qp", &req, sizeof req,
-                             nullptr, 0, &rep, sizeof rep);
+  const int rc = q.ctx().call(Op::kModifyQp, "ibv_modify_qp", &req, sizeof req,
+                              nullptr, 0, &rep, sizeof rep);
   if (rc) return rc;
   qp->state = static_cast<ibv_qp_state>(rep.state);
   if ((attr_mask & IBV_QP_PATH_MTU) && attr->path_mtu >= IBV_MTU_256 &&
@@ -806,10 +836,10 @@ URNIC_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
     auto f = URNIC_REAL(ibv_query_qp, "IBVERBS_1.1");
     return f ? f(qp, attr, attr_mask, init_attr) : ENOSYS;
   }
-  HandleReq h{qp->handle};
+  HandleReq h{qp_of(qp).handle};
   QueryQpRep rep;
-  const int rc = qp_of(qp).ctx->call(Op::kQueryQp, "ibv_query_qp", &h, sizeof h,
-                                     nullptr, 0, &rep, sizeof rep);
+  const int rc = qp_of(qp).ctx().call(Op::kQueryQp, "ibv_query_qp", &h,
+                                      sizeof h, nullptr, 0, &rep, sizeof rep);
   if (rc) return rc;
   *attr = rep.attr;
   attr->cap = rep.cap;
@@ -833,17 +863,17 @@ URNIC_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
     return f ? f(qp) : ENOSYS;
   }
   Qp& q = qp_of(qp);
-  Context& c = *q.ctx;
-  HandleReq h{qp->handle};
+  Context& c = q.ctx();
+  HandleReq h{qp_of(qp).handle};
   const int rc = c.call(Op::kDestroyQp, "ibv_destroy_qp", &h, sizeof h, nullptr,
                         0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
   {
     std::lock_guard g(c.obj_mu);
-    c.qps.erase(qp->handle);
+    c.qps.erase(q.handle);
   }
   purge_async_events(c);
-  munmap(q.map, q.map_len);
+  munmap(q.sh, q.map_len);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
   delete_qp(&q);

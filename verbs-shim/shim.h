@@ -13,10 +13,10 @@
 #include <new>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 #include "dataplane/hostif/abi.h"
+#include "verbs-shim/handle_table.h"
 
 // Every exported verb. Unversioned definitions in a preloaded library win
 // over libibverbs' versioned ones, whatever version the caller asked for.
@@ -138,9 +138,9 @@ struct Context {
   std::atomic<uint32_t> active_mtu{1024};  // bytes; UD sends are checked
   std::atomic<bool> async_eof{false};
   std::mutex obj_mu;  // the handle maps (events look objects up)
-  std::unordered_map<uint32_t, Qp*> qps;
-  std::unordered_map<uint32_t, Cq*> cqs;
-  std::unordered_map<uint32_t, Srq*> srqs;
+  HandleTable<Qp> qps;
+  HandleTable<Cq> cqs;
+  HandleTable<Srq> srqs;
   std::vector<int> channel_fds;  // our ends of the completion channels
 
   ibv_context* ibv() { return &box.vctx.context; }
@@ -156,7 +156,12 @@ struct Context {
   void lost(const char* why);
 };
 
-Context& ctx_of(ibv_context* c);
+// The Context of an ibv_context we made (its CtxBox).
+inline Context& ctx_of(ibv_context* c) {
+  auto* vctx = reinterpret_cast<verbs_context*>(
+      reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+  return *reinterpret_cast<CtxBox*>(vctx)->self;
+}
 inline bool is_urnic(const ibv_context* c) {
   return c && urnic_device(c->device) != nullptr;
 }
@@ -176,6 +181,7 @@ struct Channel {
 struct Cq {
   ibv_cq_ex cqx{};  // first; ibv_cq is its prefix
   Context* ctx = nullptr;
+  uint32_t handle = 0;  // ours (HandleTable); the application can write cqx's
   Channel* channel = nullptr;
   CqShared* sh = nullptr;
   ibv_wc* ring = nullptr;
@@ -192,6 +198,7 @@ static_assert(std::is_standard_layout_v<Cq>);
 struct Srq {
   ibv_srq srq{};  // first
   Context* ctx = nullptr;
+  uint32_t handle = 0;  // ours (HandleTable)
   SrqShared* sh = nullptr;
   ShmRecvWqe* ring = nullptr;
   uint32_t size = 0;
@@ -206,36 +213,52 @@ static_assert(std::is_standard_layout_v<Srq>);
 
 // A QP: the shim's state, then (at kQpVerbsOffset, PlainQp / ExQp) what
 // the application holds: an ibv_qp, or for a QP created with
-// send_ops_flags an ibv_qp_ex, whose first member is that ibv_qp. Only
-// those carry the ibv_qp_ex's 192 B of function pointers (3 MiB of the
-// shim's heap at 16384 QPs). new_qp / delete_qp allocate and free them.
+// send_ops_flags an ibv_qp_ex, whose first member is that ibv_qp, and the
+// ibv_wr_* batch. Only those carry the ibv_qp_ex's 192 B of function
+// pointers. The state is kept to what posting needs, in the narrowest
+// types the service's limits allow (checked at create): at 16384 QPs every
+// byte here is 16 KiB. new_qp / delete_qp allocate and free them.
 struct Qp {
-  Context* ctx = nullptr;
-  QpShared* sh = nullptr;
-  ShmSendWqe* sq = nullptr;
-  ShmRecvWqe* rq = nullptr;
-  uint32_t sq_size = 0, rq_size = 0;
+  QpShared* sh = nullptr;  // the mapping starts here: header, then rings
+  uint32_t handle = 0;     // ours; the application can write ibv_qp's
   uint32_t sq_prod = 0, rq_prod = 0;  // ours; published with release
-  uint32_t doorbell = 0;
-  ibv_qp_cap cap{};  // granted
+  uint32_t sq_off = 0, rq_off = 0;    // of the rings in the mapping
+  uint32_t map_len = 0;
+  std::atomic<uint32_t> path_mtu{0};  // bytes, once set by ibv_modify_qp
   ibv_qp_type type = IBV_QPT_RC;
+  // Granted (ibv_qp_cap; the WR counts are the service's to report).
+  uint16_t max_inline = 0;                     // <= kMaxInline
+  uint8_t max_send_sge = 0, max_recv_sge = 0;  // <= kMaxSge
+  uint16_t doorbell = 0;                       // < kMaxDoorbells
+  uint8_t sq_log = 0, rq_log = 0;              // ring sizes, log2
   bool has_srq = false;
   bool ex = false;  // created with send_ops_flags (ibv_qp_to_qp_ex)
-  std::atomic<uint32_t> path_mtu{0};  // bytes, once set by ibv_modify_qp
-  void* map = nullptr;
-  size_t map_len = 0;
   SpinLock sq_lock, rq_lock;
-  // ibv_wr_* batch (between wr_start and wr_complete / wr_abort).
-  uint32_t wr_n = 0;  // WQEs built
-  int wr_err = 0;     // first error
-  ShmSendWqe* wr_cur = nullptr;
-  bool wr_ud_set = false;
 
   ibv_qp* ibv();
   const ibv_qp* ibv() const;
   ibv_qp_ex* ibv_ex() { return reinterpret_cast<ibv_qp_ex*>(ibv()); }  // ex
+  Context& ctx() const { return ctx_of(ibv()->context); }
+  uint32_t sq_size() const { return 1u << sq_log; }
+  uint32_t rq_size() const { return has_srq ? 0 : 1u << rq_log; }
+  ShmSendWqe* sq() const {
+    return reinterpret_cast<ShmSendWqe*>(reinterpret_cast<char*>(sh) + sq_off);
+  }
+  ShmRecvWqe* rq() const {
+    return reinterpret_cast<ShmRecvWqe*>(reinterpret_cast<char*>(sh) + rq_off);
+  }
 };
 static_assert(std::is_standard_layout_v<Qp>);
+static_assert(kMaxInline <= UINT16_MAX && kMaxSge <= UINT8_MAX &&
+              kMaxDoorbells <= UINT16_MAX + 1);
+
+// An ibv_wr_* batch (between wr_start and wr_complete / wr_abort).
+struct WrBatch {
+  ShmSendWqe* cur = nullptr;
+  uint32_t n = 0;  // WQEs built
+  int err = 0;     // first error
+  bool ud_set = false;
+};
 
 struct PlainQp {
   Qp q;
@@ -244,12 +267,19 @@ struct PlainQp {
 struct ExQp {
   Qp q;
   ibv_qp_ex v{};  // v.qp_base is the ibv_qp
+  WrBatch wr;
 };
 static_assert(std::is_standard_layout_v<PlainQp> &&
               std::is_standard_layout_v<ExQp>);
 static_assert(offsetof(PlainQp, v) == offsetof(ExQp, v) &&
               offsetof(ExQp, v.qp_base) == offsetof(ExQp, v));
 inline constexpr size_t kQpVerbsOffset = offsetof(PlainQp, v);
+
+// The batch of a QP created with send_ops_flags (the only ones whose
+// ibv_qp_ex, and so whose ibv_wr_* calls, the application can reach).
+inline WrBatch& wr_batch(Qp& q) {
+  return reinterpret_cast<ExQp*>(&q)->wr;  // q is its first member
+}
 
 inline ibv_qp* Qp::ibv() {
   return reinterpret_cast<ibv_qp*>(reinterpret_cast<char*>(this) +
