@@ -3,11 +3,14 @@
 // addressing table of object pointers, keyed by the `handle` field the shim
 // keeps in each object (not the copy in the application's ibv_* struct,
 // which the application can write). 8 bytes a slot at a load of 3/8..3/4:
-// at 16384 QPs 128 KiB, where std::unordered_map took ~40 B per entry (a
-// node and a bucket). Linear probing with backward-shift deletion, so no
-// tombstones; callers lock (Context::obj_mu).
+// at 16384 QPs 32768 slots, 256 KiB (16 B per QP), where
+// std::unordered_map took ~40 B per entry (a node and a bucket). It grows,
+// never shrinks: what a peak of objects needed stays until the context
+// closes. Linear probing with backward-shift deletion, so no tombstones;
+// callers lock (Context::obj_mu).
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,16 +30,16 @@ class HandleTable {
     }
   }
 
-  // False (nothing changed) if the table could not grow, or if an object
-  // with that handle is already in it.
-  bool insert(T* obj) {
-    if ((size_ + 1) * 4 > cap() * 3 && !grow()) return false;
+  // 0, or (nothing changed) EEXIST if an object with that handle is in it,
+  // ENOMEM if the table could not grow.
+  int insert(T* obj) {
+    if (find(obj->handle)) return EEXIST;
+    if ((size_ + 1) * 4 > cap() * 3 && !grow()) return ENOMEM;
     size_t i = slot(obj->handle);
-    for (; slots_[i]; i = (i + 1) & mask_)
-      if (slots_[i]->handle == obj->handle) return false;
+    while (slots_[i]) i = (i + 1) & mask_;
     slots_[i] = obj;
     ++size_;
-    return true;
+    return 0;
   }
 
   // The object removed, or nullptr if there was none.

@@ -376,12 +376,15 @@ Cq* make_cq(Context& c, int cqe, void* cq_context, ibv_comp_channel* channel,
   set_cq_ex_ops(*q);
   {
     std::lock_guard g(c.obj_mu);
-    if (!c.cqs.insert(q)) {
+    if (const int err = c.cqs.insert(q)) {
       pthread_mutex_destroy(&x.mutex);
       pthread_cond_destroy(&x.cond);
       munmap(q->map, q->map_len);
       delete q;
-      return undo(ENOMEM);
+      if (err != EEXIST) return undo(err);
+      // Not ours to destroy: the object we have under that handle uses it.
+      say("%s: urnicd returned handle %u, which is in use", what, rep.handle);
+      return fail<Cq>(EPROTO);
     }
   }
   if (channel) {
@@ -437,7 +440,7 @@ URNIC_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
   // from the consumer index we published up to its producer index.
   std::lock_guard g(q.lock);
   q.sh->cons.store(q.cons, std::memory_order_release);
-  ResizeCqReq req{cq->handle, static_cast<uint32_t>(cqe)};
+  ResizeCqReq req{q.handle, static_cast<uint32_t>(cqe)};
   CreateCqRep rep;
   int fd;
   if (const int rc = c.call(Op::kResizeCq, "ibv_resize_cq", &req, sizeof req,
@@ -542,12 +545,15 @@ ibv_srq* make_srq(ibv_pd* pd, ibv_srq_init_attr* init, const char* what) {
   pthread_cond_init(&x.cond, nullptr);
   {
     std::lock_guard g(c.obj_mu);
-    if (!c.srqs.insert(s)) {
+    if (const int err = c.srqs.insert(s)) {
       pthread_mutex_destroy(&x.mutex);
       pthread_cond_destroy(&x.cond);
       munmap(s->map, s->map_len);
       delete s;
-      return undo(ENOMEM);
+      if (err != EEXIST) return undo(err);
+      // Not ours to destroy: the object we have under that handle uses it.
+      say("%s: urnicd returned handle %u, which is in use", what, rep.handle);
+      return fail<ibv_srq>(EPROTO);
     }
   }
   // What the queue really holds, as providers report it.
@@ -592,7 +598,7 @@ URNIC_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* srq_attr,
     return f ? f(srq, srq_attr, srq_attr_mask) : ENOSYS;
   }
   ModifySrqReq req;
-  req.handle = srq->handle;
+  req.handle = srq_of(srq).handle;
   req.mask = srq_attr_mask;
   req.attr = *srq_attr;
   return ctx_of(srq->context)
@@ -754,12 +760,15 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
   if (ex) set_qp_ex_ops(*q, send_ops);
   {
     std::lock_guard g(c.obj_mu);
-    if (!c.qps.insert(q)) {
+    if (const int err = c.qps.insert(q)) {
       pthread_mutex_destroy(&b.mutex);
       pthread_cond_destroy(&b.cond);
       munmap(map, rep.map_len);
       delete_qp(q);
-      return undo(ENOMEM);
+      if (err != EEXIST) return undo(err);
+      // Not ours to destroy: the object we have under that handle uses it.
+      say("%s: urnicd returned handle %u, which is in use", what, rep.handle);
+      return fail<ibv_qp>(EPROTO);
     }
   }
   attr->cap = rep.cap;  // what the queues really hold

@@ -238,6 +238,9 @@ struct Qp {
   ibv_qp* ibv();
   const ibv_qp* ibv() const;
   ibv_qp_ex* ibv_ex() { return reinterpret_cast<ibv_qp_ex*>(ibv()); }  // ex
+  // From ibv_qp.context, which every verb reads anyway to tell our QPs
+  // from another provider's (is_urnic): an application that overwrites it
+  // breaks only itself, as before.
   Context& ctx() const { return ctx_of(ibv()->context); }
   uint32_t sq_size() const { return 1u << sq_log; }
   uint32_t rq_size() const { return has_srq ? 0 : 1u << rq_log; }

@@ -4,6 +4,7 @@
 // runs wrap around the end of the table.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -47,25 +48,26 @@ TEST(HandleTable, EmptyFindsNothing) {
 TEST(HandleTable, RefusesADuplicateHandle) {
   HandleTable<Obj> t;
   Obj a{5}, b{5};
-  EXPECT_TRUE(t.insert(&a));
-  EXPECT_FALSE(t.insert(&b));
+  EXPECT_EQ(t.insert(&a), 0);
+  EXPECT_EQ(t.insert(&b), EEXIST);
   EXPECT_EQ(t.find(5), &a);
   EXPECT_EQ(t.size(), 1u);
   EXPECT_EQ(t.erase(5), &a);
   EXPECT_EQ(t.find(5), nullptr);
-  EXPECT_TRUE(t.insert(&b));
+  EXPECT_EQ(t.insert(&b), 0);
   EXPECT_EQ(t.find(5), &b);
 }
 
 // What the shim does: handles handed out in order, objects destroyed in
-// any order, the table grown through many sizes and emptied again.
+// any order, the table grown through many sizes and emptied again (its
+// slots stay: it never shrinks).
 TEST(HandleTable, ConsecutiveHandlesThroughGrowthAndBack) {
   HandleTable<Obj> t;
   std::unordered_map<uint32_t, Obj*> ref;
   std::vector<std::unique_ptr<Obj>> objs;
   for (uint32_t h = 1; h <= 20000; ++h) {
     objs.push_back(std::make_unique<Obj>(Obj{h}));
-    ASSERT_TRUE(t.insert(objs.back().get()));
+    ASSERT_EQ(t.insert(objs.back().get()), 0);
     ref[h] = objs.back().get();
   }
   expect_same(t, ref);
@@ -97,7 +99,7 @@ TEST(HandleTable, MatchesAReferenceMapUnderRandomOperations) {
         case 0: {
           objs.push_back(std::make_unique<Obj>(Obj{h}));
           const bool fresh = !ref.count(h);
-          ASSERT_EQ(t.insert(objs.back().get()), fresh);
+          ASSERT_EQ(t.insert(objs.back().get()), fresh ? 0 : EEXIST);
           if (fresh) ref[h] = objs.back().get();
           break;
         }
