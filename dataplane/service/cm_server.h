@@ -5,7 +5,7 @@
 // to the kernel's CM (rxe, RoCE HCAs).
 //
 // Threads: everything here runs on the control thread. Received MADs come
-// from the workers by ring (main.cc), sent ones go to a worker as whole
+// from the workers by ring (daemon.cc), sent ones go to a worker as whole
 // frames (CmEnv::send_frame); MADs between two ids of this service are
 // looped back here, encoded and decoded like any other.
 #pragma once

@@ -208,7 +208,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
   switch (op) {
     case Op::kOpen:
       break;
-    case Op::kCmOpen:  // main.cc routes these to the CmServer
+    case Op::kCmOpen:  // Daemon::handle routes these to the CmServer
     case Op::kCmCommand:
       return EOPNOTSUPP;
     case Op::kQueryPort: {
