@@ -37,6 +37,7 @@
 
 #include "perf/urnic-perf/exchange.h"
 #include "perf/urnic-perf/service_stats.h"
+#include "tests/support/verbs_bringup.h"
 
 namespace urnic::perf {
 namespace {
@@ -311,15 +312,10 @@ void setup(Run& r) {
     if (!q->qp)
       die(1, "ibv_create_qp #%u (send %u recv %u): %s", i, sq, rq,
           strerror(errno));
-    ibv_qp_attr m{};
-    m.qp_state = IBV_QPS_INIT;
-    m.port_num = static_cast<uint8_t>(r.o.ib_port);
-    m.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-    if (ibv_modify_qp(q->qp, &m,
-                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                          IBV_QP_ACCESS_FLAGS))
-      die(1, "ibv_modify_qp(INIT) #%u: %s", i, strerror(errno));
+    urnic::test::RcPath rp;
+    rp.port = static_cast<uint8_t>(r.o.ib_port);
+    if (const int rc = urnic::test::rc_to_init(q->qp, rp))
+      die(1, "ibv_modify_qp(INIT) #%u: %s", i, strerror(rc));
     q->remote.psn = rng() & 0xffffff;  // our PSN, sent to the peer
     r.by_thread[i % t].push_back(q.get());
     r.qps.push_back(std::move(q));
@@ -331,36 +327,23 @@ void connect_qps(Run& r, const std::vector<QpWire>& peer) {
   for (auto& qp : r.qps) {
     QpCtx& q = *qp;
     const QpWire& w = peer[q.index];
-    const uint32_t my_psn = q.remote.psn;
-    ibv_qp_attr m{};
-    m.qp_state = IBV_QPS_RTR;
-    m.path_mtu = static_cast<ibv_mtu>(p.mtu);
-    m.dest_qp_num = w.qpn;
-    m.rq_psn = w.psn;
-    m.max_dest_rd_atomic = static_cast<uint8_t>(p.rd_atomic);
-    m.min_rnr_timer = 1;
-    m.ah_attr.is_global = 1;
-    std::memcpy(m.ah_attr.grh.dgid.raw, w.gid, 16);
-    m.ah_attr.grh.sgid_index = static_cast<uint8_t>(r.o.gid_index);
-    m.ah_attr.grh.hop_limit = 64;
-    m.ah_attr.port_num = static_cast<uint8_t>(r.o.ib_port);
-    if (ibv_modify_qp(q.qp, &m,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                          IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      die(1, "ibv_modify_qp(RTR) #%u: %s", q.index, strerror(errno));
-    m = {};
-    m.qp_state = IBV_QPS_RTS;
-    m.sq_psn = my_psn;
-    m.timeout = static_cast<uint8_t>(p.timeout);
-    m.retry_cnt = static_cast<uint8_t>(p.retry_cnt);
-    m.rnr_retry = static_cast<uint8_t>(p.rnr_retry);
-    m.max_rd_atomic = static_cast<uint8_t>(p.rd_atomic);
-    if (ibv_modify_qp(q.qp, &m,
-                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                          IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                          IBV_QP_MAX_QP_RD_ATOMIC))
-      die(1, "ibv_modify_qp(RTS) #%u: %s", q.index, strerror(errno));
+    urnic::test::RcPath rp;
+    rp.dest_qpn = w.qpn;
+    std::memcpy(rp.dgid.raw, w.gid, 16);
+    rp.sgid_index = static_cast<uint8_t>(r.o.gid_index);
+    rp.port = static_cast<uint8_t>(r.o.ib_port);
+    rp.mtu = static_cast<ibv_mtu>(p.mtu);
+    rp.rq_psn = w.psn;
+    rp.sq_psn = q.remote.psn;  // ours, sent to the peer
+    rp.rd_atomic = static_cast<uint8_t>(p.rd_atomic);
+    rp.min_rnr_timer = 1;
+    rp.timeout = static_cast<uint8_t>(p.timeout);
+    rp.retry_cnt = static_cast<uint8_t>(p.retry_cnt);
+    rp.rnr_retry = static_cast<uint8_t>(p.rnr_retry);
+    if (const int rc = urnic::test::rc_to_rtr(q.qp, rp))
+      die(1, "ibv_modify_qp(RTR) #%u: %s", q.index, strerror(rc));
+    if (const int rc = urnic::test::rc_to_rts(q.qp, rp))
+      die(1, "ibv_modify_qp(RTS) #%u: %s", q.index, strerror(rc));
     q.remote = w;
   }
 }

@@ -66,12 +66,17 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/verbs_bringup.h"
+
 // Exported by libibverbs (IBVERBS_1.0) but declared only in rdma-core's
 // driver.h, which is not installed.
 extern "C" int ibv_read_sysfs_file(const char* dir, const char* file, char* buf,
                                    size_t size);
 
 namespace {
+
+using urnic::test::rc_connect;
+using urnic::test::RcPath;
 
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
@@ -317,42 +322,15 @@ void modify(ibv_qp* qp, ibv_qp_attr& a, int mask, const char* what) {
 // Both RC QPs to RTS, each aimed at the other through GID 0.
 void connect_rc(Dev& d, ibv_qp* a, ibv_qp* b) {
   for (ibv_qp* qp : {a, b}) {
-    ibv_qp_attr x{};
-    x.qp_state = IBV_QPS_INIT;
-    x.port_num = 1;
-    x.qp_access_flags = kAccess;
-    modify(qp, x,
-           IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-           "INIT");
-  }
-  for (ibv_qp* qp : {a, b}) {
-    ibv_qp_attr x{};
-    x.qp_state = IBV_QPS_RTR;
-    x.path_mtu = IBV_MTU_1024;
-    x.dest_qp_num = (qp == a ? b : a)->qp_num;
-    x.max_dest_rd_atomic = 4;
-    x.min_rnr_timer = 12;
-    x.ah_attr.is_global = 1;
-    x.ah_attr.grh.dgid = d.gids[0].gid;
-    x.ah_attr.grh.sgid_index = 0;
-    x.ah_attr.grh.hop_limit = 64;
-    x.ah_attr.port_num = 1;
-    modify(qp, x,
-           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-           "RTR");
-  }
-  for (ibv_qp* qp : {a, b}) {
-    ibv_qp_attr x{};
-    x.qp_state = IBV_QPS_RTS;
-    x.max_rd_atomic = 4;
-    x.timeout = 14;
-    x.retry_cnt = 7;
-    x.rnr_retry = 7;
-    modify(qp, x,
-           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC |
-               IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY,
-           "RTS");
+    RcPath p;
+    p.dest_qpn = (qp == a ? b : a)->qp_num;
+    p.dgid = d.gids[0].gid;
+    p.rd_atomic = 4;
+    p.access = kAccess;
+    const char* step = "";
+    if (const int rc = rc_connect(qp, p, &step))
+      throw SetupError(
+          fmt("ibv_modify_qp to %s: %s", step, err_text(rc).c_str()));
   }
 }
 

@@ -28,7 +28,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/verbs_bringup.h"
+
 namespace {
+
+using urnic::test::rc_connect;
+using urnic::test::rc_to_init;
+using urnic::test::rc_to_rtr;
+using urnic::test::rc_to_rts;
+using urnic::test::RcPath;
 
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
@@ -127,52 +135,26 @@ End create_end(Dev& d, ibv_pd* pd, uint32_t send_wr, uint32_t recv_wr) {
   return e;
 }
 
-void modify(ibv_qp* qp, ibv_qp_attr& a, int mask, const char* what) {
-  int rc = ibv_modify_qp(qp, &a, mask);
+void check_modify(int rc, const char* what) {
   if (rc)
     throw SetupError(
         fmt("ibv_modify_qp to %s: %s", what, err_text(rc).c_str()));
 }
+RcPath path(uint32_t remote_qpn = 0, const ibv_gid& gid = {}) {
+  RcPath p;
+  p.dest_qpn = remote_qpn;
+  p.dgid = gid;
+  p.access = kAccess;
+  return p;
+}
 void to_init(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
-  a.port_num = 1;
-  a.qp_access_flags = kAccess;
-  modify(qp, a,
-         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-         "INIT");
+  check_modify(rc_to_init(qp, path()), "INIT");
 }
 void to_rtr(ibv_qp* qp, uint32_t remote_qpn, const ibv_gid& gid) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = remote_qpn;
-  a.rq_psn = 0;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = gid;
-  a.ah_attr.grh.sgid_index = 0;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  modify(qp, a,
-         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-         "RTR");
+  check_modify(rc_to_rtr(qp, path(remote_qpn, gid)), "RTR");
 }
 void to_rts(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = 0;
-  a.max_rd_atomic = 1;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  modify(qp, a,
-         IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC |
-             IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY,
-         "RTS");
+  check_modify(rc_to_rts(qp, path()), "RTS");
 }
 void connect(Dev& d, Pair& p) {
   to_init(p.a.qp);
