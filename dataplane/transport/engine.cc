@@ -198,7 +198,8 @@ void Engine::send_cnp(Qp& qp) {
   // Sent from the receive path: it must not end the current transmit turn.
   const bool refused = tx_refused_;
   const int64_t turn = turn_left_;
-  if (send_packet(qp, f, {})) {  // refused: the next CE mark tries again
+  if (send_packet(qp, f, {},
+                  &qp.hdr_)) {  // refused: the next CE mark tries again
     qp.cnp_sent_ = true;
     qp.cnp_sent_ns_ = now_;
     ctr_.inc(ECtr::cnps_tx);
@@ -452,6 +453,7 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     qp->tmpl_ = {};
     fill_addr(*qp, qp->path_, qp->tmpl_);
     qp->tmpl_.dqpn = qp->dest_qpn_;
+    wire::build_template(qp->tmpl_, qp->hdr_);
   }
 
   // Transition side effects.
@@ -771,10 +773,13 @@ void Engine::fill_addr(const Qp& qp, const Path& path,
 }
 
 bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
-                         std::span<const wire::ConstBuf> payload) {
+                         std::span<const wire::ConstBuf> payload,
+                         const wire::HeaderTemplate* prebuilt) {
   uint8_t hdr[128];
   uint8_t trailer[8];
-  const uint32_t hl = wire::encode_headers(f, hdr, sizeof(hdr));
+  const uint32_t hl = prebuilt
+                          ? wire::encode_headers(*prebuilt, f, hdr, sizeof(hdr))
+                          : wire::encode_headers(f, hdr, sizeof(hdr));
   if (hl == 0) return true;  // cannot happen for our own fields; dropped
   const uint32_t tl = wire::encode_trailer(hdr, f, payload, trailer);
   TxFrame tf;

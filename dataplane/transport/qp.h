@@ -197,7 +197,8 @@ class Qp {
   // Attributes (ibv_modify_qp).
   ibv_qp_attr attr_{};  // as last set, for query_qp
   Path path_;
-  wire::RoceFields tmpl_;  // addresses + dest QPN of every RC/UC packet
+  wire::RoceFields tmpl_;     // addresses + dest QPN of every RC/UC packet
+  wire::HeaderTemplate hdr_;  // tmpl_'s Ethernet..UDP bytes, prebuilt
   uint32_t mtu_ = 1024;
   uint32_t dest_qpn_ = 0;
   uint32_t qkey_ = 0;

@@ -434,16 +434,25 @@ uint32_t header_len(const RoceFields& f) {
          op.hdr_len;
 }
 
-uint32_t encode_headers(const RoceFields& f, uint8_t* buf, uint32_t cap) {
-  const OpcodeInfo& op = opcode_info(f.opcode);
-  if (!op.valid() || (f.payload_len && !(op.mask & kPayload))) return 0;
-  const uint32_t len = header_len(f);
-  if (cap < len) return 0;
-  const uint32_t pad = pad_for(f.payload_len);
-  const uint32_t roce_len = op.hdr_len + f.payload_len + pad + kIcrcSize;
-  const uint32_t udp_len = sizeof(UdpHdr) + roce_len;
-  if (udp_len > 0xffff - sizeof(Ipv4Hdr)) return 0;
+namespace {
 
+// What encode_headers() checks and sizes before writing; false: refused.
+struct Sizes {
+  uint32_t len = 0;      // all headers
+  uint32_t pad = 0;      // after the payload
+  uint32_t udp_len = 0;  // UDP header and everything after it
+};
+bool sizes(const RoceFields& f, const OpcodeInfo& op, uint32_t cap, Sizes& z) {
+  if (!op.valid() || (f.payload_len && !(op.mask & kPayload))) return false;
+  z.len = header_len(f);
+  if (cap < z.len) return false;
+  z.pad = pad_for(f.payload_len);
+  z.udp_len = sizeof(UdpHdr) + op.hdr_len + f.payload_len + z.pad + kIcrcSize;
+  return z.udp_len <= 0xffff - sizeof(Ipv4Hdr);
+}
+
+// Ethernet (+VLAN), IP and UDP at buf; returns where BTH goes.
+uint32_t encode_l2_l4(const RoceFields& f, uint32_t udp_len, uint8_t* buf) {
   auto* eth = at<EthHdr>(buf, 0);
   eth->dst = f.dst_mac;
   eth->src = f.src_mac;
@@ -489,9 +498,12 @@ uint32_t encode_headers(const RoceFields& f, uint8_t* buf, uint32_t cap) {
   udp->dst_port.set(kRoceV2Port);
   udp->length.set(static_cast<uint16_t>(udp_len));
   udp->checksum.set(0);  // RoCEv2 senders leave it zero; the ICRC covers data
-  off += sizeof(UdpHdr);
+  return off + sizeof(UdpHdr);
+}
 
-  uint8_t* b = buf + off;
+// BTH and the opcode's extension headers at b.
+void encode_bth(const RoceFields& f, const OpcodeInfo& op, uint32_t pad,
+                uint8_t* b) {
   auto* bth = at<Bth>(b, 0);
   bth->opcode = f.opcode;
   bth->flags = static_cast<uint8_t>((f.se ? Bth::kSe : 0) |
@@ -532,7 +544,62 @@ uint32_t encode_headers(const RoceFields& f, uint8_t* buf, uint32_t cap) {
     reinterpret_cast<Ieth*>(ext(Ext::kIeth))->rkey.set(f.ieth_rkey);
   if (op.has_ext(Ext::kCnpPad))
     std::memset(ext(Ext::kCnpPad), 0, sizeof(CnpPad));
-  return len;
+}
+
+}  // namespace
+
+uint32_t encode_headers(const RoceFields& f, uint8_t* buf, uint32_t cap) {
+  const OpcodeInfo& op = opcode_info(f.opcode);
+  Sizes z;
+  if (!sizes(f, op, cap, z)) return 0;
+  encode_bth(f, op, z.pad, buf + encode_l2_l4(f, z.udp_len, buf));
+  return z.len;
+}
+
+void build_template(const RoceFields& f, HeaderTemplate& t) {
+  t = {};
+  const uint32_t l4 = encode_l2_l4(f, 0, t.bytes);
+  t.len = static_cast<uint8_t>(l4);  // through UDP
+  t.l3_off =
+      static_cast<uint8_t>(sizeof(EthHdr) + (f.vlan ? sizeof(VlanTag) : 0));
+  t.ipv6 = f.ipv6;
+  if (!t.ipv6) {
+    uint8_t* ip = t.bytes + t.l3_off;
+    std::memset(ip, 0, 6);  // version, TOS, total length, id: per packet
+    at<Ipv4Hdr>(ip, 0)->checksum.set(0);
+    t.csum_rest = csum_fold(csum_partial(ip, sizeof(Ipv4Hdr)));
+    ip[0] = 0x45;
+  }
+}
+
+uint32_t encode_headers(const HeaderTemplate& t, const RoceFields& f,
+                        uint8_t* buf, uint32_t cap) {
+  const OpcodeInfo& op = opcode_info(f.opcode);
+  Sizes z;
+  // The whole template is copied (a constant size: a few moves, no call).
+  if (t.len == 0 || cap < HeaderTemplate::kMaxLen || !sizes(f, op, cap, z))
+    return 0;
+  std::memcpy(buf, t.bytes, HeaderTemplate::kMaxLen);
+  uint8_t* l3 = buf + t.l3_off;
+  if (t.ipv6) {
+    auto* ip = at<Ipv6Hdr>(l3, 0);
+    ip->vtc_flow.set((ip->vtc_flow.get() & 0xf00fffffu) | uint32_t{f.tclass}
+                                                              << 20);
+    ip->payload_length.set(static_cast<uint16_t>(z.udp_len));
+  } else {
+    auto* ip = at<Ipv4Hdr>(l3, 0);
+    const uint32_t total = sizeof(Ipv4Hdr) + z.udp_len;
+    ip->tos = f.tclass;
+    ip->total_length.set(static_cast<uint16_t>(total));
+    ip->id.set(f.ip_id);
+    // The words that vary, added to the sum of the others (RFC 1071).
+    ip->checksum.set(static_cast<uint16_t>(
+        ~csum_fold(t.csum_rest + (0x4500u | f.tclass) + total + f.ip_id)));
+  }
+  at<UdpHdr>(buf, t.len - sizeof(UdpHdr))
+      ->length.set(static_cast<uint16_t>(z.udp_len));
+  encode_bth(f, op, z.pad, buf + t.len);
+  return z.len;
 }
 
 uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,

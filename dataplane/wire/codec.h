@@ -137,6 +137,28 @@ constexpr uint32_t pad_for(uint32_t len) {
 // small, the opcode is unknown, or it may not carry payload.
 uint32_t encode_headers(const RoceFields& f, uint8_t* buf, uint32_t cap);
 
+// Ethernet (+VLAN), IP and UDP of every packet of one flow, built once (a
+// QP's path: MACs, VLAN, IP addresses, hop limit, flow label, UDP ports).
+// The second encode_headers() copies it and patches what varies per
+// packet: the traffic class (ECN bits), the IP and UDP lengths, the IPv4
+// id and header checksum (from the sum of the words that do not vary).
+struct HeaderTemplate {
+  static constexpr uint32_t kMaxLen = 14 + 4 + 40 + 8;
+  uint8_t bytes[kMaxLen] = {};
+  uint8_t len = 0;     // bytes used; 0: not built
+  uint8_t l3_off = 0;  // the IP header
+  bool ipv6 = false;
+  uint32_t csum_rest = 0;  // IPv4: folded sum of the header from byte 6
+};
+// `f`'s address fields make the template; its per-packet fields do not
+// matter.
+void build_template(const RoceFields& f, HeaderTemplate& t);
+// As encode_headers(f, ...), byte for byte, for a packet whose address
+// fields are the ones `t` was built from (checked in tests, not here).
+// `cap` must be at least HeaderTemplate::kMaxLen as well.
+uint32_t encode_headers(const HeaderTemplate& t, const RoceFields& f,
+                        uint8_t* buf, uint32_t cap);
+
 // Given headers written by encode_headers() and the payload pieces, writes
 // pad bytes and the ICRC to `trailer` (room for 3 + 4). Returns its length.
 uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
