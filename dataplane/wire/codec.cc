@@ -576,10 +576,13 @@ uint32_t encode_headers(const HeaderTemplate& t, const RoceFields& f,
                         uint8_t* buf, uint32_t cap) {
   const OpcodeInfo& op = opcode_info(f.opcode);
   Sizes z;
-  // The whole template is copied (a constant size: a few moves, no call).
-  if (t.len == 0 || cap < HeaderTemplate::kMaxLen || !sizes(f, op, cap, z))
-    return 0;
-  std::memcpy(buf, t.bytes, HeaderTemplate::kMaxLen);
+  if (t.len == 0 || !sizes(f, op, cap, z)) return 0;
+  // The whole template where there is room (a constant size: a few moves,
+  // no call), else what it holds.
+  if (cap >= HeaderTemplate::kMaxLen)
+    std::memcpy(buf, t.bytes, HeaderTemplate::kMaxLen);
+  else
+    std::memcpy(buf, t.bytes, t.len);
   uint8_t* l3 = buf + t.l3_off;
   if (t.ipv6) {
     auto* ip = at<Ipv6Hdr>(l3, 0);

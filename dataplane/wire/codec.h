@@ -155,7 +155,6 @@ struct HeaderTemplate {
 void build_template(const RoceFields& f, HeaderTemplate& t);
 // As encode_headers(f, ...), byte for byte, for a packet whose address
 // fields are the ones `t` was built from (checked in tests, not here).
-// `cap` must be at least HeaderTemplate::kMaxLen as well.
 uint32_t encode_headers(const HeaderTemplate& t, const RoceFields& f,
                         uint8_t* buf, uint32_t cap);
 

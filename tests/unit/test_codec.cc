@@ -190,7 +190,12 @@ TEST(Codec, TemplateEncodesAsTheFullEncoder) {
       ASSERT_EQ(a, b) << opcode_info(static_cast<uint8_t>(op)).name;
       ASSERT_EQ(0, std::memcmp(full, fast, a))
           << opcode_info(static_cast<uint8_t>(op)).name << " flow " << flow;
-      // Too little room, or payload on an opcode without any: both refuse.
+      // Exactly the room needed is enough (below the template's 66 bytes
+      // too); one byte less, or payload on an opcode without any: both
+      // refuse.
+      uint8_t exact[256];
+      ASSERT_EQ(encode_headers(t, f, exact, a), a);
+      EXPECT_EQ(0, std::memcmp(full, exact, a));
       EXPECT_EQ(encode_headers(t, f, fast, a - 1), 0u);
       ++n;
     }
