@@ -26,6 +26,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -677,6 +678,9 @@ struct Result {
   bool has_lat = false;
   double lmin = 0, lmed = 0, l99 = 0, l999 = 0, lmax = 0, lavg = 0;
   std::vector<uint64_t> per_qp;
+  // The service's counters of these QPs over the measured period only
+  // (--urnicd, bw/rate): not the warm-up, not the drain after it.
+  std::map<std::string, uint64_t> svc_window;
 };
 
 struct Printer {
@@ -877,7 +881,17 @@ std::string to_json(const Run& r, const std::vector<Result>& res,
     for (size_t k = 0; k < x.per_qp.size(); ++k)
       appendf(s, "%s{\"qp\":%zu,\"qpn\":%u,\"ops\":%" PRIu64 "}", k ? "," : "",
               k, r.qps[k]->qp->qp_num, x.per_qp[k]);
-    s += "]}";
+    s += "]";
+    if (!x.svc_window.empty()) {
+      s += ",\"service_window\":{";
+      bool first = true;
+      for (const auto& [k, v] : x.svc_window) {
+        appendf(s, "%s\"%s\":%" PRIu64, first ? "" : ",", k.c_str(), v);
+        first = false;
+      }
+      s += "}";
+    }
+    s += "}";
   }
   s += "],\"service\":";
   if (svc && svc->ok) {
@@ -1010,6 +1024,7 @@ int run_client(Run& r, Channel& ch) {
     if (!ch.recv_msg(ack) || ack.type != Msg::kBegin) peer_lost();
     r.phase = p.iters ? 1 : 0;
     uint64_t t_start = now_ns(), t_end = 0;
+    ServiceSample win0, win1;
     auto driver = [&] {
       if (!p.iters) {
         // Warm-up (not measured), then the measured period with live
@@ -1018,6 +1033,7 @@ int run_client(Run& r, Channel& ch) {
         while (now_ns() < w_end && !r.failed) usleep(1000);
         t_start = now_ns();
         pr.start();
+        win0 = pr.prev_svc;
         r.phase = 1;
         const uint64_t end = t_start + uint64_t{p.duration_ms} * 1'000'000;
         uint64_t next = t_start + uint64_t{r.o.period_ms} * 1'000'000;
@@ -1032,6 +1048,7 @@ int run_client(Run& r, Channel& ch) {
           }
         }
         t_end = now_ns();
+        win1 = pr.sample();
         r.phase = 2;
       }
     };
@@ -1055,6 +1072,14 @@ int run_client(Run& r, Channel& ch) {
     CtlMsg res;
     if (!ch.recv_msg(res) || res.type != Msg::kResult) peer_lost();
     Result x = summarize(r, size, static_cast<double>(t_end - t_start) / 1e9);
+    if (win0.ok && win1.ok)
+      for (const auto& [k, v] : win1.sum) {
+        // Levels, not counts (qp.h): a difference means nothing.
+        if (k == "cc_window" || k == "cc_rate_mbps" || k == "nak_cause")
+          continue;
+        const auto it = win0.sum.find(k);
+        x.svc_window[k] = v - (it == win0.sum.end() ? 0 : it->second);
+      }
     x.verify_errors += res.b;
     x.errors += res.c;
     if (res.b)
