@@ -1048,8 +1048,8 @@ int run_client(Run& r, Channel& ch) {
           }
         }
         t_end = now_ns();
+        r.phase = 2;  // before the sample: its paging must not count ops
         win1 = pr.sample();
-        r.phase = 2;
       }
     };
     pr.start();
