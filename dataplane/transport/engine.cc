@@ -198,8 +198,7 @@ void Engine::send_cnp(Qp& qp) {
   // Sent from the receive path: it must not end the current transmit turn.
   const bool refused = tx_refused_;
   const int64_t turn = turn_left_;
-  if (send_packet(qp, f, {},
-                  &qp.hdr_)) {  // refused: the next CE mark tries again
+  if (send_packet(qp, f, {})) {  // refused: the next CE mark tries again
     qp.cnp_sent_ = true;
     qp.cnp_sent_ns_ = now_;
     ctr_.inc(ECtr::cnps_tx);
@@ -773,13 +772,12 @@ void Engine::fill_addr(const Qp& qp, const Path& path,
 }
 
 bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
-                         std::span<const wire::ConstBuf> payload,
-                         const wire::HeaderTemplate* prebuilt) {
+                         std::span<const wire::ConstBuf> payload) {
   uint8_t hdr[128];
   uint8_t trailer[8];
-  const uint32_t hl = prebuilt
-                          ? wire::encode_headers(*prebuilt, f, hdr, sizeof(hdr))
-                          : wire::encode_headers(f, hdr, sizeof(hdr));
+  const uint32_t hl = qp.type_ == IBV_QPT_UD
+                          ? wire::encode_headers(f, hdr, sizeof(hdr))
+                          : wire::encode_headers(qp.hdr_, f, hdr, sizeof(hdr));
   if (hl == 0) return true;  // cannot happen for our own fields; dropped
   const uint32_t tl = wire::encode_trailer(hdr, f, payload, trailer);
   TxFrame tf;

@@ -226,12 +226,11 @@ class Engine {
 
   // Shared by the roles (engine.cc).
   void fill_addr(const Qp& qp, const Path& path, wire::RoceFields& f) const;
-  // Encodes and transmits one packet of `qp`; false if TX is full.
-  // `prebuilt`: the L2..UDP bytes of f's addresses (qp.hdr_ when f starts
-  // from qp.tmpl_), or nullptr to encode them.
+  // Encodes and transmits one packet of `qp`; false if TX is full. RC/UC
+  // packets start from qp.tmpl_, so their Ethernet..UDP bytes come from
+  // qp.hdr_; UD packets (an AH per WR) are encoded whole.
   bool send_packet(Qp& qp, wire::RoceFields& f,
-                   std::span<const wire::ConstBuf> payload,
-                   const wire::HeaderTemplate* prebuilt);
+                   std::span<const wire::ConstBuf> payload);
   void make_ready(Qp& qp) { ready_.push_back(qp); }
   // Small responder packets (ACK/NAK, atomic ACK) go out before bulk data:
   // an ACK queued behind every other QP's data burst would look lost.

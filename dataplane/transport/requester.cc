@@ -154,8 +154,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
         (w.wr.remote_qkey & 0x80000000u) ? qp.qkey_ : w.wr.remote_qkey;
     f.deth_src_qp = qp.qpn_;
   }
-  if (!e.send_packet(qp, f, {pieces, npieces}, ud ? nullptr : &qp.hdr_))
-    return false;
+  if (!e.send_packet(qp, f, {pieces, npieces})) return false;
   if (f.ack_req && !qp.rtt_timing_ && qp.req_.psn == qp.req_.max_psn) {
     qp.rtt_timing_ = true;  // a first transmission: time its ACK
     qp.rtt_psn_ = qp.req_.psn;

@@ -682,7 +682,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
         e.set_ect(f);
         if (!e.pace_ok(qp)) return sent;
       }
-      if (!e.send_packet(qp, f, {&piece, len ? 1u : 0u}, &qp.hdr_)) {
+      if (!e.send_packet(qp, f, {&piece, len ? 1u : 0u})) {
         *more = true;
         return sent;
       }
@@ -704,7 +704,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     f.psn = r.ack_psn;
     f.aeth_syndrome = r.ack_syndrome;
     f.aeth_msn = r.msn;
-    if (!e.send_packet(qp, f, {}, &qp.hdr_)) {
+    if (!e.send_packet(qp, f, {})) {
       *more = true;
       return sent;
     }
