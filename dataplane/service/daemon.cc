@@ -150,13 +150,12 @@ void Daemon::start() {
     printf("urnicd: fault injection on (seed %" PRIu64 "):\n%s", fault_.seed,
            fault_text(fault_).c_str());
   ShimEnv env = shim_env();
-  // Vdevs transmit from the application's pages directly; PCI ports
-  // would need the pages DMA-mapped (rte_extmem_register): they copy.
-  if (cfg_.port.pci.empty() && cfg_.transport.zero_copy_tx) {
-    zero_copy_ = std::make_unique<ZeroCopyTx>();
+  zero_copy_state_ = zero_copy_setup();
+  if (zero_copy_) {
     env.tx_memory = zero_copy_.get();
     for (auto& w : workers_) w->set_zero_copy(zero_copy_.get());
   }
+  printf("urnicd: zero-copy TX %s\n", zero_copy_state_.c_str());
   shim_ = std::make_unique<ShimServer>(std::move(env));
   for (auto& w : workers_) w->serve(shim_.get(), peers_);
   // RDMA CM: MADs for QP1 reach the control thread by ring; the ones
@@ -357,6 +356,33 @@ void Daemon::poll_gsi() {
   }
 }
 
+// Vdev PMDs copy out of the mbuf on the CPU: any address will do. A PCI
+// device reads the payload by DMA, so each registered MR is DMA-mapped for
+// it (ZeroCopyTx::map), which needs IOVAs that are virtual addresses; with
+// physical ones (uio_pci_generic, vfio without an IOMMU) the application's
+// pages would have to be pinned and translated page by page, and a payload
+// crossing a page split by physical contiguity: not done, they copy.
+std::string Daemon::zero_copy_setup() {
+  if (!cfg_.transport.zero_copy_tx)
+    return "off: transport.zero_copy_tx is false";
+  if (cfg_.port.pci.empty()) {
+    zero_copy_ = std::make_unique<ZeroCopyTx>();
+    return "on";
+  }
+  if (rte_eal_iova_mode() != RTE_IOVA_VA)
+    return "off: IOVA as PA (uio_pci_generic, or vfio without an IOMMU); "
+           "payload is copied";
+  if (!(port_.tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS))
+    return "off: " + port_.driver +
+           " cannot transmit chained mbufs (no MULTI_SEGS); payload is copied";
+  rte_eth_dev_info info;
+  if (rte_eth_dev_info_get(port_.port_id, &info) != 0 || !info.device)
+    return "off: the port's device is unknown; payload is copied";
+  zero_copy_ =
+      std::make_unique<ZeroCopyTx>(std::make_unique<PciDmaMapper>(info.device));
+  return "on (MRs DMA-mapped for the device, IOVA as VA)";
+}
+
 void Daemon::check_link() {
   stats::PortSnapshot ps;
   port_read_link(port_, ps);
@@ -403,6 +429,8 @@ void Daemon::teardown() {
   }
   workers_.clear();
   if (port_.started) port_teardown(port_);
+  // After the port gave back every mbuf: DMA mappings go last.
+  zero_copy_.reset();
 }
 
 }  // namespace urnic::service

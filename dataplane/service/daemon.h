@@ -61,6 +61,7 @@ class Daemon {
   bool post(std::unique_ptr<Command> c);
   void poll_gsi();
   void check_link();
+  std::string zero_copy_setup();  // sets zero_copy_ if on; says why if not
 
   // daemon_ops.cc: the control socket's own operations
   void handle(CtlRequest& req, CtlReply& rep);
@@ -83,6 +84,7 @@ class Daemon {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<Worker*> peers_;  // workers by home index
   std::unique_ptr<ZeroCopyTx> zero_copy_;
+  std::string zero_copy_state_;
   std::unique_ptr<ShimServer> shim_;
   std::unique_ptr<CmServer> cm_;
   rte_ring* gsi_ = nullptr;  // QP1 frames, workers -> control thread

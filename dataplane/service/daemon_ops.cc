@@ -184,6 +184,7 @@ stats::Snapshot Daemon::snapshot() {
   s.uptime_ns = s.time_ns - t0_;
   s.tsc_hz = rte_get_tsc_hz();
   port_read_stats(port_, s.port);
+  s.port.zero_copy_tx = zero_copy_state_;
   for (auto& w : workers_) {
     stats::LcoreSnapshot l;
     l.lcore = w->lcore();
@@ -198,6 +199,10 @@ stats::Snapshot Daemon::snapshot() {
   if (cm_)
     for (const auto& kv : cm_->stats()) s.shim.push_back(kv);
   if (ctl_) s.shim.push_back({"control_refusals", ctl_->refused()});
+  if (zero_copy_) {
+    s.shim.push_back({"zero_copy_views", zero_copy_->views()});
+    s.shim.push_back({"zero_copy_map_failures", zero_copy_->map_failures()});
+  }
   return s;
 }
 

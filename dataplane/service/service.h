@@ -17,6 +17,7 @@
 #include "dataplane/host/pending.h"
 #include "dataplane/service/fault.h"
 #include "dataplane/service/shim_server.h"
+#include "dataplane/service/zero_copy.h"
 #include "dataplane/stats/report.h"
 #include "dataplane/transport/engine.h"
 
@@ -68,32 +69,6 @@ struct Command {
   ~Command() {
     if (frame) rte_pktmbuf_free(frame);  // never taken (shutdown)
   }
-};
-
-// Application memory (MR views) the worker lcores transmit from without
-// copying: a payload piece inside a view becomes an mbuf attached to it as
-// an external buffer. One rte_mbuf_ext_shared_info per view counts the
-// mbufs in flight (the table itself holds one reference); a removed view
-// is unmapped only when that count is back to 1. Vdev ports only: a PCI
-// port would also need rte_extmem_register + DMA mapping (not done: PCI
-// ports copy).
-class ZeroCopyTx final : public TxMemory {
- public:
-  struct View {
-    const uint8_t* base;
-    size_t len;
-    rte_mbuf_ext_shared_info* shinfo;
-  };
-  ~ZeroCopyTx() override;
-  void add(void* base, size_t len) override;
-  void remove(void* base) override;
-  bool busy(void* base) override;
-  // Transport lcore: the view holding [p, p+len), or null.
-  const View* find(const uint8_t* p, uint32_t len) const;
-
- private:
-  std::vector<View> views_;  // sorted by base; changed only while parked
-  std::vector<View> retired_;
 };
 
 // The fault stage's view of an mbuf (fault.h). Writes only into the first

@@ -523,6 +523,8 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     }
     off += r.pieces[i].length;
   }
+  // Zero-copy TX: the slow part (DMA mapping) before the lcores park.
+  const bool zc = env_.tx_memory && env_.tx_memory->map(base, r.map_len);
   transport::Mr* mr = nullptr;
   int rc;
   {
@@ -530,10 +532,11 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     rc = env_.dev->reg_mr(c.pds[r.pd],
                           static_cast<uint8_t*>(base) + (r.addr - r.map_start),
                           r.length, r.iova, r.access, &mr);
-    if (!rc && env_.tx_memory) env_.tx_memory->add(base, r.map_len);
+    if (!rc && zc) env_.tx_memory->add(base, r.map_len);
   }
   if (rc) {
-    unmap(view);
+    if (zc) env_.tx_memory->remove(base);  // never added: nothing refers to it
+    retire_view(view);
     return rc;
   }
   const uint32_t h = c.next_handle++;

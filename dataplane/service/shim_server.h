@@ -35,12 +35,16 @@ struct Mapping {
 };
 
 // Application memory the worker lcores may transmit from without a copy
-// (zero-copy TX). add/remove run while every worker lcore is parked; a
-// removed range may still be referenced by mbufs in flight: busy() says so,
-// and the caller unmaps it only once busy() is false.
+// (zero-copy TX). map() prepares a range (a PCI port's DMA mapping pins its
+// pages: slow, so with the lcores running) and says whether it can be sent
+// from at all; add() then makes it visible to the lcores. add/remove run
+// while every worker lcore is parked (remove of a range never added need
+// not be); a removed range may still be referenced by mbufs in flight:
+// busy() says so, and the caller unmaps it only once busy() is false.
 class TxMemory {
  public:
   virtual ~TxMemory() = default;
+  virtual bool map(void* base, size_t len) = 0;  // false: it is copied
   virtual void add(void* base, size_t len) = 0;
   virtual void remove(void* base) = 0;
   virtual bool busy(void* base) = 0;

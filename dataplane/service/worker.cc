@@ -213,59 +213,6 @@ void Worker::tx_st(rte_mbuf* m) {
   if (tx_n_ == burst_) tx_flush_st();
 }
 
-ZeroCopyTx::~ZeroCopyTx() {
-  for (View& v : views_) delete v.shinfo;
-  for (View& v : retired_) delete v.shinfo;
-}
-
-namespace {
-void no_free(void*, void*) {}  // the memory belongs to the application
-}  // namespace
-
-void ZeroCopyTx::add(void* base, size_t len) {
-  auto* si = new rte_mbuf_ext_shared_info{};
-  si->free_cb = no_free;
-  rte_mbuf_ext_refcnt_set(si, 1);  // the table's own reference
-  const View v{static_cast<const uint8_t*>(base), len, si};
-  views_.insert(std::upper_bound(views_.begin(), views_.end(), v,
-                                 [](const View& a, const View& b) {
-                                   return a.base < b.base;
-                                 }),
-                v);
-}
-
-void ZeroCopyTx::remove(void* base) {
-  for (size_t i = 0; i < views_.size(); ++i) {
-    if (views_[i].base != base) continue;
-    retired_.push_back(views_[i]);
-    views_.erase(views_.begin() + static_cast<ptrdiff_t>(i));
-    return;
-  }
-}
-
-bool ZeroCopyTx::busy(void* base) {
-  for (size_t i = 0; i < retired_.size(); ++i) {
-    if (retired_[i].base != base) continue;
-    if (rte_mbuf_ext_refcnt_read(retired_[i].shinfo) > 1) return true;
-    delete retired_[i].shinfo;
-    retired_.erase(retired_.begin() + static_cast<ptrdiff_t>(i));
-    return false;
-  }
-  return false;
-}
-
-const ZeroCopyTx::View* ZeroCopyTx::find(const uint8_t* p, uint32_t len) const {
-  // Views do not overlap (each is its own mapping): the candidate is the
-  // last one starting at or below p.
-  auto it = std::upper_bound(
-      views_.begin(), views_.end(), p,
-      [](const uint8_t* x, const View& v) { return x < v.base; });
-  if (it == views_.begin()) return nullptr;
-  --it;
-  const size_t off = static_cast<size_t>(p - it->base);
-  return off < it->len && len <= it->len - off ? &*it : nullptr;
-}
-
 bool Worker::transmit(const transport::TxFrame& f) {
   // Frames to ourselves wait in loop_ across a possible park (when MRs may
   // go away): they are always copied.
@@ -309,7 +256,10 @@ bool Worker::transmit(const transport::TxFrame& f) {
         zc_ && !loop && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
             ? zc_->find(b.data, b.len)
             : nullptr;
-    if (!v) return put(b.data, b.len);
+    if (!v) {
+      ctr_.add(Ctr::tx_copy_bytes, b.len);
+      return put(b.data, b.len);
+    }
     rte_mbuf* seg = rte_pktmbuf_alloc(port_.pool);
     if (!seg) return false;
     rte_mbuf_ext_refcnt_update(v->shinfo, 1);
@@ -322,6 +272,7 @@ bool Worker::transmit(const transport::TxFrame& f) {
     head->pkt_len += b.len;
     cur = seg;  // no tailroom: the next put() starts a new segment
     ctr_.inc(Ctr::tx_zero_copy);
+    ctr_.add(Ctr::tx_zero_copy_bytes, b.len);
     return true;
   };
   bool ok = put(f.hdr, f.hdr_len);
@@ -627,6 +578,12 @@ void Worker::loop_st() {
             rte_pktmbuf_free(m);
           },
           [&](const uint8_t* gid) { send_resolve_request_st(gid); });
+      // A deregistered MR stays mapped until the mbufs attached to it are
+      // back; PMDs that free sent mbufs only on reusing their descriptors
+      // (e1000/igb) are asked to now (-ENOTSUP where they cannot: then
+      // later traffic frees them).
+      if (zc_ && zc_->reclaim_wanted())
+        rte_eth_tx_done_cleanup(port_.port_id, queue_, 0);
       next_timer = now + kTimerNs;
     }
     // 2. Receive, classify, handle.

@@ -26,7 +26,8 @@ namespace urnic::stats {
   X(poll_idle)         X(cycles_busy)       X(cycles_idle)               \
   X(icmp_echo_reply_rx) X(icmp_echo_req_tx) X(commands)                     \
   X(roce_loopback)     X(roce_handoff)      X(roce_handoff_dropped)          \
-  X(shim_wqes)         X(tx_zero_copy)      X(doorbells)         \
+  X(shim_wqes)         X(tx_zero_copy)      X(doorbells)                     \
+  X(tx_copy_bytes)     X(tx_zero_copy_bytes)                                 \
   X(tx_ring_full)      X(gsi_rx)            X(gsi_dropped)                   \
   X(rx_fault_drop)     X(rx_fault_burst_drop) X(rx_fault_corrupt)            \
   X(rx_fault_duplicate) X(rx_fault_reorder) X(rx_fault_queue_drop)           \

@@ -137,6 +137,12 @@ std::string format_text(const Snapshot& cur, const Snapshot* prev) {
     any = true;
   }
   if (any) s += "\n";
+  if (!p.zero_copy_tx.empty())
+    appendf(s,
+            "  zero-copy TX: %s; payload copied %" PRIu64
+            " B, referenced %" PRIu64 " B\n",
+            p.zero_copy_tx.c_str(), cur.total(Ctr::tx_copy_bytes),
+            cur.total(Ctr::tx_zero_copy_bytes));
   for (size_t i = 0; i < cur.shim.size(); ++i)
     appendf(s, "%s%s %" PRIu64 "%s", i ? "  " : "  shim: ", cur.shim[i].first,
             cur.shim[i].second, i + 1 == cur.shim.size() ? "\n" : "");
@@ -165,9 +171,16 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
           "\"uptime_ns\":%" PRIu64 ",\"tsc_hz\":%" PRIu64
           ",\"port\":{\"id\":%u,\"driver\":\"",
           cur.uptime_ns, cur.tsc_hz, p.port_id);
-  for (char ch : p.name)  // driver names are identifiers; escape defensively
-    if (ch != '"' && ch != '\\' && static_cast<unsigned char>(ch) >= 0x20)
-      s += ch;
+  // Driver names are identifiers and the zero-copy state urnicd's own
+  // text; both escaped defensively.
+  auto put = [&s](const std::string& text) {
+    for (char ch : text)
+      if (ch != '"' && ch != '\\' && static_cast<unsigned char>(ch) >= 0x20)
+        s += ch;
+  };
+  put(p.name);
+  s += "\",\"zero_copy_tx\":\"";
+  put(p.zero_copy_tx);
   appendf(s, "\",\"link_up\":%s,\"link_speed_mbps\":%u,",
           p.link_up ? "true" : "false", p.link_speed_mbps);
   appendf(s,

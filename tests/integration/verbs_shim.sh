@@ -149,7 +149,10 @@ start_urnicd() {  # start_urnicd NAME NETNS IFACE CIDR SOCK [more urnicd args]
 start_urnicd A "$NS_A" "vsa${id}s" 10.79.0.1/24 "$SOCK_A" \
   -o port.ipv6=fd00:79::1/64
 start_urnicd B1 "$NS_B1" "vsb${id}1" 10.80.0.1/24 "$SOCK_B1"
-start_urnicd B2 "$NS_B2" "vsb${id}2" 10.80.0.2/24 "$SOCK_B2"
+# B2 copies every payload (zero-copy TX off), B1 attaches application
+# memory to its frames: topology B's verified transfers cross both paths.
+start_urnicd B2 "$NS_B2" "vsb${id}2" 10.80.0.2/24 "$SOCK_B2" \
+  -o transport.zero_copy_tx=false
 echo "ok   - three urnicd up: $("$URNICCTL" -s "$SOCK_A" version)"
 
 devline() { "$URNICCTL" -s "$1" objects | grep '^device:'; }
@@ -318,6 +321,27 @@ crossed() {  # the B runs went over the veth, both ways
   [ $((r1 - RX0_B1)) -ge 10000 ] && [ $((r2 - RX0_B2)) -ge 10000 ]
 }
 check "B: the RDMA traffic crossed the veth (roce_rx of both services)" crossed
+
+payload_paths() {  # B1 referenced application memory, B2 copied it
+  local j1 j2
+  j1=$("$URNICCTL" -s "$SOCK_B1" stats --json) || return 1
+  j2=$("$URNICCTL" -s "$SOCK_B2" stats --json) || return 1
+  $PY - "$j1" "$j2" <<'PY'
+import json, sys
+b1, b2 = (json.loads(a) for a in sys.argv[1:3])
+for n, j in (("B1", b1), ("B2", b2)):
+    t = j["totals"]
+    print(n, j["port"]["zero_copy_tx"], "copied", t["tx_copy_bytes"],
+          "referenced", t["tx_zero_copy_bytes"], "segments", t["tx_zero_copy"])
+ok = (b1["port"]["zero_copy_tx"] == "on" and b1["totals"]["tx_zero_copy_bytes"] > 1 << 20
+      and b2["port"]["zero_copy_tx"].startswith("off: ")
+      and b2["totals"]["tx_zero_copy_bytes"] == 0 and b2["totals"]["tx_zero_copy"] == 0
+      and b2["totals"]["tx_copy_bytes"] > 1 << 20)
+sys.exit(0 if ok else 1)
+PY
+}
+check "B: B1 sent payload from application memory, B2 (zero_copy_tx false) copied it" \
+  payload_paths
 
 # --- kill -9 in mid-transfer (topology B) ------------------------------------------
 # kill_case VICTIM: an ib_write_bw -D 30 pair between the services; once

@@ -1,0 +1,99 @@
+// Zero-copy transmit: application memory (MR views) that the worker lcores
+// chain into frames as external mbuf buffers instead of copying it.
+#pragma once
+
+#include <rte_mbuf.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dataplane/service/shim_server.h"
+
+struct rte_device;
+
+namespace urnic::service {
+
+// How a view becomes reachable by the port's DMA engine. Vdev ports need
+// nothing (their PMDs copy out of the mbuf on the CPU); a PCI device reads
+// the payload itself, so its IOMMU (or the bus) must map the pages first.
+class DmaMapper {
+ public:
+  virtual ~DmaMapper() = default;
+  // Control thread, lcores running (pinning pages is slow). 0 or an errno.
+  virtual int map(void* base, size_t len) = 0;
+  virtual void unmap(void* base, size_t len) = 0;
+};
+
+// A PCI device with IOVA as VA (vfio behind an IOMMU): the view is
+// registered as external memory (rte_extmem_register) and DMA-mapped for
+// the device at IOVA = its address in urnicd (rte_dev_dma_map), so an
+// mbuf's buf_iova is simply the payload's address. Each registration takes
+// one of EAL's RTE_MAX_MEMSEG_LISTS memseg lists: past that, views copy.
+class PciDmaMapper final : public DmaMapper {
+ public:
+  explicit PciDmaMapper(rte_device* dev) : dev_(dev) {}
+  int map(void* base, size_t len) override;
+  void unmap(void* base, size_t len) override;
+
+ private:
+  rte_device* dev_;
+};
+
+// The views the lcores may attach: a payload piece inside a view becomes an
+// mbuf attached to it as an external buffer. One rte_mbuf_ext_shared_info
+// per view counts the mbufs in flight (the table itself holds one
+// reference); a removed view is unmapped (DMA, then by the caller) only
+// when that count is back to 1.
+//
+// Threads: map() on the control thread with the lcores running; add() and
+// remove() while every lcore is parked; find() on the lcores; busy() on the
+// control thread (it reads the counts the lcores' frees decrement).
+class ZeroCopyTx final : public TxMemory {
+ public:
+  struct View {
+    const uint8_t* base;
+    size_t len;
+    rte_mbuf_ext_shared_info* shinfo;
+  };
+  // dma: null for ports that need no mapping.
+  explicit ZeroCopyTx(std::unique_ptr<DmaMapper> dma = nullptr);
+  ~ZeroCopyTx() override;  // unmaps what is left: after the port stopped
+  ZeroCopyTx(const ZeroCopyTx&) = delete;
+  ZeroCopyTx& operator=(const ZeroCopyTx&) = delete;
+
+  bool map(void* base, size_t len) override;
+  void add(void* base, size_t len) override;
+  void remove(void* base) override;
+  bool busy(void* base) override;
+  // Transport lcore: the view holding [p, p+len), or null.
+  const View* find(const uint8_t* p, uint32_t len) const;
+  // Lcores: whether a removed view waits for mbufs to come back; a PMD
+  // that frees sent mbufs only when it reuses their descriptors then needs
+  // rte_eth_tx_done_cleanup, or the view stays mapped until more traffic.
+  bool reclaim_wanted() const {
+    return reclaim_.load(std::memory_order_relaxed);
+  }
+
+  // Control thread, for stats: views the lcores may attach, and views
+  // copied because mapping them failed (with the last error).
+  size_t views() const { return views_.size(); }
+  uint64_t map_failures() const { return map_failures_; }
+  int last_map_error() const { return last_error_; }
+
+ private:
+  void release(View& v);  // DMA unmap, shared info freed
+
+  std::unique_ptr<DmaMapper> dma_;
+  std::vector<View> views_;    // sorted by base; changed only while parked
+  std::vector<View> mapped_;   // map()ped, not yet add()ed
+  std::vector<View> retired_;  // removed, maybe still referenced
+  std::atomic<bool> reclaim_{false};
+  uint64_t map_failures_ = 0;
+  int last_error_ = 0;
+};
+
+}  // namespace urnic::service
