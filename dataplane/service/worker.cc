@@ -256,6 +256,8 @@ bool Worker::transmit(const transport::TxFrame& f) {
         zc_ && !loop && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
             ? zc_->find(b.data, b.len)
             : nullptr;
+    if (v && rte_mbuf_ext_refcnt_read(v->shinfo) >= ZeroCopyTx::kMaxInFlight)
+      v = nullptr;
     if (!v) {
       ctr_.add(Ctr::tx_copy_bytes, b.len);
       return put(b.data, b.len);
@@ -582,8 +584,9 @@ void Worker::loop_st() {
       // back; PMDs that free sent mbufs only on reusing their descriptors
       // (e1000/igb) are asked to now (-ENOTSUP where they cannot: then
       // later traffic frees them).
-      if (zc_ && zc_->reclaim_wanted())
-        rte_eth_tx_done_cleanup(port_.port_id, queue_, 0);
+      if (zc_ && tx_cleanup_ && zc_->reclaim_wanted() &&
+          rte_eth_tx_done_cleanup(port_.port_id, queue_, 0) == -ENOTSUP)
+        tx_cleanup_ = false;
       next_timer = now + kTimerNs;
     }
     // 2. Receive, classify, handle.

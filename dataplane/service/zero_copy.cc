@@ -69,7 +69,7 @@ bool ZeroCopyTx::map(void* base, size_t len) {
   }
   auto* si = new rte_mbuf_ext_shared_info{};
   si->free_cb = no_free;
-  rte_mbuf_ext_refcnt_set(si, 1);  // the table's own reference
+  rte_mbuf_ext_refcnt_set(si, kTableRefs);
   mapped_.push_back({static_cast<const uint8_t*>(base), len, si});
   return true;
 }
@@ -102,7 +102,7 @@ bool ZeroCopyTx::busy(void* base) {
   size_t i;
   View* v = find_base(retired_, base, &i);
   if (!v) return false;
-  if (rte_mbuf_ext_refcnt_read(v->shinfo) > 1) return true;
+  if (rte_mbuf_ext_refcnt_read(v->shinfo) > kTableRefs) return true;
   release(*v);  // nothing can take a new reference: it is out of views_
   retired_.erase(retired_.begin() + static_cast<ptrdiff_t>(i));
   reclaim_.store(!retired_.empty(), std::memory_order_relaxed);

@@ -45,15 +45,22 @@ class PciDmaMapper final : public DmaMapper {
 
 // The views the lcores may attach: a payload piece inside a view becomes an
 // mbuf attached to it as an external buffer. One rte_mbuf_ext_shared_info
-// per view counts the mbufs in flight (the table itself holds one
-// reference); a removed view is unmapped (DMA, then by the caller) only
-// when that count is back to 1.
+// per view counts the mbufs in flight on top of the table's own kTableRefs;
+// a removed view is unmapped (DMA, then by the caller) only when that count
+// is back to kTableRefs.
 //
 // Threads: map() on the control thread with the lcores running; add() and
 // remove() while every lcore is parked; find() on the lcores; busy() on the
 // control thread (it reads the counts the lcores' frees decrement).
 class ZeroCopyTx final : public TxMemory {
  public:
+  // Two, not one: rte_mbuf_ext_refcnt_update takes a non-atomic path when
+  // it reads 1 (it assumes a sole owner), and every lcore attaches to the
+  // same view; above 1 every update is an atomic add.
+  static constexpr uint16_t kTableRefs = 2;
+  // The count is 16 bits: past this many mbufs in flight on one view the
+  // lcores copy instead of wrapping it.
+  static constexpr uint16_t kMaxInFlight = 60000;
   struct View {
     const uint8_t* base;
     size_t len;

@@ -16,7 +16,7 @@ namespace urnic::stats {
 struct PortSnapshot {
   uint16_t port_id = 0;
   std::string name;  // PMD driver name
-  // "on", "on (DMA-mapped)" or "off: why" (urnicd decides at start).
+  // "on", "on (...)" or "off: why" (urnicd decides at start).
   std::string zero_copy_tx;
   bool link_up = false;
   uint32_t link_speed_mbps = 0;

@@ -11,6 +11,8 @@ log "script start nproc=$(nproc) kernel=$(uname -r)"
 lspci -nn | grep -i ether
 DRV=$(sed -n "s/.*dpdkdrv=\([^ ]*\).*/\1/p" /proc/cmdline); DRV=${DRV:-vfio-pci}
 HUGE=$(sed -n "s/.*huge=\([^ ]*\).*/\1/p" /proc/cmdline); HUGE=${HUGE:-true}
+# Worker lcores (WORKERS on the host: "1" or "1,2"; igb gets a queue each).
+WK=$(sed -n "s/.*workers=\([^ ]*\).*/\1/p" /proc/cmdline); WK=${WK:-1}
 log "binding 0000:00:05.0 with $DRV, eal.huge=$HUGE"
 if [ "$HUGE" = true ]; then
   echo 300 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
@@ -36,7 +38,7 @@ ldd /share/urnicd | grep -i 'not found' && echo "MISSING LIBS"
 cp /share/liburnic-verbs.so /tmp/
 ldd /tmp/liburnic-verbs.so | grep -i 'not found' && echo "MISSING LIBS (shim)"
 mkdir -p /run/urnic
-CMD="/share/urnicd -c /share/e1000-vfio.yaml -o port.pci=0000:00:05.0 -o port.ipv4=10.99.0.1/24 -o eal.huge=$HUGE -o control.socket=/tmp/u.sock -o eal.workers=[1] -o eal.main_lcore=0 -o eal.log_level=info -o stats.period_ms=30000"
+CMD="/share/urnicd -c /share/e1000-vfio.yaml -o port.pci=0000:00:05.0 -o port.ipv4=10.99.0.1/24 -o eal.huge=$HUGE -o control.socket=/tmp/u.sock -o eal.workers=[$WK] -o eal.main_lcore=0 -o eal.log_level=info -o stats.period_ms=30000"
 echo "+ $CMD"
 $CMD > "$R/urnicd.out" 2>&1 &
 UP=$!

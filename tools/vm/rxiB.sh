@@ -10,7 +10,7 @@ ME=B OTHER=A PEER_MGMT=10.98.0.1 ROCE_IP=10.99.0.2 PEER_ROCE=10.99.0.1
 . /share/rxi-common.sh
 log "script start nproc=$(nproc) kernel=$(uname -r)"
 lspci -nn | grep -i ether
-modprobe e1000; modprobe e1000e
+modprobe e1000; modprobe e1000e; modprobe igb
 sleep 2
 echo "+ ip -br link"; ip -br link
 RX=$(ifname_of 0000:00:05.0); MG=$(ifname_of 0000:00:06.0)
