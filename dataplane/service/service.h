@@ -161,7 +161,6 @@ class alignas(64) Worker final : public transport::PacketIo {
   LcoreGate gate_;
   ShimServer* shim_ = nullptr;
   const ZeroCopyTx* zc_ = nullptr;  // null: every payload is copied
-  bool tx_cleanup_ = true;  // the PMD has rte_eth_tx_done_cleanup (em: no)
   std::span<Worker* const> peers_;  // by home; empty with one worker
   rte_ring* gsi_ = nullptr;         // QP1 frames to the control thread
   rte_ring* handoff_ = nullptr;     // RoCE frames for our QPs (MP/SC)

@@ -580,13 +580,6 @@ void Worker::loop_st() {
             rte_pktmbuf_free(m);
           },
           [&](const uint8_t* gid) { send_resolve_request_st(gid); });
-      // A deregistered MR stays mapped until the mbufs attached to it are
-      // back; PMDs that free sent mbufs only on reusing their descriptors
-      // (e1000/igb) are asked to now (-ENOTSUP where they cannot: then
-      // later traffic frees them).
-      if (zc_ && tx_cleanup_ && zc_->reclaim_wanted() &&
-          rte_eth_tx_done_cleanup(port_.port_id, queue_, 0) == -ENOTSUP)
-        tx_cleanup_ = false;
       next_timer = now + kTimerNs;
     }
     // 2. Receive, classify, handle.

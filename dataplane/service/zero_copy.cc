@@ -93,7 +93,6 @@ void ZeroCopyTx::remove(void* base) {
     if (!find_base(*from, base, &i)) continue;
     retired_.push_back((*from)[i]);
     from->erase(from->begin() + static_cast<ptrdiff_t>(i));
-    reclaim_.store(true, std::memory_order_relaxed);
     return;
   }
 }
@@ -105,7 +104,6 @@ bool ZeroCopyTx::busy(void* base) {
   if (rte_mbuf_ext_refcnt_read(v->shinfo) > kTableRefs) return true;
   release(*v);  // nothing can take a new reference: it is out of views_
   retired_.erase(retired_.begin() + static_cast<ptrdiff_t>(i));
-  reclaim_.store(!retired_.empty(), std::memory_order_relaxed);
   return false;
 }
 

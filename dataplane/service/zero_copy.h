@@ -78,12 +78,6 @@ class ZeroCopyTx final : public TxMemory {
   bool busy(void* base) override;
   // Transport lcore: the view holding [p, p+len), or null.
   const View* find(const uint8_t* p, uint32_t len) const;
-  // Lcores: whether a removed view waits for mbufs to come back; a PMD
-  // that frees sent mbufs only when it reuses their descriptors then needs
-  // rte_eth_tx_done_cleanup, or the view stays mapped until more traffic.
-  bool reclaim_wanted() const {
-    return reclaim_.load(std::memory_order_relaxed);
-  }
 
   // Control thread, for stats: views the lcores may attach, and views
   // copied because mapping them failed (with the last error).
@@ -98,7 +92,6 @@ class ZeroCopyTx final : public TxMemory {
   std::vector<View> views_;    // sorted by base; changed only while parked
   std::vector<View> mapped_;   // map()ped, not yet add()ed
   std::vector<View> retired_;  // removed, maybe still referenced
-  std::atomic<bool> reclaim_{false};
   uint64_t map_failures_ = 0;
   int last_error_ = 0;
 };

@@ -72,13 +72,13 @@ run_tests
 # A real RDMA device beside urnic0 (issue 4): rxe on the management NIC of
 # this guest. With the shim preloaded both are listed, and calls on the
 # real one go to libibverbs (a loopback RC pingpong with data checked).
-echo "== coexist: rxe on eth1 next to urnic0, shim preloaded"
+echo "== coexist: rxe on $MG (management NIC) next to urnic0, shim preloaded"
 cx_ok=1
-if modprobe rdma_rxe && rdma link add rxeA type rxe netdev eth1; then
+if modprobe rdma_rxe && rdma link add rxeA type rxe netdev "$MG"; then
   # shellcheck disable=SC2086
   devs=$(timeout 30 $VERBS ibv_devices 2>&1); echo "$devs"
   echo "$devs" | grep -q urnic0 && echo "$devs" | grep -q rxeA || cx_ok=0
-  gi=1  # rxe: index 1 is the IPv4-mapped GID of eth1's address
+  gi=1  # rxe: index 1 is the IPv4-mapped GID of the management NIC's address
   # shellcheck disable=SC2086
   timeout 60 $VERBS ibv_rc_pingpong -d rxeA -g $gi -n 100 -c -p 18999 >/tmp/cx-srv 2>&1 &
   cxs=$!
