@@ -319,6 +319,26 @@ void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   retry(e, qp, true);
 }
 
+// The PSN a probe of `last` (the last packet sent) resends from. A READ is
+// one request for all its response PSNs, so probing its last PSN would
+// re-request its last response alone, and rxe takes every repeated READ
+// as the new extent of its responder resource and drops a later one that
+// is not inside it (rxe_resp.c, duplicate_request): the re-request for the
+// gap before that last response then went unanswered until retry
+// exceeded (tools/vm-rxe-interop, igb, ib_read_bw -q 8). Such a READ is
+// asked again from its first response not yet received, which every
+// later re-request (the completer only moves forward) stays inside.
+static uint32_t read_probe_psn(Qp& qp, uint32_t last) {
+  for (uint32_t i = qp.sq_head_; i != qp.sq_tail_; ++i) {
+    const SendWqe& w = qp.sqe(i);
+    if (!w.started) break;
+    if (psn_diff(last, w.last_psn) > 0) continue;
+    if (w.wr.opcode != IBV_WR_RDMA_READ) return last;
+    return psn_after(qp.comp_.psn, w.first_psn) ? qp.comp_.psn : w.first_psn;
+  }
+  return last;
+}
+
 void Completer::probe_st(Engine& e, Qp& qp) {
   if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return;
   if (qp.comp_.psn == qp.req_.max_psn || qp.comp_.rnr_wait) return;
@@ -341,7 +361,8 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     // go-back is news now: that resend was lost too.
     qp.comp_.went_back = false;
     qp.probe_due_ = true;
-    Requester::go_to_st(e, qp, psn_add(qp.req_.psn, kPsnMask));
+    Requester::go_to_st(e, qp,
+                        read_probe_psn(qp, psn_add(qp.req_.psn, kPsnMask)));
   } else if (qp.req_.rd_atomic) {
     // READ/atomic WRs outstanding: skipping over them would give back
     // credits (go_to_st) for WRs not sent again. Go back N.
