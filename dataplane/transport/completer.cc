@@ -358,7 +358,9 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     // (go_to_st sets it): a responder that has it answers with an ACK (a
     // duplicate, 9.7.5.1.1), one that misses an earlier packet and whose
     // NAK is still to come with a sequence NAK. A NAK for the PSN of an earlier
-    // go-back is news now: that resend was lost too.
+    // go-back is news now: that resend was lost too. A READ goes again from
+    // its first missing response (read_probe_psn): more duplicate data on a
+    // slow link than one response, but the smallest start rxe still serves.
     qp.comp_.went_back = false;
     qp.probe_due_ = true;
     Requester::go_to_st(e, qp,
