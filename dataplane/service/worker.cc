@@ -250,7 +250,9 @@ bool Worker::transmit(const transport::TxFrame& f) {
     return true;
   };
   // A payload piece of application memory is attached, not copied (small
-  // pieces are cheaper to copy than to chain).
+  // pieces are cheaper to copy than to chain). Counted once the frame is
+  // whole: a frame that fails here is built again later.
+  uint64_t copied = 0, referenced = 0, segs = 0;
   auto attach = [&](const wire::ConstBuf& b) {
     const ZeroCopyTx::View* v =
         zc_ && !loop && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
@@ -259,7 +261,7 @@ bool Worker::transmit(const transport::TxFrame& f) {
     if (v && rte_mbuf_ext_refcnt_read(v->shinfo) >= ZeroCopyTx::kMaxInFlight)
       v = nullptr;
     if (!v) {
-      ctr_.add(Ctr::tx_copy_bytes, b.len);
+      copied += b.len;
       return put(b.data, b.len);
     }
     rte_mbuf* seg = rte_pktmbuf_alloc(port_.pool);
@@ -273,8 +275,8 @@ bool Worker::transmit(const transport::TxFrame& f) {
     ++head->nb_segs;
     head->pkt_len += b.len;
     cur = seg;  // no tailroom: the next put() starts a new segment
-    ctr_.inc(Ctr::tx_zero_copy);
-    ctr_.add(Ctr::tx_zero_copy_bytes, b.len);
+    ++segs;
+    referenced += b.len;
     return true;
   };
   bool ok = put(f.hdr, f.hdr_len);
@@ -284,6 +286,9 @@ bool Worker::transmit(const transport::TxFrame& f) {
     rte_pktmbuf_free(head);
     return false;
   }
+  ctr_.add(Ctr::tx_copy_bytes, copied);
+  ctr_.add(Ctr::tx_zero_copy_bytes, referenced);
+  ctr_.add(Ctr::tx_zero_copy, segs);
   if (loop) {
     // To one of our own GIDs: received on the next loop (whole frame, ICRC
     // checked on the way in), never put on the wire.
