@@ -20,19 +20,8 @@
 #include "verbs-shim/ctl.h"
 #include "verbs-shim/shim.h"
 
-// Declared in rdma-core's driver.h only (a private export tools use).
-enum ibv_gid_type_sysfs {
-  IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
-  IBV_GID_TYPE_SYSFS_ROCE_V2,
-};
-URNIC_EXPORT int ibv_query_gid_type(struct ibv_context* context,
-                                    uint8_t port_num, unsigned int index,
-                                    enum ibv_gid_type_sysfs* type);
 URNIC_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file,
                                      char* buf, size_t size);
-
-// ___ibv_query_port() (verbs.h) is a macro over the exported function.
-#undef ibv_query_port
 
 namespace urnic::shim {
 namespace {
@@ -362,25 +351,13 @@ URNIC_EXPORT void ibv_free_device_list(ibv_device** list) {
     if (auto f = URNIC_REAL(ibv_free_device_list, "IBVERBS_1.1")) f(real_list);
 }
 
-URNIC_EXPORT const char* ibv_get_device_name(ibv_device* device) {
-  if (Device* d = urnic_device(device)) return d->dev.name;
-  auto f = URNIC_REAL(ibv_get_device_name, "IBVERBS_1.1");
-  return f ? f(device) : nullptr;
+const char* ours::ibv_get_device_name(ibv_device* device) {
+  return urnic_device(device)->dev.name;
 }
 
-URNIC_EXPORT __be64 ibv_get_device_guid(ibv_device* device) {
-  if (Device* d = urnic_device(device)) {
-    OpenRep info;
-    return device_info(*d, &info) ? info.node_guid : 0;
-  }
-  auto f = URNIC_REAL(ibv_get_device_guid, "IBVERBS_1.1");
-  return f ? f(device) : 0;
-}
-
-URNIC_EXPORT int ibv_get_device_index(ibv_device* device) {
-  if (urnic_device(device)) return -1;  // no kernel device index
-  auto f = URNIC_REAL(ibv_get_device_index, "IBVERBS_1.9");
-  return f ? f(device) : -1;
+__be64 ours::ibv_get_device_guid(ibv_device* device) {
+  OpenRep info;
+  return device_info(*urnic_device(device), &info) ? info.node_guid : 0;
 }
 
 // --- open / close
@@ -402,16 +379,8 @@ constexpr ibv_context_ops kContextOps = {
     .post_recv = post_recv,
 };
 
-URNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
+ibv_context* ours::ibv_open_device(ibv_device* device) {
   Device* d = urnic_device(device);
-  if (!d) {
-    auto f = URNIC_REAL(ibv_open_device, "IBVERBS_1.1");
-    if (!f) {
-      errno = ENOSYS;
-      return nullptr;
-    }
-    return f(device);
-  }
   install_fork_handlers();
   auto* ctx = new (std::nothrow) Context;
   if (!ctx) {
@@ -468,11 +437,7 @@ URNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   return &c;
 }
 
-URNIC_EXPORT int ibv_close_device(ibv_context* context) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_close_device, "IBVERBS_1.1");
-    return f ? f(context) : ENOSYS;
-  }
+int ours::ibv_close_device(ibv_context* context) {
   Context* ctx = &ctx_of(context);
   unregister_context(ctx);
   {
@@ -519,26 +484,17 @@ URNIC_EXPORT int ibv_close_device(ibv_context* context) {
 // --- queries
 // -------------------------------------------------------------------
 
-URNIC_EXPORT int ibv_query_device(ibv_context* context,
-                                  ibv_device_attr* device_attr) {
-  if (is_urnic(context)) return query_device(context, device_attr);
-  auto f = URNIC_REAL(ibv_query_device, "IBVERBS_1.1");
-  return f ? f(context, device_attr) : ENOSYS;
+int ours::ibv_query_device(ibv_context* context, ibv_device_attr* device_attr) {
+  return query_device(context, device_attr);
 }
 
-URNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
-                                _compat_ibv_port_attr* port_attr) {
-  if (is_urnic(context)) return compat_query_port(context, port_num, port_attr);
-  auto f = URNIC_REAL(ibv_query_port, "IBVERBS_1.1");
-  return f ? f(context, port_num, port_attr) : ENOSYS;
+int ours::ibv_query_port(ibv_context* context, uint8_t port_num,
+                         _compat_ibv_port_attr* port_attr) {
+  return compat_query_port(context, port_num, port_attr);
 }
 
-URNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
-                               int index, union ibv_gid* gid) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_query_gid, "IBVERBS_1.1");
-    return f ? f(context, port_num, index, gid) : -1;
-  }
+int ours::ibv_query_gid(ibv_context* context, uint8_t port_num, int index,
+                        union ibv_gid* gid) {
   const Context& c = ctx_of(context);
   if (port_num != 1 || index < 0 ||
       static_cast<uint32_t>(index) >= gid_table_len(c)) {
@@ -552,14 +508,9 @@ URNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
   return 0;
 }
 
-URNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
-                                   uint32_t gid_index, ibv_gid_entry* entry,
-                                   uint32_t flags, size_t entry_size) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(_ibv_query_gid_ex, "IBVERBS_1.11");
-    return f ? f(context, port_num, gid_index, entry, flags, entry_size)
-             : ENOSYS;
-  }
+int ours::_ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
+                            uint32_t gid_index, ibv_gid_entry* entry,
+                            uint32_t flags, size_t entry_size) {
   const Context& c = ctx_of(context);
   if (flags || port_num != 1 || gid_index >= gid_table_len(c)) return EINVAL;
   if (gid_index >= std::min(c.info.num_gids, kMaxGids)) return ENODATA;
@@ -574,14 +525,9 @@ URNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
   return 0;
 }
 
-URNIC_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context,
-                                          ibv_gid_entry* entries,
-                                          size_t max_entries, uint32_t flags,
-                                          size_t entry_size) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(_ibv_query_gid_table, "IBVERBS_1.11");
-    return f ? f(context, entries, max_entries, flags, entry_size) : -ENOSYS;
-  }
+ssize_t ours::_ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries,
+                                   size_t max_entries, uint32_t flags,
+                                   size_t entry_size) {
   const Context& c = ctx_of(context);
   const uint32_t n = std::min(c.info.num_gids, kMaxGids);
   if (flags || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
@@ -598,13 +544,8 @@ URNIC_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context,
   return n;
 }
 
-URNIC_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num,
-                                    unsigned int index,
-                                    ibv_gid_type_sysfs* type) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_query_gid_type, "IBVERBS_PRIVATE_34");
-    return f ? f(context, port_num, index, type) : -1;
-  }
+int ours::ibv_query_gid_type(ibv_context* context, uint8_t port_num,
+                             unsigned int index, ibv_gid_type_sysfs* type) {
   const Context& c = ctx_of(context);
   if (port_num != 1 || index >= gid_table_len(c)) {
     errno = EINVAL;
@@ -617,12 +558,8 @@ URNIC_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num,
   return 0;
 }
 
-URNIC_EXPORT int ibv_query_pkey(ibv_context* context, uint8_t port_num,
-                                int index, __be16* pkey) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_query_pkey, "IBVERBS_1.1");
-    return f ? f(context, port_num, index, pkey) : -1;
-  }
+int ours::ibv_query_pkey(ibv_context* /*context*/, uint8_t port_num, int index,
+                         __be16* pkey) {
   if (port_num != 1 || index != 0) {
     errno = EINVAL;
     return -1;
@@ -631,12 +568,8 @@ URNIC_EXPORT int ibv_query_pkey(ibv_context* context, uint8_t port_num,
   return 0;
 }
 
-URNIC_EXPORT int ibv_get_pkey_index(ibv_context* context, uint8_t port_num,
-                                    __be16 pkey) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_get_pkey_index, "IBVERBS_1.5");
-    return f ? f(context, port_num, pkey) : -1;
-  }
+int ours::ibv_get_pkey_index(ibv_context* /*context*/, uint8_t port_num,
+                             __be16 pkey) {
   if (port_num == 1 && (be16toh(pkey) & 0x7fff) == 0x7fff) return 0;
   errno = ENOENT;
   return -1;

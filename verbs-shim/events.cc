@@ -86,15 +86,7 @@ URNIC_EXPORT ibv_fork_status ibv_is_fork_initialized(void) {
 // --- completion channels
 // ------------------------------------------------------------
 
-URNIC_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_create_comp_channel, "IBVERBS_1.0");
-    if (!f) {
-      errno = ENOSYS;
-      return nullptr;
-    }
-    return f(context);
-  }
+ibv_comp_channel* ours::ibv_create_comp_channel(ibv_context* context) {
   Context& c = ctx_of(context);
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) != 0)
@@ -123,11 +115,7 @@ URNIC_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   return &ch->ch;
 }
 
-URNIC_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
-  if (!channel || !is_urnic(channel->context)) {
-    auto f = URNIC_REAL(ibv_destroy_comp_channel, "IBVERBS_1.0");
-    return f ? f(channel) : ENOSYS;
-  }
+int ours::ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   Context& c = ctx_of(channel->context);
   pthread_mutex_lock(&channel->context->mutex);
   const int users = channel->refcnt;
@@ -147,12 +135,8 @@ URNIC_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   return 0;
 }
 
-URNIC_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
-                                  void** cq_context) {
-  if (!channel || !is_urnic(channel->context)) {
-    auto f = URNIC_REAL(ibv_get_cq_event, "IBVERBS_1.1");
-    return f ? f(channel, cq, cq_context) : -1;
-  }
+int ours::ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
+                           void** cq_context) {
   Context& c = ctx_of(channel->context);
   for (;;) {
     uint64_t handle;
@@ -182,11 +166,7 @@ URNIC_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
   }
 }
 
-URNIC_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
-  if (!cq || !is_urnic(cq->context)) {
-    if (auto f = URNIC_REAL(ibv_ack_cq_events, "IBVERBS_1.1")) f(cq, nevents);
-    return;
-  }
+void ours::ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
   pthread_mutex_lock(&cq->mutex);
   cq->comp_events_completed += nevents;
   pthread_cond_signal(&cq->cond);
@@ -264,12 +244,7 @@ void urnic::shim::purge_async_events(Context& c) {
   flush();  // the live ones go back, in order
 }
 
-URNIC_EXPORT int ibv_get_async_event(ibv_context* context,
-                                     ibv_async_event* event) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_get_async_event, "IBVERBS_1.1");
-    return f ? f(context, event) : -1;
-  }
+int ours::ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
   Context& c = ctx_of(context);
   for (;;) {
     if (c.async_eof) {

@@ -17,10 +17,6 @@
 #include "verbs-shim/mr_share.h"
 #include "verbs-shim/shim.h"
 
-// verbs.h turns these into inline helpers; the exported symbols are ours.
-#undef ibv_reg_mr
-#undef ibv_reg_mr_iova
-
 using namespace urnic::shim;
 
 namespace {
@@ -31,22 +27,12 @@ bool destroy_locally(const Context& c) {
   return c.dead.load();
 }
 
-template <typename T>
-T* fail(int err) {
-  errno = err;
-  return nullptr;
-}
-
 }  // namespace
 
 // --- PD
 // ----------------------------------------------------------------------------
 
-URNIC_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_alloc_pd, "IBVERBS_1.1");
-    return f ? f(context) : fail<ibv_pd>(ENOSYS);
-  }
+ibv_pd* ours::ibv_alloc_pd(ibv_context* context) {
   Context& c = ctx_of(context);
   HandleRep rep;
   if (c.call(Op::kAllocPd, "ibv_alloc_pd", nullptr, 0, nullptr, 0, &rep,
@@ -64,11 +50,7 @@ URNIC_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
   return pd;
 }
 
-URNIC_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_dealloc_pd, "IBVERBS_1.1");
-    return f ? f(pd) : ENOSYS;
-  }
+int ours::ibv_dealloc_pd(ibv_pd* pd) {
   Context& c = ctx_of(pd->context);
   HandleReq h{pd->handle};
   const int rc = c.call(Op::kDeallocPd, "ibv_dealloc_pd", &h, sizeof h, nullptr,
@@ -164,50 +146,23 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
 
 }  // namespace
 
-URNIC_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length,
-                                int access) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_reg_mr, "IBVERBS_1.1");
-    return f ? f(pd, addr, length, access) : fail<ibv_mr>(ENOSYS);
-  }
+ibv_mr* ours::ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
   return reg_mr(pd, addr, length, reinterpret_cast<uint64_t>(addr),
                 static_cast<unsigned>(access));
 }
 
-URNIC_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length,
-                                     uint64_t iova, int access) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_reg_mr_iova, "IBVERBS_1.7");
-    return f ? f(pd, addr, length, iova, access) : fail<ibv_mr>(ENOSYS);
-  }
+ibv_mr* ours::ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length,
+                              uint64_t iova, int access) {
   return reg_mr(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
-URNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length,
-                                      uint64_t iova, unsigned int access) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_reg_mr_iova2, "IBVERBS_1.8");
-    return f ? f(pd, addr, length, iova, access) : fail<ibv_mr>(ENOSYS);
-  }
+ibv_mr* ours::ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length,
+                               uint64_t iova, unsigned int access) {
   return reg_mr(pd, addr, length, iova, access);
 }
 
-URNIC_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset,
-                                       size_t length, uint64_t iova, int fd,
-                                       int access) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_reg_dmabuf_mr, "IBVERBS_1.12");
-    return f ? f(pd, offset, length, iova, fd, access) : fail<ibv_mr>(ENOSYS);
-  }
-  return fail<ibv_mr>(EOPNOTSUPP);
-}
-
-URNIC_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
-                              size_t length, int access) {
-  if (!mr || !is_urnic(mr->context)) {
-    auto f = URNIC_REAL(ibv_rereg_mr, "IBVERBS_1.1");
-    return f ? f(mr, flags, pd, addr, length, access) : IBV_REREG_MR_ERR_INPUT;
-  }
+int ours::ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
+                       size_t length, int access) {
   // Checks as rdma-core's ibv_rereg_mr makes them; the MR stays as it was.
   auto input_error = [] {
     errno = EINVAL;
@@ -257,11 +212,7 @@ URNIC_EXPORT int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
   return 0;
 }
 
-URNIC_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
-  if (!mr || !is_urnic(mr->context)) {
-    auto f = URNIC_REAL(ibv_dereg_mr, "IBVERBS_1.1");
-    return f ? f(mr) : ENOSYS;
-  }
+int ours::ibv_dereg_mr(ibv_mr* mr) {
   Context& c = ctx_of(mr->context);
   const int rc = drop_registration(c, mr->handle, "ibv_dereg_mr");
   if (rc && !destroy_locally(c)) return rc;
@@ -415,24 +366,14 @@ ibv_cq_ex* urnic::shim::create_cq_ex(ibv_context* context,
   return q ? &q->cqx : nullptr;
 }
 
-URNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
-                                   void* cq_context, ibv_comp_channel* channel,
-                                   int comp_vector) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_create_cq, "IBVERBS_1.1");
-    return f ? f(context, cqe, cq_context, channel, comp_vector)
-             : fail<ibv_cq>(ENOSYS);
-  }
+ibv_cq* ours::ibv_create_cq(ibv_context* context, int cqe, void* cq_context,
+                            ibv_comp_channel* channel, int comp_vector) {
   Cq* q = make_cq(ctx_of(context), cqe, cq_context, channel, comp_vector,
                   "ibv_create_cq");
   return q ? ibv_cq_ex_to_cq(&q->cqx) : nullptr;
 }
 
-URNIC_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
-  if (!cq || !is_urnic(cq->context)) {
-    auto f = URNIC_REAL(ibv_resize_cq, "IBVERBS_1.1");
-    return f ? f(cq, cqe) : ENOSYS;
-  }
+int ours::ibv_resize_cq(ibv_cq* cq, int cqe) {
   if (cqe <= 0) return EINVAL;
   Cq& q = cq_of(cq);
   Context& c = *q.ctx;
@@ -455,11 +396,7 @@ URNIC_EXPORT int ibv_resize_cq(ibv_cq* cq, int cqe) {
   return 0;
 }
 
-URNIC_EXPORT int ibv_destroy_cq(ibv_cq* cq) {
-  if (!cq || !is_urnic(cq->context)) {
-    auto f = URNIC_REAL(ibv_destroy_cq, "IBVERBS_1.1");
-    return f ? f(cq) : ENOSYS;
-  }
+int ours::ibv_destroy_cq(ibv_cq* cq) {
   Cq& q = cq_of(cq);
   Context& c = *q.ctx;
   HandleReq h{q.handle};
@@ -564,12 +501,7 @@ ibv_srq* make_srq(ibv_pd* pd, ibv_srq_init_attr* init, const char* what) {
 
 }  // namespace
 
-URNIC_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd,
-                                     ibv_srq_init_attr* srq_init_attr) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_create_srq, "IBVERBS_1.1");
-    return f ? f(pd, srq_init_attr) : fail<ibv_srq>(ENOSYS);
-  }
+ibv_srq* ours::ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* srq_init_attr) {
   return make_srq(pd, srq_init_attr, "ibv_create_srq");
 }
 
@@ -591,12 +523,8 @@ ibv_srq* urnic::shim::create_srq_ex(ibv_context* context,
   return s;
 }
 
-URNIC_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* srq_attr,
-                                int srq_attr_mask) {
-  if (!srq || !is_urnic(srq->context)) {
-    auto f = URNIC_REAL(ibv_modify_srq, "IBVERBS_1.1");
-    return f ? f(srq, srq_attr, srq_attr_mask) : ENOSYS;
-  }
+int ours::ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* srq_attr,
+                         int srq_attr_mask) {
   ModifySrqReq req;
   req.handle = srq_of(srq).handle;
   req.mask = srq_attr_mask;
@@ -606,22 +534,14 @@ URNIC_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* srq_attr,
             nullptr, 0);
 }
 
-URNIC_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* srq_attr) {
-  if (!srq || !is_urnic(srq->context)) {
-    auto f = URNIC_REAL(ibv_query_srq, "IBVERBS_1.1");
-    return f ? f(srq, srq_attr) : ENOSYS;
-  }
+int ours::ibv_query_srq(ibv_srq* srq, ibv_srq_attr* srq_attr) {
   HandleReq h{srq_of(srq).handle};
   return ctx_of(srq->context)
       .call(Op::kQuerySrq, "ibv_query_srq", &h, sizeof h, nullptr, 0, srq_attr,
             sizeof *srq_attr);
 }
 
-URNIC_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
-  if (!srq || !is_urnic(srq->context)) {
-    auto f = URNIC_REAL(ibv_destroy_srq, "IBVERBS_1.1");
-    return f ? f(srq) : ENOSYS;
-  }
+int ours::ibv_destroy_srq(ibv_srq* srq) {
   Srq& s = srq_of(srq);
   Context& c = *s.ctx;
   HandleReq h{srq_of(srq).handle};
@@ -797,11 +717,7 @@ ibv_qp* urnic::shim::create_qp_ex(ibv_context* context,
   return make_qp(attr->pd, attr, ex, ops, "ibv_create_qp_ex");
 }
 
-URNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_create_qp, "IBVERBS_1.1");
-    return f ? f(pd, qp_init_attr) : fail<ibv_qp>(ENOSYS);
-  }
+ibv_qp* ours::ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
   ibv_qp_init_attr_ex a{};
   std::memcpy(&a, qp_init_attr, sizeof *qp_init_attr);
   ibv_qp* qp = make_qp(pd, &a, false, 0, "ibv_create_qp");
@@ -809,20 +725,12 @@ URNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
   return qp;
 }
 
-URNIC_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_qp_to_qp_ex, "IBVERBS_1.6");
-    return f ? f(qp) : nullptr;
-  }
+ibv_qp_ex* ours::ibv_qp_to_qp_ex(ibv_qp* qp) {
   Qp& q = qp_of(qp);
   return q.ex ? q.ibv_ex() : nullptr;
 }
 
-URNIC_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_modify_qp, "IBVERBS_1.1");
-    return f ? f(qp, attr, attr_mask) : ENOSYS;
-  }
+int ours::ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
   Qp& q = qp_of(qp);
   ModifyQpReq req;
   req.handle = qp_of(qp).handle;
@@ -839,12 +747,8 @@ URNIC_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
   return 0;
 }
 
-URNIC_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
-                              ibv_qp_init_attr* init_attr) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_query_qp, "IBVERBS_1.1");
-    return f ? f(qp, attr, attr_mask, init_attr) : ENOSYS;
-  }
+int ours::ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int /*attr_mask*/,
+                       ibv_qp_init_attr* init_attr) {
   HandleReq h{qp_of(qp).handle};
   QueryQpRep rep;
   const int rc = qp_of(qp).ctx().call(Op::kQueryQp, "ibv_query_qp", &h,
@@ -866,11 +770,7 @@ URNIC_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask,
   return 0;
 }
 
-URNIC_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_destroy_qp, "IBVERBS_1.1");
-    return f ? f(qp) : ENOSYS;
-  }
+int ours::ibv_destroy_qp(ibv_qp* qp) {
   Qp& q = qp_of(qp);
   Context& c = q.ctx();
   HandleReq h{qp_of(qp).handle};
@@ -889,57 +789,10 @@ URNIC_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   return 0;
 }
 
-URNIC_EXPORT int ibv_attach_mcast(ibv_qp* qp, const union ibv_gid* gid,
-                                  uint16_t lid) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_attach_mcast, "IBVERBS_1.1");
-    return f ? f(qp, gid, lid) : ENOSYS;
-  }
-  return EOPNOTSUPP;
-}
-
-URNIC_EXPORT int ibv_detach_mcast(ibv_qp* qp, const union ibv_gid* gid,
-                                  uint16_t lid) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_detach_mcast, "IBVERBS_1.1");
-    return f ? f(qp, gid, lid) : ENOSYS;
-  }
-  return EOPNOTSUPP;
-}
-
-URNIC_EXPORT int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode op,
-                                            uint32_t flags) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_query_qp_data_in_order, "IBVERBS_1.14");
-    return f ? f(qp, op, flags) : 0;
-  }
-  return 0;  // no promise about placement order
-}
-
-URNIC_EXPORT int ibv_query_ece(ibv_qp* qp, ibv_ece* ece) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_query_ece, "IBVERBS_1.10");
-    return f ? f(qp, ece) : EOPNOTSUPP;
-  }
-  return EOPNOTSUPP;
-}
-
-URNIC_EXPORT int ibv_set_ece(ibv_qp* qp, ibv_ece* ece) {
-  if (!qp || !is_urnic(qp->context)) {
-    auto f = URNIC_REAL(ibv_set_ece, "IBVERBS_1.10");
-    return f ? f(qp, ece) : EOPNOTSUPP;
-  }
-  return EOPNOTSUPP;
-}
-
 // --- AH
 // ------------------------------------------------------------------------------------
 
-URNIC_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_create_ah, "IBVERBS_1.1");
-    return f ? f(pd, attr) : fail<ibv_ah>(ENOSYS);
-  }
+ibv_ah* ours::ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   Context& c = ctx_of(pd->context);
   CreateAhReq req;
   req.pd = pd->handle;
@@ -961,11 +814,7 @@ URNIC_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   return ah;
 }
 
-URNIC_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
-  if (!ah || !is_urnic(ah->context)) {
-    auto f = URNIC_REAL(ibv_destroy_ah, "IBVERBS_1.1");
-    return f ? f(ah) : ENOSYS;
-  }
+int ours::ibv_destroy_ah(ibv_ah* ah) {
   Context& c = ctx_of(ah->context);
   HandleReq h{ah->handle};
   const int rc = c.call(Op::kDestroyAh, "ibv_destroy_ah", &h, sizeof h, nullptr,
@@ -1058,77 +907,18 @@ int init_ah_from_wc(Context& c, uint8_t port_num, const ibv_wc* wc,
 
 }  // namespace
 
-URNIC_EXPORT int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num,
-                                     ibv_wc* wc, ibv_grh* grh,
-                                     ibv_ah_attr* ah_attr) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_init_ah_from_wc, "IBVERBS_1.1");
-    return f ? f(context, port_num, wc, grh, ah_attr) : -1;
-  }
+int ours::ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num,
+                              ibv_wc* wc, ibv_grh* grh, ibv_ah_attr* ah_attr) {
   return init_ah_from_wc(ctx_of(context), port_num, wc, grh, ah_attr);
 }
 
-URNIC_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh,
-                                           uint8_t port_num) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_create_ah_from_wc, "IBVERBS_1.1");
-    return f ? f(pd, wc, grh, port_num) : fail<ibv_ah>(ENOSYS);
-  }
+ibv_ah* ours::ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh,
+                                    uint8_t port_num) {
   ibv_ah_attr attr;
   if (init_ah_from_wc(ctx_of(pd->context), port_num, wc, grh, &attr))
     return nullptr;
-  return ibv_create_ah(pd, &attr);
-}
-
-URNIC_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context* context,
-                                             ibv_ah_attr* attr,
-                                             uint8_t eth_mac[6],
-                                             uint16_t* vid) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_resolve_eth_l2_from_gid, "IBVERBS_1.1");
-    return f ? f(context, attr, eth_mac, vid) : ENOSYS;
-  }
-  return EOPNOTSUPP;  // the service resolves neighbours itself
+  return ours::ibv_create_ah(pd, &attr);
 }
 
 // --- import (kernel object sharing: not for urnic)
 // ----------------------------
-
-URNIC_EXPORT ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_import_pd, "IBVERBS_1.10");
-    return f ? f(context, pd_handle) : fail<ibv_pd>(ENOSYS);
-  }
-  return fail<ibv_pd>(EOPNOTSUPP);
-}
-
-URNIC_EXPORT void ibv_unimport_pd(ibv_pd* pd) {
-  if (pd && is_urnic(pd->context)) return;
-  if (auto f = URNIC_REAL(ibv_unimport_pd, "IBVERBS_1.10")) f(pd);
-}
-
-URNIC_EXPORT ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
-  if (!pd || !is_urnic(pd->context)) {
-    auto f = URNIC_REAL(ibv_import_mr, "IBVERBS_1.10");
-    return f ? f(pd, mr_handle) : fail<ibv_mr>(ENOSYS);
-  }
-  return fail<ibv_mr>(EOPNOTSUPP);
-}
-
-URNIC_EXPORT void ibv_unimport_mr(ibv_mr* mr) {
-  if (mr && is_urnic(mr->context)) return;
-  if (auto f = URNIC_REAL(ibv_unimport_mr, "IBVERBS_1.10")) f(mr);
-}
-
-URNIC_EXPORT ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
-  if (!is_urnic(context)) {
-    auto f = URNIC_REAL(ibv_import_dm, "IBVERBS_1.13");
-    return f ? f(context, dm_handle) : fail<ibv_dm>(ENOSYS);
-  }
-  return fail<ibv_dm>(EOPNOTSUPP);
-}
-
-URNIC_EXPORT void ibv_unimport_dm(ibv_dm* dm) {
-  if (dm && is_urnic(dm->context)) return;
-  if (auto f = URNIC_REAL(ibv_unimport_dm, "IBVERBS_1.13")) f(dm);
-}

@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,21 @@
 // over libibverbs' versioned ones, whatever version the caller asked for.
 #define URNIC_EXPORT extern "C" __attribute__((visibility("default")))
 
+// verbs.h turns these into inline helpers over the exported symbols, which
+// are ours.
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+#undef ibv_query_port
+
+// Declared in rdma-core's driver.h only (a private export tools use).
+enum ibv_gid_type_sysfs {
+  IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
+  IBV_GID_TYPE_SYSFS_ROCE_V2,
+};
+URNIC_EXPORT int ibv_query_gid_type(struct ibv_context* context,
+                                    uint8_t port_num, unsigned int index,
+                                    enum ibv_gid_type_sysfs* type);
+
 namespace urnic::shim {
 
 // --- reaching the real libibverbs ------------------------------------------
@@ -37,6 +53,13 @@ void* find_real(const char* name, const char* version);
         reinterpret_cast<decltype(&fn)>(::urnic::shim::find_real(#fn, ver)); \
     return p;                                                                \
   }())
+
+// nullptr with errno set: how a verb returning an object fails.
+template <typename T>
+T* fail(int err) {
+  errno = err;
+  return nullptr;
+}
 
 // --- diagnostics
 // --------------------------------------------------------------
@@ -355,5 +378,16 @@ bool fork_safe();
 // (abi.h, kAsyncRequeue). Call with the object gone from the handle maps.
 void purge_async_events(Context& c);
 void install_fork_handlers();
+
+// urnic's side of each verb in verbs.def (forward.cc exports the verbs and
+// sends calls here when the object is urnic's).
+namespace ours {
+#define URNIC_VERB(result, name, version, missing, params, args) \
+  result name params;
+#define URNIC_VERB_FIXED(...)
+#include "verbs-shim/verbs.def"
+#undef URNIC_VERB
+#undef URNIC_VERB_FIXED
+}  // namespace ours
 
 }  // namespace urnic::shim

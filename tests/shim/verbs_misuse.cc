@@ -966,6 +966,47 @@ void section_health(Dev& d) {
         why);
 }
 
+// --- h) verbs urnic does not implement --------------------------------------
+// Each gives the documented refusal on urnic objects (verbs-shim/verbs.def,
+// URNIC_VERB_FIXED) and leaves the objects usable.
+void section_unimplemented(Dev& d) {
+  ScopedPair sp(d);
+  ibv_qp* qp = sp.p.a.qp;
+  ibv_gid mgid{};
+  mgid.raw[0] = 0xff;
+  check(ibv_attach_mcast(qp, &mgid, 0) == EOPNOTSUPP,
+        "h) ibv_attach_mcast returns EOPNOTSUPP");
+  check(ibv_detach_mcast(qp, &mgid, 0) == EOPNOTSUPP,
+        "h) ibv_detach_mcast returns EOPNOTSUPP");
+  ibv_ece ece{};
+  check(ibv_query_ece(qp, &ece) == EOPNOTSUPP,
+        "h) ibv_query_ece returns EOPNOTSUPP");
+  check(ibv_set_ece(qp, &ece) == EOPNOTSUPP,
+        "h) ibv_set_ece returns EOPNOTSUPP");
+  check(ibv_query_qp_data_in_order(qp, IBV_WR_RDMA_WRITE, 0) == 0,
+        "h) ibv_query_qp_data_in_order promises nothing (0)");
+  check(ibv_get_device_index(d.ctx->device) == -1,
+        "h) ibv_get_device_index is -1 (no kernel device)");
+  errno = 0;
+  check(ibv_import_pd(d.ctx, 1) == nullptr && errno == EOPNOTSUPP,
+        "h) ibv_import_pd fails with EOPNOTSUPP", err_text(errno));
+  errno = 0;
+  check(ibv_import_mr(d.pd, 1) == nullptr && errno == EOPNOTSUPP,
+        "h) ibv_import_mr fails with EOPNOTSUPP", err_text(errno));
+  errno = 0;
+  check(ibv_reg_dmabuf_mr(d.pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) ==
+                nullptr &&
+            errno == EOPNOTSUPP,
+        "h) ibv_reg_dmabuf_mr fails with EOPNOTSUPP", err_text(errno));
+  ibv_unimport_pd(d.pd);  // must not touch urnic's PD
+  ibv_unimport_mr(d.scratch_mr);
+  std::vector<uint8_t> buf(4096);
+  ScopedMr m(must_reg(d.pd, buf.data(), buf.size()));
+  std::string why =
+      write_read_scratch(d, sp.p.a, buf.data(), m.mr->rkey, buf.size());
+  check(why.empty(), "h) ... and the PD, MR and QP still work", why);
+}
+
 void run(const char* name, void (*fn)(Dev&), Dev& d) {
   try {
     fn(d);
@@ -1062,6 +1103,7 @@ int main(int argc, char** argv) {
   run("f) health", section_health, d);
   g_dev = dev;
   run("g) a silent peer", section_silent_peer, d);
+  run("h) verbs urnic does not implement", section_unimplemented, d);
 
   check(ibv_dereg_mr(d.scratch_mr) == 0, "ibv_dereg_mr of the scratch buffer");
   check(ibv_dealloc_pd(d.pd) == 0, "ibv_dealloc_pd");
