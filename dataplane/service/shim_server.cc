@@ -11,9 +11,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <new>
 #include <stdexcept>
+#include <system_error>
 
 #include "dataplane/transport/qp_attr.h"
 
@@ -80,6 +83,7 @@ ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {
 
 ShimServer::~ShimServer() {
   for (auto& [id, c] : clients_) release_all(*c);
+  finish_abandoned(true);
 }
 
 // --- control thread ---------------------------------------------------------
@@ -132,6 +136,10 @@ void ShimServer::release_all(Client& c) {
   for (auto& [h, s] : c.srqs) unmap(s->mem);
   for (auto& [h, q] : c.cqs) unmap(q.mem);
   for (auto& [h, m] : c.mrs) retire_view(m.view);
+  if (c.pending_mr) {
+    abandoned_mrs_.push_back(std::move(*c.pending_mr));
+    c.pending_mr.reset();
+  }
   for (auto& [h, fd] : c.channels) close(fd);
   c.qps.clear();
   c.ahs.clear();
@@ -467,9 +475,9 @@ int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
   return 0;
 }
 
-int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
-  RegMrReq r;
-  if (!body_as(req, &r) || !c.pds.count(r.pd)) return EINVAL;
+int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
+                            Mapping* out) {
+  if (!c.pds.count(r.pd)) return EINVAL;
   if (r.npieces == 0 || r.npieces > kMaxMrPieces ||
       r.npieces != req.fds.size()) {
     why_ = "reg_mr: pieces and passed fds disagree";
@@ -523,8 +531,52 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     }
     off += r.pieces[i].length;
   }
-  // Zero-copy TX: the slow part (DMA mapping) before the lcores park.
-  const bool zc = env_.tx_memory && env_.tx_memory->map(base, r.map_len);
+  *out = view;
+  return 0;
+}
+
+int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
+  RegMrReq r;
+  if (!body_as(req, &r)) return EINVAL;
+  TxMemory* const tx = env_.tx_memory;
+  Mapping view;
+  bool zc = false;
+  if (c.pending_mr) {
+    // The same request again: ControlServer holds a client's next request
+    // back until this one is answered. Anything else is refused, not
+    // mixed with the pending view.
+    if (std::memcmp(&c.pending_mr->req, &r, sizeof r) != 0) {
+      why_ = "reg_mr: another registration of this client is in progress";
+      return EBUSY;
+    }
+    if (c.pending_mr->dma.wait_for(std::chrono::seconds(0)) !=
+        std::future_status::ready) {
+      rep.later = true;
+      return 0;
+    }
+    view = c.pending_mr->view;
+    zc = tx->map(view.base, view.len, c.pending_mr->dma.get());
+    c.pending_mr.reset();
+  } else {
+    if (const int rc = map_mr_view(c, r, req, &view)) return rc;
+    if (tx && tx->dma_is_slow()) {
+      // Zero-copy TX on a PCI port: the DMA mapping pins every page, so it
+      // runs on its own thread and this client waits (later) while the
+      // others are served.
+      try {
+        std::future<int> dma = std::async(std::launch::async, [tx, view] {
+          return tx->map_dma(view.base, view.len);
+        });
+        c.pending_mr = PendingMr{view, r, std::move(dma)};
+        rep.later = true;
+        return 0;
+      } catch (const std::system_error&) {
+        // No thread to be had: map it here.
+      }
+    }
+    if (tx) zc = tx->map(view.base, view.len, tx->map_dma(view.base, view.len));
+  }
+  void* const base = view.base;
   transport::Mr* mr = nullptr;
   int rc;
   {
@@ -532,10 +584,10 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     rc = env_.dev->reg_mr(c.pds[r.pd],
                           static_cast<uint8_t*>(base) + (r.addr - r.map_start),
                           r.length, r.iova, r.access, &mr);
-    if (!rc && zc) env_.tx_memory->add(base, r.map_len);
+    if (!rc && zc) tx->add(base, r.map_len);
   }
   if (rc) {
-    if (zc) env_.tx_memory->remove(base);  // never added: nothing refers to it
+    if (zc) tx->remove(base);  // never added: nothing refers to it
     retire_view(view);
     return rc;
   }
@@ -929,8 +981,23 @@ void ShimServer::unmap_retired() {
   });
 }
 
+void ShimServer::finish_abandoned(bool wait) {
+  std::erase_if(abandoned_mrs_, [&](PendingMr& p) {
+    if (!wait &&
+        p.dma.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      return false;
+    // map() takes the DMA mapping over; remove() and retire_view() give it
+    // back with the view.
+    if (env_.tx_memory->map(p.view.base, p.view.len, p.dma.get()))
+      env_.tx_memory->remove(p.view.base);
+    retire_view(p.view);
+    return true;
+  });
+}
+
 void ShimServer::pump_events() {
   if (!retired_views_.empty()) unmap_retired();
+  if (!abandoned_mrs_.empty()) finish_abandoned(false);
   transport::AsyncEvent ev;
   while (env_.dev->next_event(&ev)) {
     if (send_async(ev))

@@ -15,8 +15,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,16 +37,24 @@ struct Mapping {
 };
 
 // Application memory the worker lcores may transmit from without a copy
-// (zero-copy TX). map() prepares a range (a PCI port's DMA mapping pins its
-// pages: slow, so with the lcores running) and says whether it can be sent
-// from at all; add() then makes it visible to the lcores. add/remove run
-// while every worker lcore is parked (remove of a range never added need
-// not be); a removed range may still be referenced by mbufs in flight:
-// busy() says so, and the caller unmaps it only once busy() is false.
+// (zero-copy TX). map_dma() makes a range reachable by the port's DMA (a
+// PCI port pins its pages: slow, so off the control thread when
+// dma_is_slow(), and always with the lcores running); map() then records
+// the outcome and says whether the range can be sent from at all; add()
+// makes it visible to the lcores. add/remove run while every worker lcore
+// is parked (remove of a range never added need not be); a removed range
+// may still be referenced by mbufs in flight: busy() says so, and the
+// caller unmaps it only once busy() is false. A map_dma() that succeeded is
+// always followed by map() with its result (which takes ownership of the
+// DMA mapping; remove() then gives it back).
 class TxMemory {
  public:
   virtual ~TxMemory() = default;
-  virtual bool map(void* base, size_t len) = 0;  // false: it is copied
+  virtual bool dma_is_slow() const = 0;
+  // Any thread; 0 or an errno.
+  virtual int map_dma(void* base, size_t len) = 0;
+  // Control thread; false: it is copied.
+  virtual bool map(void* base, size_t len, int dma_error) = 0;
   virtual void add(void* base, size_t len) = 0;
   virtual void remove(void* base) = 0;
   virtual bool busy(void* base) = 0;
@@ -160,6 +170,14 @@ class ShimServer {
     QpObj* qp = nullptr;
     SrqObj* srq = nullptr;
   };
+  // An MR's view being DMA-mapped on another thread (TxMemory::map_dma):
+  // pinning a large MR's pages would hold the control thread, and every
+  // client, for as long.
+  struct PendingMr {
+    Mapping view;
+    shim::RegMrReq req;    // as checked
+    std::future<int> dma;  // map_dma's result
+  };
   struct Client {
     ClientInfo info;
     bool open = false;
@@ -181,6 +199,9 @@ class ShimServer {
     std::vector<uint32_t> free_doorbells[shim::kSummaryWords];
     uint64_t mr_bytes = 0;  // sums of MrObj::bytes and of QpObj/SrqObj::wrs
     uint64_t wrs = 0;
+    // A kRegMr whose DMA mapping runs off the control thread; the request
+    // is deferred (CtlReply::later) until it is done.
+    std::optional<PendingMr> pending_mr;
   };
 
   int dispatch(Client& c, CtlRequest& req, CtlReply& rep);
@@ -198,6 +219,12 @@ class ShimServer {
   int destroy_qp(Client& c, uint32_t h);
   int destroy_srq(Client& c, uint32_t h);
   void release_all(Client& c);
+  // The view of a kRegMr, checked and mapped into the service.
+  int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
+                  Mapping* view);
+  // Pending DMA mappings of clients that went: finished (TxMemory::map then
+  // remove) and their views retired once done; all of them when `wait`.
+  void finish_abandoned(bool wait);
   // A doorbell index in a summary word of `home`'s; UINT32_MAX: none left.
   uint32_t alloc_doorbell(Client& c, uint32_t home);
   Target& target(Client& c, uint32_t doorbell);
@@ -228,7 +255,8 @@ class ShimServer {
   // Lcore-visible: the open clients (changed only while parked).
   std::vector<Client*> live_;
   std::map<uint64_t, std::unique_ptr<Client>> clients_;  // by ClientInfo::id
-  std::vector<Mapping> retired_views_;  // still referenced by mbufs
+  std::vector<Mapping> retired_views_;    // still referenced by mbufs
+  std::vector<PendingMr> abandoned_mrs_;  // see finish_abandoned
   ShimCounters ctr_;
   std::string why_;  // detail of the last refusal, sent with -errno
   bool shut_down_ = false;

@@ -59,13 +59,15 @@ void ZeroCopyTx::release(View& v) {
   v.shinfo = nullptr;
 }
 
-bool ZeroCopyTx::map(void* base, size_t len) {
-  if (dma_) {
-    if (const int e = dma_->map(base, len)) {
-      ++map_failures_;
-      last_error_ = e;
-      return false;  // this memory is copied
-    }
+int ZeroCopyTx::map_dma(void* base, size_t len) {
+  return dma_ ? dma_->map(base, len) : 0;
+}
+
+bool ZeroCopyTx::map(void* base, size_t len, int dma_error) {
+  if (dma_error) {
+    ++map_failures_;
+    last_error_ = dma_error;
+    return false;  // this memory is copied
   }
   auto* si = new rte_mbuf_ext_shared_info{};
   si->free_cb = no_free;

@@ -23,7 +23,8 @@ namespace urnic::service {
 class DmaMapper {
  public:
   virtual ~DmaMapper() = default;
-  // Control thread, lcores running (pinning pages is slow). 0 or an errno.
+  // Any thread, lcores running (pinning pages is slow); calls may overlap
+  // each other and unmap() of other ranges. 0 or an errno.
   virtual int map(void* base, size_t len) = 0;
   virtual void unmap(void* base, size_t len) = 0;
 };
@@ -49,9 +50,10 @@ class PciDmaMapper final : public DmaMapper {
 // a removed view is unmapped (DMA, then by the caller) only when that count
 // is back to kTableRefs.
 //
-// Threads: map() on the control thread with the lcores running; add() and
-// remove() while every lcore is parked; find() on the lcores; busy() on the
-// control thread (it reads the counts the lcores' frees decrement).
+// Threads: map_dma() on any thread with the lcores running; map() on the
+// control thread, likewise; add() and remove() while every lcore is parked;
+// find() on the lcores; busy() on the control thread (it reads the counts
+// the lcores' frees decrement).
 class ZeroCopyTx final : public TxMemory {
  public:
   // Two, not one: rte_mbuf_ext_refcnt_update takes a non-atomic path when
@@ -72,7 +74,9 @@ class ZeroCopyTx final : public TxMemory {
   ZeroCopyTx(const ZeroCopyTx&) = delete;
   ZeroCopyTx& operator=(const ZeroCopyTx&) = delete;
 
-  bool map(void* base, size_t len) override;
+  bool dma_is_slow() const override { return dma_ != nullptr; }
+  int map_dma(void* base, size_t len) override;
+  bool map(void* base, size_t len, int dma_error) override;
   void add(void* base, size_t len) override;
   void remove(void* base) override;
   bool busy(void* base) override;

@@ -17,7 +17,7 @@ const void* last_first = nullptr;
     fake_verbs::last_first = fake_verbs::first_of args;          \
     return fake_verbs::fake_result<result>();                    \
   }
-#define URNIC_VERB_FIXED(result, name, version, missing, urnic_result, \
-                         params, args)                                 \
+#define URNIC_VERB_FIXED(result, name, version, missing, urnic_result, params, \
+                         args)                                                 \
   URNIC_VERB(result, name, version, missing, params, args)
 #include "verbs-shim/verbs.def"

@@ -80,8 +80,8 @@ TEST(Forward, EveryVerbOnAnotherProvidersObjectReachesTheNextDefinition) {
 #define URNIC_VERB(result, name, version, missing, params, args) \
   expect_forwarded(#name, &name);                                \
   ++n;
-#define URNIC_VERB_FIXED(result, name, version, missing, urnic_result, \
-                         params, args)                                 \
+#define URNIC_VERB_FIXED(result, name, version, missing, urnic_result, params, \
+                         args)                                                 \
   URNIC_VERB(result, name, version, missing, params, args)
 #include "verbs-shim/verbs.def"
 #undef URNIC_VERB
@@ -95,8 +95,7 @@ TEST(Forward, ANullObjectIsForwardedAsItIs) {
   expect_forwarded("ibv_dealloc_pd", &ibv_dealloc_pd, nullptr, true);
   expect_forwarded("ibv_destroy_qp", &ibv_destroy_qp, nullptr, true);
   expect_forwarded("ibv_alloc_pd", &ibv_alloc_pd, nullptr, true);
-  expect_forwarded("ibv_get_device_name", &ibv_get_device_name, nullptr,
-                   true);
+  expect_forwarded("ibv_get_device_name", &ibv_get_device_name, nullptr, true);
 }
 
 }  // namespace

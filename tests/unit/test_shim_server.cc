@@ -7,8 +7,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "dataplane/service/shim_server.h"
@@ -52,8 +59,10 @@ struct Reply {
 struct ShimServerTest : ::testing::Test {
   // `homes` engines (worker lcores), run in turn by run(): frames go to the
   // engine their destination QPN names, as urnicd's workers steer them.
-  explicit ShimServerTest(config::ClientLimitsConfig l = {}, uint32_t homes = 1)
+  explicit ShimServerTest(config::ClientLimitsConfig l = {}, uint32_t homes = 1,
+                          TxMemory* tx = nullptr)
       : limits(l),
+        tx_memory(tx),
         dev(device()),
         engines(make_engines(dev, io, homes)),
         gates(homes),
@@ -92,6 +101,7 @@ struct ShimServerTest : ::testing::Test {
     for (LcoreGate& g : gates) e.gates.push_back(&g);
     e.info.num_gids = 1;
     e.client_limits = limits;
+    e.tx_memory = tx_memory;
     return e;
   }
 
@@ -301,6 +311,7 @@ struct ShimServerTest : ::testing::Test {
   }
 
   config::ClientLimitsConfig limits;
+  TxMemory* tx_memory;
   transport::Device dev;
   LoopIo io;
   std::vector<std::unique_ptr<transport::Engine>> engines;
@@ -578,6 +589,153 @@ TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
   EXPECT_EQ(dev.num_srqs(), 0u);
   EXPECT_EQ(dev.num_pds(), 0u);
   EXPECT_EQ(srv.counters().clients_closed.load(), 1u);
+}
+
+// Zero-copy memory of a PCI port whose DMA mapping (pinning) takes until
+// let_go(): as with a large MR on vfio.
+struct SlowDma final : TxMemory {
+  bool dma_is_slow() const override { return true; }
+  int map_dma(void*, size_t) override {
+    started.fetch_add(1);
+    std::unique_lock l(mu);
+    cv.wait(l, [&] { return released; });
+    return 0;
+  }
+  bool map(void* base, size_t, int dma_error) override {
+    ++maps;
+    if (dma_error) return false;
+    live.insert(base);
+    return true;
+  }
+  void add(void*, size_t) override { ++adds; }
+  void remove(void* base) override { live.erase(base); }
+  bool busy(void*) override { return false; }
+  void let_go() {
+    {
+      std::lock_guard l(mu);
+      released = true;
+    }
+    cv.notify_all();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false;
+  std::atomic<int> started{0};
+  std::set<void*> live;  // DMA-mapped views map() took over, not removed
+  int maps = 0;
+  int adds = 0;
+};
+
+// First base: it outlives the ShimServer that points at it.
+struct SlowDmaHolder {
+  SlowDma slow;
+};
+struct ShimServerSlowDmaTest : SlowDmaHolder, ShimServerTest {
+  ShimServerSlowDmaTest() : ShimServerTest({}, 1, &slow) {}
+  ~ShimServerSlowDmaTest() override { slow.let_go(); }  // before srv goes
+  // A kRegMr of `len` fresh sealed bytes, asked as ControlServer asks a
+  // deferred request: the same bytes and fds, attempt by attempt.
+  struct Pending {
+    RegMrReq r{};
+    std::string body;
+    std::vector<int> fds;
+    uint32_t attempt = 0;
+  };
+  Pending start_reg(uint32_t pd, size_t len) {
+    Pending p;
+    const int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(len)), 0);
+    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+    auto* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    maps.push_back({m, len});
+    p.r.pd = pd;
+    p.r.access = kRemoteAll;
+    p.r.addr = p.r.iova = p.r.map_start = reinterpret_cast<uint64_t>(m);
+    p.r.length = p.r.map_len = len;
+    p.r.npieces = 1;
+    p.r.pieces[0] = {0, len};
+    p.body.assign(reinterpret_cast<const char*>(&p.r), sizeof p.r);
+    p.fds = {fd};
+    return p;
+  }
+  CtlReply ask(Pending& p) {
+    CtlRequest req{&ci, static_cast<ctl::Op>(Op::kRegMr), p.body, p.fds};
+    req.attempt = p.attempt++;
+    CtlReply rep;
+    srv.handle(req, rep);
+    return rep;
+  }
+  void done(Pending& p) {
+    for (int fd : p.fds) close(fd);
+    p.fds.clear();
+  }
+};
+
+// Pinning a large MR for a PCI port's DMA used to hold the control thread,
+// and so every client, for as long: now the registration is deferred while
+// its pages are mapped on another thread, and the control thread serves on.
+TEST_F(ShimServerSlowDmaTest,
+       ARegistrationWaitsForItsDmaMappingOffTheControlThread) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Pending p = start_reg(pd, 4 * 4096);
+  CtlReply rep = ask(p);  // returns although the mapping cannot finish
+  EXPECT_TRUE(rep.later);
+  EXPECT_EQ(rep.status, 0);
+  for (int i = 0; i < 500 && slow.started.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(slow.started.load(), 1);
+  EXPECT_TRUE(ask(p).later);  // still mapping
+  EXPECT_EQ(dev.num_mrs(), 0u);
+  // Another registration body from the same client is not mixed with it.
+  Pending other = start_reg(pd, 4096);
+  CtlReply busy = ask(other);
+  EXPECT_FALSE(busy.later);
+  EXPECT_EQ(busy.status, -EBUSY) << busy.payload;
+  done(other);
+
+  slow.let_go();
+  for (int i = 0; i < 500 && rep.later; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    rep = ask(p);
+  }
+  done(p);
+  ASSERT_FALSE(rep.later);
+  ASSERT_EQ(rep.status, 0) << rep.payload;
+  Reply r{rep.status, rep.payload, rep.fds};
+  const auto m = r.as<RegMrRep>();
+  EXPECT_NE(m.lkey, 0u);
+  EXPECT_EQ(dev.num_mrs(), 1u);
+  EXPECT_EQ(slow.started.load(), 1);  // mapped once, not per attempt
+  EXPECT_EQ(slow.live.size(), 1u);
+  EXPECT_EQ(slow.adds, 1);
+  EXPECT_EQ(call(Op::kDeregMr, HandleReq{m.handle}).status, 0);
+  EXPECT_TRUE(slow.live.empty());
+  EXPECT_EQ(dev.num_mrs(), 0u);
+}
+
+// A client that goes while its MR is being mapped: the mapping is finished
+// and given back once it is done; nothing is registered.
+TEST_F(ShimServerSlowDmaTest, AClientThatGoesMidMappingLeavesNothingMapped) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Pending p = start_reg(pd, 4096);
+  EXPECT_TRUE(ask(p).later);
+  srv.on_close(ci);
+  done(p);
+  EXPECT_EQ(dev.num_pds(), 0u);
+  srv.pump_events();  // the mapping is not done: it stays pending
+  EXPECT_EQ(slow.maps, 0);
+  slow.let_go();
+  for (int i = 0; i < 1000 && slow.maps == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    srv.pump_events();
+  }
+  EXPECT_EQ(slow.started.load(), 1);
+  EXPECT_EQ(slow.maps, 1);
+  EXPECT_TRUE(slow.live.empty());
+  EXPECT_EQ(slow.adds, 0);
+  EXPECT_EQ(dev.num_mrs(), 0u);
 }
 
 // Per-client limits (config client_limits): the object over the limit is

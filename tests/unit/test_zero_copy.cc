@@ -40,9 +40,15 @@ void take(const ZeroCopyTx::View* v) {
   rte_mbuf_ext_refcnt_update(v->shinfo, 1);
 }
 
+// What ShimServer does: the DMA mapping (possibly on another thread), then
+// map() with its result.
+bool map_both(ZeroCopyTx& zc, void* base, size_t len) {
+  return zc.map(base, len, zc.map_dma(base, len));
+}
+
 TEST(ZeroCopy, VdevViewsNeedNoMapping) {
   ZeroCopyTx zc;
-  EXPECT_TRUE(zc.map(mem_a, sizeof mem_a));
+  EXPECT_TRUE(map_both(zc, mem_a, sizeof mem_a));
   EXPECT_EQ(zc.find(mem_a, 64), nullptr);  // mapped, not yet visible
   zc.add(mem_a, sizeof mem_a);
   const ZeroCopyTx::View* v = zc.find(mem_a + 100, 1000);
@@ -57,8 +63,8 @@ TEST(ZeroCopy, VdevViewsNeedNoMapping) {
 TEST(ZeroCopy, MappedForTheDeviceUntilTheLastMbufIsBack) {
   FakeDma::Log log;
   ZeroCopyTx zc(std::make_unique<FakeDma>(&log));
-  ASSERT_TRUE(zc.map(mem_a, sizeof mem_a));
-  ASSERT_TRUE(zc.map(mem_b, sizeof mem_b));
+  ASSERT_TRUE(map_both(zc, mem_a, sizeof mem_a));
+  ASSERT_TRUE(map_both(zc, mem_b, sizeof mem_b));
   ASSERT_EQ(log.mapped.size(), 2u);
   zc.add(mem_a, sizeof mem_a);
   zc.add(mem_b, sizeof mem_b);
@@ -87,7 +93,7 @@ TEST(ZeroCopy, MappingFailureMeansCopy) {
   FakeDma::Log log;
   ZeroCopyTx zc(std::make_unique<FakeDma>(&log));
   log.fail = ENOSPC;  // e.g. EAL out of memseg lists
-  EXPECT_FALSE(zc.map(mem_a, sizeof mem_a));
+  EXPECT_FALSE(map_both(zc, mem_a, sizeof mem_a));
   zc.add(mem_a, sizeof mem_a);  // the caller does not add it; harmless
   EXPECT_EQ(zc.find(mem_a, 64), nullptr);
   EXPECT_EQ(zc.map_failures(), 1u);
@@ -99,7 +105,7 @@ TEST(ZeroCopy, MappingFailureMeansCopy) {
 TEST(ZeroCopy, RegistrationFailureUnmapsWhatWasNeverAdded) {
   FakeDma::Log log;
   ZeroCopyTx zc(std::make_unique<FakeDma>(&log));
-  ASSERT_TRUE(zc.map(mem_a, sizeof mem_a));
+  ASSERT_TRUE(map_both(zc, mem_a, sizeof mem_a));
   zc.remove(mem_a);  // reg_mr failed after map (op_reg_mr)
   EXPECT_FALSE(zc.busy(mem_a));
   ASSERT_EQ(log.unmapped.size(), 1u);
@@ -111,8 +117,8 @@ TEST(ZeroCopy, TeardownUnmapsEverything) {
   FakeDma::Log log;
   {
     ZeroCopyTx zc(std::make_unique<FakeDma>(&log));
-    ASSERT_TRUE(zc.map(mem_a, sizeof mem_a));
-    ASSERT_TRUE(zc.map(mem_b, sizeof mem_b));
+    ASSERT_TRUE(map_both(zc, mem_a, sizeof mem_a));
+    ASSERT_TRUE(map_both(zc, mem_b, sizeof mem_b));
     zc.add(mem_a, sizeof mem_a);
     const ZeroCopyTx::View* v = zc.find(mem_a, 64);
     ASSERT_NE(v, nullptr);
@@ -128,7 +134,7 @@ TEST(ZeroCopy, TeardownUnmapsEverything) {
 // lost references and the count ended below the table's.
 TEST(ZeroCopy, ConcurrentAttachAndFreeKeepTheCount) {
   ZeroCopyTx zc;
-  ASSERT_TRUE(zc.map(mem_a, sizeof mem_a));
+  ASSERT_TRUE(map_both(zc, mem_a, sizeof mem_a));
   zc.add(mem_a, sizeof mem_a);
   const ZeroCopyTx::View* v = zc.find(mem_a, 64);
   ASSERT_NE(v, nullptr);
@@ -153,7 +159,7 @@ TEST(ZeroCopy, ManyViewsFoundByAddress) {
   // Every other page a view, added in reverse order.
   for (int i = 31; i >= 0; --i) {
     uint8_t* p = pool + 2 * i * 4096;
-    ASSERT_TRUE(zc.map(p, 4096));
+    ASSERT_TRUE(map_both(zc, p, 4096));
     zc.add(p, 4096);
   }
   for (int i = 0; i < 32; ++i) {
