@@ -12,10 +12,16 @@ namespace {
 
 // Whether the object a verb is called on is urnic's. nullptr is not (the
 // call then goes to libibverbs, which reports it as it always has).
-bool urnic_object(const ibv_device* d) { return urnic_device(d) != nullptr; }
-bool urnic_object(const ibv_context* c) { return is_urnic(c); }
+bool urnic_object(const ibv_device* d) {
+  return urnic_device(d) != nullptr;
+}
+bool urnic_object(const ibv_context* c) {
+  return is_urnic(c);
+}
 template <typename T>
-  requires requires(const T* o) { o->context; }
+requires requires(const T* o) {
+  o->context;
+}
 bool urnic_object(const T* o) {
   return o && is_urnic(o->context);
 }
@@ -37,11 +43,11 @@ using namespace urnic::shim;
     auto* const real = URNIC_REAL(name, version);                \
     return real ? real args : missing;                           \
   }
-#define URNIC_VERB_FIXED(result, name, version, missing, urnic_result, \
-                         params, args)                                 \
-  URNIC_EXPORT result name params {                                    \
-    if (urnic_call args) return urnic_result;                          \
-    auto* const real = URNIC_REAL(name, version);                      \
-    return real ? real args : missing;                                 \
+#define URNIC_VERB_FIXED(result, name, version, missing, urnic_result, params, \
+                         args)                                                 \
+  URNIC_EXPORT result name params {                                            \
+    if (urnic_call args) return urnic_result;                                  \
+    auto* const real = URNIC_REAL(name, version);                              \
+    return real ? real args : missing;                                         \
   }
 #include "verbs-shim/verbs.def"
