@@ -302,6 +302,9 @@ struct Schema<DcqcnConfig> {
       {.key = "rpg_threshold", .member = &S::rpg_threshold, .max = 31},
       {.key = "rpg_ai_rate", .member = &S::rpg_ai_rate, .max = 400000},
       {.key = "rpg_hai_rate", .member = &S::rpg_hai_rate, .max = 400000},
+      {.key = "rpg_time_share_qps",
+       .member = &S::rpg_time_share_qps,
+       .max = 1000000},
   };
 };
 

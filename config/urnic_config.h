@@ -167,6 +167,7 @@ struct DcqcnConfig {
   uint32_t rpg_threshold = 5;        // ConnectX: 1
   uint32_t rpg_ai_rate = 5;
   uint32_t rpg_hai_rate = 50;
+  uint32_t rpg_time_share_qps = 0;
 };
 
 // Congestion control of RC requesters (transport/congestion.h).

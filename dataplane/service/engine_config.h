@@ -50,6 +50,7 @@ inline transport::EngineConfig engine_config(const config::TransportConfig& t,
       .rpg_threshold = d.rpg_threshold,
       .rpg_ai_rate = d.rpg_ai_rate,
       .rpg_hai_rate = d.rpg_hai_rate,
+      .rpg_time_share_qps = d.rpg_time_share_qps,
   };
   ec.cc.line_rate_mbps = line_rate_mbps;
   ec.cc.pace_burst_bytes = cc.pace_burst_kb * 1024;

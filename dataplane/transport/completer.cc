@@ -294,7 +294,7 @@ void Completer::cnp_st(Engine& e, Qp& qp) {
   if (!p.window || !p.ecn) return;
   if (p.dcqcn) {
     // DCQCN reaction point: the rate, not the windows.
-    if (qp.rate_.on_cnp(p, e.now_)) {
+    if (qp.rate_.on_cnp(p, e.now_, e.dcqcn_share_)) {
       e.ctr_.inc(ECtr::cc_rate_cuts);
       ++qp.ctr_.cc_rate_cuts;
     }

@@ -47,6 +47,16 @@ struct DcqcnParams {
   uint32_t rpg_threshold = 5;
   uint32_t rpg_ai_rate = 5;    // additive increase of the target
   uint32_t rpg_hai_rate = 50;  // hyper increase of the target
+  // k: with N > k QPs of one engine rate-limited, each QP's increase timer
+  // runs N/k times slower, so together they climb like k QPs. Per-QP
+  // timers add up with the QP count (64 QPs through 2 Gb/s filled the
+  // switch buffer with fast increases); 0: off, as ConnectX.
+  uint32_t rpg_time_share_qps = 0;
+};
+
+// What the DCQCN reaction points of one engine share.
+struct DcqcnShare {
+  uint32_t limited = 0;  // QPs whose DcqcnRate is limited()
 };
 
 // ConnectX-4 and later firmware defaults (mlxconfig).
@@ -65,6 +75,7 @@ constexpr DcqcnParams kConnectXDcqcn = {
     .rpg_threshold = 1,
     .rpg_ai_rate = 5,
     .rpg_hai_rate = 50,
+    .rpg_time_share_qps = 0,
 };
 
 struct CcParams {
@@ -254,10 +265,11 @@ class LossWindow {
 // the QP is unlimited again. Time is passed in (ns), nothing here sleeps:
 // the pacer says when the QP may send next and the engine revisits it then.
 // Timer events are taken lazily, when the QP sends or gets a CNP, which is
-// when the hardware's timer events would show.
+// when the hardware's timer events would show. `share` is the engine's
+// (DcqcnShare): every call that may change limited() keeps its count.
 class DcqcnRate {
  public:
-  void reset() { limited_ = false; }
+  void reset(DcqcnShare& share) { set_limited(share, false); }
   bool limited() const { return limited_; }
   double rate_mbps() const { return rc_; }
   // For the cc_rate_mbps counter: 0 while unlimited.
@@ -268,11 +280,11 @@ class DcqcnRate {
   double alpha() const { return alpha_; }
 
   // A CNP for this QP. Returns true if the rate was cut.
-  bool on_cnp(const CcParams& cc, uint64_t now) {
+  bool on_cnp(const CcParams& cc, uint64_t now, DcqcnShare& share) {
     const DcqcnParams& p = cc.dcqcn_params;
     const double line = line_rate(cc);
     if (!limited_) {
-      limited_ = true;
+      set_limited(share, true);
       alpha_ = std::min(p.initial_alpha_value, 1024u) / 1024.0;
       alpha_ns_ = now;
       cnp_in_period_ = true;
@@ -301,7 +313,8 @@ class DcqcnRate {
   }
 
   // Rate-increase events up to `now` and `bytes` just sent.
-  void on_sent(const CcParams& cc, uint64_t now, uint32_t bytes) {
+  void on_sent(const CcParams& cc, uint64_t now, uint32_t bytes,
+               DcqcnShare& share) {
     if (!limited_) return;
     const DcqcnParams& p = cc.dcqcn_params;
     tokens_ -= bytes;
@@ -309,17 +322,18 @@ class DcqcnRate {
       bytes_ += bytes;
       while (limited_ && bytes_ >= p.rpg_byte_reset) {
         bytes_ -= p.rpg_byte_reset;
-        increase(cc, &bc_);
+        increase(cc, &bc_, share);
       }
     }
-    advance(cc, now);
+    advance(cc, now, share);
   }
 
   // Timer events up to `now`, then: may the QP send a frame now? If not,
   // *at is when it may.
-  bool may_send(const CcParams& cc, uint64_t now, uint64_t* at) {
+  bool may_send(const CcParams& cc, uint64_t now, uint64_t* at,
+                DcqcnShare& share) {
     if (!limited_) return true;
-    advance(cc, now);
+    advance(cc, now, share);
     if (!limited_) return true;
     // Mb/s = bits per microsecond: rc_ / 8000 bytes per nanosecond.
     tokens_ = std::min(tokens_ + double(now - tokens_ns_) * rc_ / 8000.0,
@@ -357,19 +371,25 @@ class DcqcnRate {
     alpha_ns_ += n * period;
     cnp_in_period_ = false;
   }
-  void advance(const CcParams& cc, uint64_t now) {
-    const uint64_t period =
-        uint64_t{std::max(cc.dcqcn_params.rpg_time_reset, 1u)} * 1000;
+  void set_limited(DcqcnShare& share, bool on) {
+    if (on != limited_) on ? ++share.limited : --share.limited;
+    limited_ = on;
+  }
+  void advance(const CcParams& cc, uint64_t now, DcqcnShare& share) {
+    const DcqcnParams& p = cc.dcqcn_params;
+    uint64_t period = uint64_t{std::max(p.rpg_time_reset, 1u)} * 1000;
+    if (p.rpg_time_share_qps && share.limited > p.rpg_time_share_qps)
+      period = period * share.limited / p.rpg_time_share_qps;
     // A long quiet spell takes the QP back to the line rate at once, not
     // through thousands of additive steps on one poll.
-    if (now - timer_ns_ > 100'000 * period) limited_ = false;
+    if (now - timer_ns_ > 100'000 * period) set_limited(share, false);
     while (limited_ && now - timer_ns_ >= period) {
       timer_ns_ += period;
-      increase(cc, &t_);
+      increase(cc, &t_, share);
     }
   }
   // One increase event of the timer (t_) or byte counter (bc_) stage.
-  void increase(const CcParams& cc, uint32_t* stage) {
+  void increase(const CcParams& cc, uint32_t* stage, DcqcnShare& share) {
     const DcqcnParams& p = cc.dcqcn_params;
     const uint32_t f = p.rpg_threshold;
     if (std::max(t_, bc_) < f) {
@@ -384,7 +404,7 @@ class DcqcnRate {
     rt_ = std::min(rt_, line);
     rc_ = (rt_ + rc_) / 2;
     // Within 1 Mb/s of the line rate (halving never quite gets there).
-    if (rc_ >= line - 1) limited_ = false;
+    if (rc_ >= line - 1) set_limited(share, false);
   }
 
   bool limited_ = false;

@@ -334,6 +334,7 @@ int Engine::destroy_qp(Qp* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   qp->state_ = IBV_QPS_RESET;  // out of the shared window's count
   cc_sync(*qp);
+  qp->rate_.reset(dcqcn_share_);  // out of the limited QPs' count
   cancel_timers(*qp);
   unlink_ready(*qp);
   Device::release(qp->pd_);
@@ -364,7 +365,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.comp_ = {};
   qp.cc_.reset(cfg_.cc, 0);
   qp.ctr_.cc_window.set(qp.cc_.window());
-  qp.rate_.reset();
+  qp.rate_.reset(dcqcn_share_);
   qp.ctr_.cc_rate_mbps.set(0);
   qp.probes_ = 0;
   qp.probe_due_ = false;
@@ -441,7 +442,7 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     qp->ackreq_psn_ = psn_add(qp->req_.psn, kPsnMask);  // none sent yet
     qp->cc_.reset(cfg_.cc, qp->req_.psn);
     qp->ctr_.cc_window.set(qp->cc_.window());
-    qp->rate_.reset();
+    qp->rate_.reset(dcqcn_share_);
     qp->ctr_.cc_rate_mbps.set(0);
   }
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)

@@ -294,13 +294,13 @@ class Engine {
   // and nothing but a flag test for an unlimited QP.
   bool pace_ok(Qp& qp) {
     uint64_t at = 0;
-    if (qp.rate_.may_send(cfg_.cc, now_, &at)) return true;
+    if (qp.rate_.may_send(cfg_.cc, now_, &at, dcqcn_share_)) return true;
     timers_.arm(qp.pace_timer_, at);
     return false;
   }
   void paced_sent(Qp& qp) {
     if (!qp.rate_.limited()) return;
-    qp.rate_.on_sent(cfg_.cc, now_, last_tx_len_);
+    qp.rate_.on_sent(cfg_.cc, now_, last_tx_len_, dcqcn_share_);
     qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
   }
 
@@ -328,6 +328,7 @@ class Engine {
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
   QpList<&Qp::ack_link_> ack_;  // QPs with an ACK-sized response pending
   SharedWindow cc_shared_;
+  DcqcnShare dcqcn_share_;     // its QPs' DCQCN rates (rpg_time_share_qps)
   uint64_t cc_in_flight_ = 0;  // packets, all QPs
   uint32_t cc_active_ = 0;     // QPs with packets in flight
   // QPs waiting for a grant, oldest first, and the QPs granted that have

@@ -179,6 +179,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(d.rpg_threshold, e.rpg_threshold);
   EXPECT_EQ(d.rpg_ai_rate, e.rpg_ai_rate);
   EXPECT_EQ(d.rpg_hai_rate, e.rpg_hai_rate);
+  EXPECT_EQ(d.rpg_time_share_qps, e.rpg_time_share_qps);
   EXPECT_EQ(t.cc.pace_burst_kb * 1024, transport::CcParams{}.pace_burst_bytes);
 }
 
@@ -452,6 +453,8 @@ field_mutations() {
            [](Config& c) { c.transport.cc.dcqcn.rpg_ai_rate = 40; }},
           {"transport.cc.dcqcn.rpg_hai_rate",
            [](Config& c) { c.transport.cc.dcqcn.rpg_hai_rate = 100; }},
+          {"transport.cc.dcqcn.rpg_time_share_qps",
+           [](Config& c) { c.transport.cc.dcqcn.rpg_time_share_qps = 2; }},
           {"fault.seed", [](Config& c) { c.fault.seed = 42; }},
           {"fault.rx.drop_ppm", [](Config& c) { c.fault.rx.drop_ppm = 1000; }},
           {"fault.rx.burst_ppm", [](Config& c) { c.fault.rx.burst_ppm = 100; }},

@@ -190,10 +190,11 @@ CcParams dcqcn_params() {
 TEST(DcqcnRate, StartsUnlimitedAndTheFirstCnpHalvesTheLineRate) {
   const CcParams p = dcqcn_params();
   DcqcnRate r;
+  DcqcnShare s;
   uint64_t at = 0;
   EXPECT_FALSE(r.limited());
-  EXPECT_TRUE(r.may_send(p, 0, &at));
-  ASSERT_TRUE(r.on_cnp(p, 0));
+  EXPECT_TRUE(r.may_send(p, 0, &at, s));
+  ASSERT_TRUE(r.on_cnp(p, 0, s));
   EXPECT_TRUE(r.limited());
   // Rt = line; Rc = 10000 * (1 - (1023/1024) / 2).
   EXPECT_DOUBLE_EQ(r.target_mbps(), 10000.0);
@@ -203,15 +204,16 @@ TEST(DcqcnRate, StartsUnlimitedAndTheFirstCnpHalvesTheLineRate) {
 TEST(DcqcnRate, OneCutPerMonitorPeriodAlphaFollowsTheCnps) {
   const CcParams p = dcqcn_params();
   DcqcnRate r;
-  ASSERT_TRUE(r.on_cnp(p, 0));
+  DcqcnShare s;
+  ASSERT_TRUE(r.on_cnp(p, 0, s));
   // 2 us later: alpha rises for the period [0, 1 us) that had a CNP and
   // decays for [1, 2 us); no cut inside rate_reduce_monitor_period.
-  EXPECT_FALSE(r.on_cnp(p, 2 * kUs));
+  EXPECT_FALSE(r.on_cnp(p, 2 * kUs, s));
   EXPECT_NEAR(r.alpha(), 0.99415014, 1e-8);
   EXPECT_DOUBLE_EQ(r.rate_mbps(), 5004.8828125);
   // 10 us: a cut. Alpha: up for [2, 3 us), down for the 7 periods after.
   // Rt = the rate before the cut, Rc = Rc * (1 - alpha / 2).
-  EXPECT_TRUE(r.on_cnp(p, 10 * kUs));
+  EXPECT_TRUE(r.on_cnp(p, 10 * kUs, s));
   EXPECT_NEAR(r.alpha(), 0.96069172, 1e-8);
   EXPECT_DOUBLE_EQ(r.target_mbps(), 5004.8828125);
   EXPECT_NEAR(r.rate_mbps(), 2600.80808, 1e-4);
@@ -220,26 +222,27 @@ TEST(DcqcnRate, OneCutPerMonitorPeriodAlphaFollowsTheCnps) {
 TEST(DcqcnRate, FastRecoveryThenAdditiveThenHyperIncrease) {
   const CcParams p = dcqcn_params();
   DcqcnRate r;
-  ASSERT_TRUE(r.on_cnp(p, 0));
-  ASSERT_FALSE(r.on_cnp(p, 2 * kUs));
-  ASSERT_TRUE(r.on_cnp(p, 10 * kUs));
+  DcqcnShare s;
+  ASSERT_TRUE(r.on_cnp(p, 0, s));
+  ASSERT_FALSE(r.on_cnp(p, 2 * kUs, s));
+  ASSERT_TRUE(r.on_cnp(p, 10 * kUs, s));
   uint64_t at = 0;
   // 310 us: the first timer event after the cut is fast recovery: Rc goes
   // halfway to Rt, Rt stays.
-  r.may_send(p, 310 * kUs, &at);
+  r.may_send(p, 310 * kUs, &at, s);
   EXPECT_NEAR(r.target_mbps(), 5004.8828125, 1e-9);
   EXPECT_NEAR(r.rate_mbps(), 3802.84545, 1e-4);
   // 610 us: the timer stage passed rpg_threshold: additive increase.
-  r.may_send(p, 610 * kUs, &at);
+  r.may_send(p, 610 * kUs, &at, s);
   EXPECT_NEAR(r.target_mbps(), 5009.8828125, 1e-9);
   EXPECT_NEAR(r.rate_mbps(), 4406.36413, 1e-4);
   // rpg_byte_reset bytes sent: a byte-counter event, still additive (the
   // byte stage has not passed the threshold yet).
-  r.on_sent(p, 620 * kUs, 32767);
+  r.on_sent(p, 620 * kUs, 32767, s);
   EXPECT_NEAR(r.target_mbps(), 5014.8828125, 1e-9);
   EXPECT_NEAR(r.rate_mbps(), 4710.62347, 1e-4);
   // 910 us: both stages passed it: hyper increase, Rt += 1 * 50.
-  r.may_send(p, 910 * kUs, &at);
+  r.may_send(p, 910 * kUs, &at, s);
   EXPECT_NEAR(r.target_mbps(), 5064.8828125, 1e-9);
   EXPECT_NEAR(r.rate_mbps(), 4887.75314, 1e-4);
 }
@@ -247,16 +250,17 @@ TEST(DcqcnRate, FastRecoveryThenAdditiveThenHyperIncrease) {
 TEST(DcqcnRate, BackToUnlimitedAtTheLineRate) {
   const CcParams p = dcqcn_params();
   DcqcnRate r;
-  ASSERT_TRUE(r.on_cnp(p, 0));
+  DcqcnShare s;
+  ASSERT_TRUE(r.on_cnp(p, 0, s));
   uint64_t at = 0;
   // Rt = line: every event halves the gap; 13 halvings of 4995 Mb/s leave
   // less than 1 Mb/s.
-  r.may_send(p, 12 * 300 * kUs, &at);
+  r.may_send(p, 12 * 300 * kUs, &at, s);
   EXPECT_TRUE(r.limited());
-  r.may_send(p, 13 * 300 * kUs, &at);
+  r.may_send(p, 13 * 300 * kUs, &at, s);
   EXPECT_FALSE(r.limited());
   // The next CNP starts over from the line rate.
-  ASSERT_TRUE(r.on_cnp(p, 14 * 300 * kUs));
+  ASSERT_TRUE(r.on_cnp(p, 14 * 300 * kUs, s));
   EXPECT_DOUBLE_EQ(r.rate_mbps(), 5004.8828125);
 }
 
@@ -264,15 +268,16 @@ TEST(DcqcnRate, RespectsMinDecFacMinRateAndRateOnFirstCnp) {
   CcParams p = dcqcn_params();
   p.dcqcn_params.rpg_min_dec_fac = 80;  // a cut keeps at least 80 %
   DcqcnRate r;
-  ASSERT_TRUE(r.on_cnp(p, 0));
+  DcqcnShare s;
+  ASSERT_TRUE(r.on_cnp(p, 0, s));
   EXPECT_DOUBLE_EQ(r.rate_mbps(), 8000.0);
   p.dcqcn_params.rpg_min_dec_fac = 0;
   p.dcqcn_params.rpg_min_rate = 5000;  // 8000 * (1 - 0.96 / 2) is less
-  ASSERT_TRUE(r.on_cnp(p, 10 * kUs));
+  ASSERT_TRUE(r.on_cnp(p, 10 * kUs, s));
   EXPECT_DOUBLE_EQ(r.rate_mbps(), 5000.0);
   DcqcnRate first;
   p.dcqcn_params.rate_to_set_on_first_cnp = 6000;
-  ASSERT_TRUE(first.on_cnp(p, 0));
+  ASSERT_TRUE(first.on_cnp(p, 0, s));
   EXPECT_DOUBLE_EQ(first.rate_mbps(), 6000.0);
   EXPECT_DOUBLE_EQ(first.target_mbps(), 6000.0);
 }
@@ -281,18 +286,55 @@ TEST(DcqcnRate, PacerSpendsItsBurstThenSaysWhenToSendAgain) {
   CcParams p = dcqcn_params();
   p.dcqcn_params.rate_to_set_on_first_cnp = 1000;  // 1 Gb/s: 8 ns per byte
   DcqcnRate r;
-  ASSERT_TRUE(r.on_cnp(p, 0));
+  DcqcnShare s;
+  ASSERT_TRUE(r.on_cnp(p, 0, s));
   uint64_t at = 0;
-  ASSERT_TRUE(r.may_send(p, 0, &at));
-  r.on_sent(p, 0, 16384);  // the whole burst
-  EXPECT_FALSE(r.may_send(p, 0, &at));
+  ASSERT_TRUE(r.may_send(p, 0, &at, s));
+  r.on_sent(p, 0, 16384, s);  // the whole burst
+  EXPECT_FALSE(r.may_send(p, 0, &at, s));
   EXPECT_EQ(at, 1u);  // tokens are exactly 0: as soon as any accrue
-  r.on_sent(p, 0, 0);
-  ASSERT_TRUE(r.may_send(p, 1, &at));
-  r.on_sent(p, 1, 1000);  // 1000 bytes in debt: 8 us at 1 Gb/s
-  EXPECT_FALSE(r.may_send(p, 1, &at));
+  r.on_sent(p, 0, 0, s);
+  ASSERT_TRUE(r.may_send(p, 1, &at, s));
+  r.on_sent(p, 1, 1000, s);  // 1000 bytes in debt: 8 us at 1 Gb/s
+  EXPECT_FALSE(r.may_send(p, 1, &at, s));
   EXPECT_NEAR(static_cast<double>(at), 1 + 8000, 2);
-  EXPECT_TRUE(r.may_send(p, at, &at));
+  EXPECT_TRUE(r.may_send(p, at, &at, s));
+}
+
+// rpg_time_share_qps = k: with N > k QPs of the engine rate-limited, each
+// QP's increase timer runs N/k times slower; back to its own period when
+// fewer are limited. The count follows every way in and out of limited().
+TEST(DcqcnRate, TimeShareSlowsEachTimerWhileMoreThanKQpsAreLimited) {
+  CcParams p = dcqcn_params();  // rpg_time_reset 300 us
+  p.dcqcn_params.rpg_time_share_qps = 2;
+  DcqcnShare s;
+  DcqcnRate q[4];
+  for (DcqcnRate& r : q) ASSERT_TRUE(r.on_cnp(p, 0, s));
+  EXPECT_EQ(s.limited, 4u);
+  uint64_t at = 0;
+  // 4 limited, k 2: a 600 us period. Nothing at 310 us.
+  q[0].may_send(p, 310 * kUs, &at, s);
+  EXPECT_DOUBLE_EQ(q[0].rate_mbps(), 5004.8828125);
+  // 610 us: one fast-recovery event, Rc halfway to Rt (the line rate).
+  q[0].may_send(p, 610 * kUs, &at, s);
+  EXPECT_NEAR(q[0].rate_mbps(), 7502.44140625, 1e-6);
+  // Two QPs leave the limited set: 2 <= k, the 300 us period again.
+  q[2].reset(s);
+  q[3].reset(s);
+  EXPECT_EQ(s.limited, 2u);
+  q[1].may_send(p, 310 * kUs, &at, s);
+  EXPECT_NEAR(q[1].rate_mbps(), 7502.44140625, 1e-6);
+  // Off (0): each QP its own timer whatever the count.
+  p.dcqcn_params.rpg_time_share_qps = 0;
+  DcqcnShare s2;
+  DcqcnRate r[4];
+  for (DcqcnRate& x : r) ASSERT_TRUE(x.on_cnp(p, 0, s2));
+  r[0].may_send(p, 310 * kUs, &at, s2);
+  EXPECT_NEAR(r[0].rate_mbps(), 7502.44140625, 1e-6);
+  // Back at the line rate counts as leaving too.
+  r[1].may_send(p, 13 * 300 * kUs, &at, s2);
+  EXPECT_FALSE(r[1].limited());
+  EXPECT_EQ(s2.limited, 3u);
 }
 
 }  // namespace
