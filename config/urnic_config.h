@@ -162,12 +162,12 @@ struct DcqcnConfig {
   uint32_t dce_tcp_rtt = 100;  // ConnectX: 1
   uint32_t initial_alpha_value = 1023;
   uint32_t rate_reduce_monitor_period = 4;
-  uint32_t rpg_time_reset = 1000;    // ConnectX: 300
-  uint32_t rpg_byte_reset = 524288;  // ConnectX: 32767
-  uint32_t rpg_threshold = 5;        // ConnectX: 1
-  uint32_t rpg_ai_rate = 5;
+  uint32_t rpg_time_reset = 100;       // ConnectX: 300
+  uint32_t rpg_byte_reset = 10485760;  // ConnectX: 32767
+  uint32_t rpg_threshold = 5;          // ConnectX: 1
+  uint32_t rpg_ai_rate = 20;           // ConnectX: 5
   uint32_t rpg_hai_rate = 50;
-  uint32_t rpg_time_share_qps = 0;
+  uint32_t rpg_time_share_qps = 2;  // ConnectX: none (0)
 };
 
 // Congestion control of RC requesters (transport/congestion.h).

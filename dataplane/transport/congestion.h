@@ -36,22 +36,23 @@ struct DcqcnParams {
   uint32_t dce_tcp_rtt = 100;     // alpha update period (ConnectX: 1)
   uint32_t initial_alpha_value = 1023;
   uint32_t rate_reduce_monitor_period = 4;  // at most one cut per period
-  uint32_t rpg_time_reset = 1000;  // rate-increase timer (ConnectX: 300)
-  // Rate-increase byte counter, bytes (ConnectX: 32767). perf/converge:
-  // 100 us / 20 Mb/s / 10 MiB makes two flows converge in < 100 ms where
-  // these do not, but on this 2-vCPU machine it gave 16 QPs at a 2 Gb/s
-  // bottleneck ~250 retransmit timeouts per 3 s run (these: 5-9);
+  // Rate-increase timer (ConnectX: 300) and byte counter, bytes (ConnectX:
+  // 32767): increases come from the timer, alike for every QP, so two
+  // flows converge within 100 ms (perf/converge; 1000 us / 5 Mb/s /
+  // 512 KiB did not in 180 ms), shared between the limited QPs
+  // (rpg_time_share_qps) so that many QPs do not fill the switch buffer.
   // perf/README.md "converge".
-  uint32_t rpg_byte_reset = 524288;
+  uint32_t rpg_time_reset = 100;
+  uint32_t rpg_byte_reset = 10485760;
   // F: events per stage before advancing (ConnectX: 1; DCQCN's paper: 5).
   uint32_t rpg_threshold = 5;
-  uint32_t rpg_ai_rate = 5;    // additive increase of the target
+  uint32_t rpg_ai_rate = 20;   // additive increase of the target (CX: 5)
   uint32_t rpg_hai_rate = 50;  // hyper increase of the target
   // k: with N > k QPs of one engine rate-limited, each QP's increase timer
   // runs N/k times slower, so together they climb like k QPs. Per-QP
   // timers add up with the QP count (64 QPs through 2 Gb/s filled the
   // switch buffer with fast increases); 0: off, as ConnectX.
-  uint32_t rpg_time_share_qps = 0;
+  uint32_t rpg_time_share_qps = 2;
 };
 
 // What the DCQCN reaction points of one engine share.

@@ -454,7 +454,7 @@ field_mutations() {
           {"transport.cc.dcqcn.rpg_hai_rate",
            [](Config& c) { c.transport.cc.dcqcn.rpg_hai_rate = 100; }},
           {"transport.cc.dcqcn.rpg_time_share_qps",
-           [](Config& c) { c.transport.cc.dcqcn.rpg_time_share_qps = 2; }},
+           [](Config& c) { c.transport.cc.dcqcn.rpg_time_share_qps = 4; }},
           {"fault.seed", [](Config& c) { c.fault.seed = 42; }},
           {"fault.rx.drop_ppm", [](Config& c) { c.fault.rx.drop_ppm = 1000; }},
           {"fault.rx.burst_ppm", [](Config& c) { c.fault.rx.burst_ppm = 100; }},
