@@ -508,6 +508,14 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
     why_ = "reg_mr: the registered range is not inside its pages";
     return EINVAL;
   }
+  // Exactly the pages the range touches, as the shim maps them: the view
+  // is what gets mapped (and on a PCI port pinned), so a small MR must
+  // not bring a large view past max_mr_bytes.
+  if (r.addr - r.map_start >= page ||
+      r.map_len != (r.addr - r.map_start + r.length + page - 1) / page * page) {
+    why_ = "reg_mr: the mapped pages are more than the registered range's";
+    return EINVAL;
+  }
   if (r.length > env_.dev->limits().max_mr_size) return EINVAL;
   if (over_limit("max_mr", c.mrs.size() + c.mws.size(), 1,
                  env_.client_limits.max_mr) ||
@@ -531,6 +539,9 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
     }
     off += r.pieces[i].length;
   }
+  // The view holds the memory now: the fds go at once, not when the
+  // (possibly deferred) request is answered.
+  for (uint32_t i = 0; i < r.npieces; ++i) close(take_fd(req, i));
   *out = view;
   return 0;
 }
@@ -549,30 +560,29 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
       why_ = "reg_mr: another registration of this client is in progress";
       return EBUSY;
     }
-    if (c.pending_mr->dma.wait_for(std::chrono::seconds(0)) !=
-        std::future_status::ready) {
+    PendingMr& p = *c.pending_mr;
+    if (!p.dma.valid()) start_dma(p);  // queued: a slot may be free now
+    if (!p.dma.valid() ||
+        p.dma.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
       rep.later = true;
       return 0;
     }
-    view = c.pending_mr->view;
-    zc = tx->map(view.base, view.len, c.pending_mr->dma.get());
+    view = p.view;
+    const int dma_error = p.dma.get();
+    --dma_mapping_;
+    zc = tx->map(view.base, view.len, dma_error);
     c.pending_mr.reset();
   } else {
     if (const int rc = map_mr_view(c, r, req, &view)) return rc;
     if (tx && tx->dma_is_slow()) {
       // Zero-copy TX on a PCI port: the DMA mapping pins every page, so it
-      // runs on its own thread and this client waits (later) while the
-      // others are served.
-      try {
-        std::future<int> dma = std::async(std::launch::async, [tx, view] {
-          return tx->map_dma(view.base, view.len);
-        });
-        c.pending_mr = PendingMr{view, r, std::move(dma)};
-        rep.later = true;
-        return 0;
-      } catch (const std::system_error&) {
-        // No thread to be had: map it here.
-      }
+      // runs on a thread of its own (at most kMaxDmaMapping at once; the
+      // rest queue) and this client waits (later) while the others are
+      // served.
+      c.pending_mr = PendingMr{view, r, {}};
+      start_dma(*c.pending_mr);
+      rep.later = true;
+      return 0;
     }
     if (tx) zc = tx->map(view.base, view.len, tx->map_dma(view.base, view.len));
   }
@@ -981,16 +991,34 @@ void ShimServer::unmap_retired() {
   });
 }
 
+bool ShimServer::start_dma(PendingMr& p) {
+  if (dma_mapping_ >= kMaxDmaMapping) return false;
+  TxMemory* const tx = env_.tx_memory;
+  const Mapping view = p.view;
+  try {
+    p.dma = std::async(std::launch::async,
+                       [tx, view] { return tx->map_dma(view.base, view.len); });
+  } catch (const std::system_error&) {
+    return false;  // no thread to be had now: it stays queued
+  }
+  ++dma_mapping_;
+  return true;
+}
+
 void ShimServer::finish_abandoned(bool wait) {
   std::erase_if(abandoned_mrs_, [&](PendingMr& p) {
-    if (!wait &&
-        p.dma.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-      return false;
-    // map() takes the DMA mapping over; remove() and retire_view() give it
-    // back with the view.
-    if (env_.tx_memory->map(p.view.base, p.view.len, p.dma.get()))
-      env_.tx_memory->remove(p.view.base);
-    retire_view(p.view);
+    if (p.dma.valid()) {
+      if (!wait &&
+          p.dma.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+        return false;
+      // map() takes the DMA mapping over; remove() and retire_view() give
+      // it back with the view.
+      const int dma_error = p.dma.get();
+      --dma_mapping_;
+      if (env_.tx_memory->map(p.view.base, p.view.len, dma_error))
+        env_.tx_memory->remove(p.view.base);
+    }
+    retire_view(p.view);  // never started: nothing was mapped
     return true;
   });
 }

@@ -176,7 +176,7 @@ class ShimServer {
   struct PendingMr {
     Mapping view;
     shim::RegMrReq req;    // as checked
-    std::future<int> dma;  // map_dma's result
+    std::future<int> dma;  // map_dma's result; not valid(): queued
   };
   struct Client {
     ClientInfo info;
@@ -222,6 +222,9 @@ class ShimServer {
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
                   Mapping* view);
+  // Starts p's DMA mapping on a thread of its own unless kMaxDmaMapping
+  // run already (or no thread can be had): then it stays queued.
+  bool start_dma(PendingMr& p);
   // Pending DMA mappings of clients that went: finished (TxMemory::map then
   // remove) and their views retired once done; all of them when `wait`.
   void finish_abandoned(bool wait);
@@ -257,6 +260,10 @@ class ShimServer {
   std::map<uint64_t, std::unique_ptr<Client>> clients_;  // by ClientInfo::id
   std::vector<Mapping> retired_views_;    // still referenced by mbufs
   std::vector<PendingMr> abandoned_mrs_;  // see finish_abandoned
+  // Pinning threads bounded: a client that registers and goes in a loop
+  // must not pile them up (each also spins on vfio's lock).
+  static constexpr uint32_t kMaxDmaMapping = 4;
+  uint32_t dma_mapping_ = 0;  // started, result not yet taken
   ShimCounters ctr_;
   std::string why_;  // detail of the last refusal, sent with -errno
   bool shut_down_ = false;

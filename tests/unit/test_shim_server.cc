@@ -666,9 +666,29 @@ struct ShimServerSlowDmaTest : SlowDmaHolder, ShimServerTest {
     return rep;
   }
   void done(Pending& p) {
-    for (int fd : p.fds) close(fd);
+    for (int fd : p.fds)
+      if (fd >= 0) close(fd);
     p.fds.clear();
   }
+  // Runs f as another client (`id`), opened first.
+  template <typename F>
+  void as_client(uint64_t id, F f) {
+    const ClientInfo mine = ci;
+    ci.id = id;
+    if (!opened.count(id)) {
+      opened.insert(id);
+      int sv[2];
+      ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+      others_fds.push_back(sv[0]);
+      Reply r = call(Op::kOpen, OpenReq{}, {sv[1]});
+      ASSERT_EQ(r.status, 0) << r.payload;
+      for (int fd : r.fds) close(fd);
+    }
+    f();
+    ci = mine;
+  }
+  std::set<uint64_t> opened;
+  std::vector<int> others_fds;
 };
 
 // Pinning a large MR for a PCI port's DMA used to hold the control thread,
@@ -682,6 +702,9 @@ TEST_F(ShimServerSlowDmaTest,
   CtlReply rep = ask(p);  // returns although the mapping cannot finish
   EXPECT_TRUE(rep.later);
   EXPECT_EQ(rep.status, 0);
+  // The memfd went with the first attempt (the view holds the memory): a
+  // few clients waiting must not hold the service's descriptors.
+  EXPECT_EQ(p.fds.at(0), -1);
   for (int i = 0; i < 500 && slow.started.load() == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_EQ(slow.started.load(), 1);
@@ -712,6 +735,66 @@ TEST_F(ShimServerSlowDmaTest,
   EXPECT_EQ(call(Op::kDeregMr, HandleReq{m.handle}).status, 0);
   EXPECT_TRUE(slow.live.empty());
   EXPECT_EQ(dev.num_mrs(), 0u);
+}
+
+// At most four pinnings run at once; the others wait their turn, and all
+// complete once the mappings can.
+TEST_F(ShimServerSlowDmaTest, AtMostFourMappingsRunAndTheRestQueue) {
+  std::vector<Pending> ps(6);
+  for (uint64_t i = 0; i < ps.size(); ++i)
+    as_client(100 + i, [&] {
+      const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+      ps[i] = start_reg(pd, 4096);
+      EXPECT_TRUE(ask(ps[i]).later);
+    });
+  for (int i = 0; i < 200 && slow.started.load() < 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(slow.started.load(), 4);
+  slow.let_go();
+  size_t registered = 0;
+  for (int round = 0; round < 1000 && registered < ps.size(); ++round) {
+    registered = 0;
+    for (uint64_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].fds.empty()) {  // answered
+        ++registered;
+        continue;
+      }
+      as_client(100 + i, [&] {
+        CtlReply rep = ask(ps[i]);
+        if (!rep.later) {
+          EXPECT_EQ(rep.status, 0) << rep.payload;
+          done(ps[i]);
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(registered, ps.size());
+  EXPECT_EQ(slow.started.load(), 6);
+  EXPECT_EQ(dev.num_mrs(), 6u);
+  for (uint64_t i = 0; i < ps.size(); ++i)
+    as_client(100 + i, [&] { srv.on_close(ci); });
+  for (int fd : others_fds) close(fd);
+  EXPECT_TRUE(slow.live.empty());
+}
+
+// A view larger than the pages of the registered range is refused: on a
+// PCI port the view is what gets pinned.
+TEST_F(ShimServerSlowDmaTest, AViewBeyondTheRangesPagesIsRefused) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Pending p = start_reg(pd, 4 * 4096);
+  p.r.length = 100;  // one page's worth, four pages mapped
+  p.body.assign(reinterpret_cast<const char*>(&p.r), sizeof p.r);
+  CtlReply rep = ask(p);
+  EXPECT_FALSE(rep.later);
+  EXPECT_EQ(rep.status, -EINVAL);
+  EXPECT_NE(rep.payload.find("more than the registered range"),
+            std::string::npos)
+      << rep.payload;
+  EXPECT_EQ(slow.started.load(), 0);
+  done(p);
 }
 
 // A client that goes while its MR is being mapped: the mapping is finished
