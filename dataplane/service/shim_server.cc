@@ -16,7 +16,6 @@
 #include <future>
 #include <new>
 #include <stdexcept>
-#include <system_error>
 
 #include "dataplane/transport/qp_attr.h"
 
@@ -576,15 +575,16 @@ int ShimServer::op_reg_mr(Client& c, CtlRequest& req, CtlReply& rep) {
     if (const int rc = map_mr_view(c, r, req, &view)) return rc;
     if (tx && tx->dma_is_slow()) {
       // Zero-copy TX on a PCI port: the DMA mapping pins every page, so it
-      // runs on a thread of its own (at most kMaxDmaMapping at once; the
-      // rest queue) and this client waits (later) while the others are
-      // served.
+      // runs on the TxMemory's thread (at most kMaxDmaMapping queued
+      // there; the rest wait here) and this client waits (later) while the
+      // others are served.
       c.pending_mr = PendingMr{view, r, {}};
       start_dma(*c.pending_mr);
       rep.later = true;
       return 0;
     }
-    if (tx) zc = tx->map(view.base, view.len, tx->map_dma(view.base, view.len));
+    if (tx)
+      zc = tx->map(view.base, view.len, tx->map_dma(view.base, view.len).get());
   }
   void* const base = view.base;
   transport::Mr* mr = nullptr;
@@ -993,14 +993,7 @@ void ShimServer::unmap_retired() {
 
 bool ShimServer::start_dma(PendingMr& p) {
   if (dma_mapping_ >= kMaxDmaMapping) return false;
-  TxMemory* const tx = env_.tx_memory;
-  const Mapping view = p.view;
-  try {
-    p.dma = std::async(std::launch::async,
-                       [tx, view] { return tx->map_dma(view.base, view.len); });
-  } catch (const std::system_error&) {
-    return false;  // no thread to be had now: it stays queued
-  }
+  p.dma = env_.tx_memory->map_dma(p.view.base, p.view.len);
   ++dma_mapping_;
   return true;
 }

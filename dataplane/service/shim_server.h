@@ -38,8 +38,9 @@ struct Mapping {
 
 // Application memory the worker lcores may transmit from without a copy
 // (zero-copy TX). map_dma() makes a range reachable by the port's DMA (a
-// PCI port pins its pages: slow, so off the control thread when
-// dma_is_slow(), and always with the lcores running); map() then records
+// PCI port pins its pages: slow, so on a thread of the TxMemory's own when
+// dma_is_slow(), its future ready later; always with the lcores running);
+// map() then records
 // the outcome and says whether the range can be sent from at all; add()
 // makes it visible to the lcores. add/remove run while every worker lcore
 // is parked (remove of a range never added need not be); a removed range
@@ -51,8 +52,8 @@ class TxMemory {
  public:
   virtual ~TxMemory() = default;
   virtual bool dma_is_slow() const = 0;
-  // Any thread; 0 or an errno.
-  virtual int map_dma(void* base, size_t len) = 0;
+  // Control thread; the future holds 0 or an errno.
+  virtual std::future<int> map_dma(void* base, size_t len) = 0;
   // Control thread; false: it is copied.
   virtual bool map(void* base, size_t len, int dma_error) = 0;
   virtual void add(void* base, size_t len) = 0;
@@ -222,8 +223,8 @@ class ShimServer {
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
                   Mapping* view);
-  // Starts p's DMA mapping on a thread of its own unless kMaxDmaMapping
-  // run already (or no thread can be had): then it stays queued.
+  // Queues p's DMA mapping (TxMemory::map_dma) unless kMaxDmaMapping are
+  // queued already: then it waits here.
   bool start_dma(PendingMr& p);
   // Pending DMA mappings of clients that went: finished (TxMemory::map then
   // remove) and their views retired once done; all of them when `wait`.
@@ -260,8 +261,8 @@ class ShimServer {
   std::map<uint64_t, std::unique_ptr<Client>> clients_;  // by ClientInfo::id
   std::vector<Mapping> retired_views_;    // still referenced by mbufs
   std::vector<PendingMr> abandoned_mrs_;  // see finish_abandoned
-  // Pinning threads bounded: a client that registers and goes in a loop
-  // must not pile them up (each also spins on vfio's lock).
+  // Mappings handed to the TxMemory bounded: a client that registers and
+  // goes in a loop must not queue pinnings without end.
   static constexpr uint32_t kMaxDmaMapping = 4;
   uint32_t dma_mapping_ = 0;  // started, result not yet taken
   ShimCounters ctr_;

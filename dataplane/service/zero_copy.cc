@@ -45,7 +45,59 @@ void PciDmaMapper::unmap(void* base, size_t len) {
   rte_extmem_unregister(base, len);
 }
 
-ZeroCopyTx::ZeroCopyTx(std::unique_ptr<DmaMapper> dma) : dma_(std::move(dma)) {}
+DmaThread::DmaThread(DmaMapper& m) : m_(m), t_([this] { run(); }) {}
+
+DmaThread::~DmaThread() {
+  {
+    std::lock_guard g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  t_.join();
+}
+
+std::future<int> DmaThread::map(void* base, size_t len) {
+  std::lock_guard g(mu_);
+  q_.push_back({true, base, len, {}});
+  std::future<int> f = q_.back().done.get_future();
+  cv_.notify_all();
+  return f;
+}
+
+void DmaThread::unmap(void* base, size_t len) {
+  std::lock_guard g(mu_);
+  q_.push_back({false, base, len, {}});
+  cv_.notify_all();
+}
+
+void DmaThread::drain() {
+  std::unique_lock l(mu_);
+  idle_.wait(l, [&] { return q_.empty() && !running_; });
+}
+
+void DmaThread::run() {
+  std::unique_lock l(mu_);
+  for (;;) {
+    cv_.wait(l, [&] { return stop_ || !q_.empty(); });
+    if (q_.empty()) return;  // stop_, and nothing left to run
+    Job j = std::move(q_.front());
+    q_.pop_front();
+    running_ = true;
+    l.unlock();
+    if (j.map) {
+      j.done.set_value(m_.map(j.base, j.len));
+    } else {
+      m_.unmap(j.base, j.len);
+    }
+    l.lock();
+    running_ = false;
+    if (q_.empty()) idle_.notify_all();
+  }
+}
+
+ZeroCopyTx::ZeroCopyTx(std::unique_ptr<DmaMapper> dma) : dma_(std::move(dma)) {
+  if (dma_) dma_thread_ = std::make_unique<DmaThread>(*dma_);
+}
 
 ZeroCopyTx::~ZeroCopyTx() {
   for (View& v : views_) release(v);
@@ -54,13 +106,16 @@ ZeroCopyTx::~ZeroCopyTx() {
 }
 
 void ZeroCopyTx::release(View& v) {
-  if (dma_) dma_->unmap(const_cast<uint8_t*>(v.base), v.len);
+  if (dma_thread_) dma_thread_->unmap(const_cast<uint8_t*>(v.base), v.len);
   delete v.shinfo;
   v.shinfo = nullptr;
 }
 
-int ZeroCopyTx::map_dma(void* base, size_t len) {
-  return dma_ ? dma_->map(base, len) : 0;
+std::future<int> ZeroCopyTx::map_dma(void* base, size_t len) {
+  if (dma_thread_) return dma_thread_->map(base, len);
+  std::promise<int> none;  // nothing to map
+  none.set_value(0);
+  return none.get_future();
 }
 
 bool ZeroCopyTx::map(void* base, size_t len, int dma_error) {

@@ -5,10 +5,15 @@
 #include <rte_mbuf.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dataplane/service/shim_server.h"
@@ -23,8 +28,8 @@ namespace urnic::service {
 class DmaMapper {
  public:
   virtual ~DmaMapper() = default;
-  // Any thread, lcores running (pinning pages is slow); calls may overlap
-  // each other and unmap() of other ranges. 0 or an errno.
+  // Any one thread at a time (DmaThread), lcores running (pinning pages is
+  // slow). 0 or an errno.
   virtual int map(void* base, size_t len) = 0;
   virtual void unmap(void* base, size_t len) = 0;
 };
@@ -44,16 +49,50 @@ class PciDmaMapper final : public DmaMapper {
   rte_device* dev_;
 };
 
+// Every DMA map and unmap of a port, one after the other on a thread of
+// their own: pinning is slow, and DPDK's vfio layer holds a spinlock across
+// the map ioctl, so an unmap on the control thread would spin until an
+// unrelated pinning ended. In order: an unmap of a range goes before a
+// later map of the same addresses (a new view may reuse them).
+class DmaThread {
+ public:
+  explicit DmaThread(DmaMapper& m);
+  ~DmaThread();  // runs what is queued, then stops
+  DmaThread(const DmaThread&) = delete;
+  DmaThread& operator=(const DmaThread&) = delete;
+  std::future<int> map(void* base, size_t len);
+  void unmap(void* base, size_t len);
+  void drain();  // returns once everything queued so far has run
+
+ private:
+  struct Job {
+    bool map;
+    void* base;
+    size_t len;
+    std::promise<int> done;
+  };
+  void run();
+  DmaMapper& m_;
+  std::mutex mu_;
+  std::condition_variable cv_;    // a job, or stop_
+  std::condition_variable idle_;  // the queue ran empty
+  std::deque<Job> q_;
+  bool running_ = false;  // a job taken off q_ is running
+  bool stop_ = false;
+  std::thread t_;
+};
+
 // The views the lcores may attach: a payload piece inside a view becomes an
 // mbuf attached to it as an external buffer. One rte_mbuf_ext_shared_info
 // per view counts the mbufs in flight on top of the table's own kTableRefs;
 // a removed view is unmapped (DMA, then by the caller) only when that count
 // is back to kTableRefs.
 //
-// Threads: map_dma() on any thread with the lcores running; map() on the
-// control thread, likewise; add() and remove() while every lcore is parked;
-// find() on the lcores; busy() on the control thread (it reads the counts
-// the lcores' frees decrement).
+// Threads: map_dma() and map() on the control thread with the lcores
+// running (the DMA mapping itself on the DmaThread); add() and remove()
+// while every lcore is parked; find() on the lcores; busy() on the control
+// thread (it reads the counts the lcores' frees decrement; a view's DMA
+// unmap is queued to the DmaThread).
 class ZeroCopyTx final : public TxMemory {
  public:
   // Two, not one: rte_mbuf_ext_refcnt_update takes a non-atomic path when
@@ -75,7 +114,11 @@ class ZeroCopyTx final : public TxMemory {
   ZeroCopyTx& operator=(const ZeroCopyTx&) = delete;
 
   bool dma_is_slow() const override { return dma_ != nullptr; }
-  int map_dma(void* base, size_t len) override;
+  std::future<int> map_dma(void* base, size_t len) override;
+  // Waits for the DMA mappings and unmappings queued so far (tests).
+  void drain_dma() {
+    if (dma_thread_) dma_thread_->drain();
+  }
   bool map(void* base, size_t len, int dma_error) override;
   void add(void* base, size_t len) override;
   void remove(void* base) override;
@@ -93,6 +136,7 @@ class ZeroCopyTx final : public TxMemory {
   void release(View& v);  // DMA unmap, shared info freed
 
   std::unique_ptr<DmaMapper> dma_;
+  std::unique_ptr<DmaThread> dma_thread_;  // with dma_; goes first
   std::vector<View> views_;    // sorted by base; changed only while parked
   std::vector<View> mapped_;   // map()ped, not yet add()ed
   std::vector<View> retired_;  // removed, maybe still referenced

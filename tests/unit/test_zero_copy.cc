@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <future>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -17,15 +18,21 @@ namespace {
 struct FakeDma final : DmaMapper {
   struct Log {
     std::vector<std::pair<void*, size_t>> mapped, unmapped;
+    std::vector<std::pair<bool, void*>> order;  // (map?, base) as run
+    std::vector<std::thread::id> threads;
     int fail = 0;  // errno the next map returns
   };
   explicit FakeDma(Log* log) : log_(log) {}
   int map(void* base, size_t len) override {
+    log_->threads.push_back(std::this_thread::get_id());
+    log_->order.emplace_back(true, base);
     if (const int e = std::exchange(log_->fail, 0)) return e;
     log_->mapped.emplace_back(base, len);
     return 0;
   }
   void unmap(void* base, size_t len) override {
+    log_->threads.push_back(std::this_thread::get_id());
+    log_->order.emplace_back(false, base);
     log_->unmapped.emplace_back(base, len);
   }
   Log* log_;
@@ -43,7 +50,7 @@ void take(const ZeroCopyTx::View* v) {
 // What ShimServer does: the DMA mapping (possibly on another thread), then
 // map() with its result.
 bool map_both(ZeroCopyTx& zc, void* base, size_t len) {
-  return zc.map(base, len, zc.map_dma(base, len));
+  return zc.map(base, len, zc.map_dma(base, len).get());
 }
 
 TEST(ZeroCopy, VdevViewsNeedNoMapping) {
@@ -76,17 +83,41 @@ TEST(ZeroCopy, MappedForTheDeviceUntilTheLastMbufIsBack) {
   zc.remove(mem_b);  // deregistered while two frames are in flight
   EXPECT_EQ(zc.find(mem_b + 4096, 4096), nullptr);
   EXPECT_TRUE(zc.busy(mem_b));
+  zc.drain_dma();
   EXPECT_TRUE(log.unmapped.empty());
   rte_mbuf_ext_refcnt_update(si, -1);
   EXPECT_TRUE(zc.busy(mem_b));
   rte_mbuf_ext_refcnt_update(si, -1);  // the PMD freed the last one
   EXPECT_FALSE(zc.busy(mem_b));
+  zc.drain_dma();
   ASSERT_EQ(log.unmapped.size(), 1u);
   EXPECT_EQ(log.unmapped[0].first, mem_b);
   EXPECT_EQ(log.unmapped[0].second, sizeof mem_b);
   EXPECT_FALSE(zc.busy(mem_b));  // gone: nothing to wait for
   // The other view is untouched.
   EXPECT_NE(zc.find(mem_a, 4096), nullptr);
+}
+
+// The DMA work runs on the DmaThread, never on the caller's, in the order
+// it was queued: a view's unmap before a new view's map at the same
+// addresses.
+TEST(ZeroCopy, DmaWorkRunsOnItsOwnThreadInOrder) {
+  FakeDma::Log log;
+  ZeroCopyTx zc(std::make_unique<FakeDma>(&log));
+  ASSERT_TRUE(map_both(zc, mem_a, sizeof mem_a));
+  zc.add(mem_a, sizeof mem_a);
+  zc.remove(mem_a);
+  EXPECT_FALSE(zc.busy(mem_a));  // released: its unmap queued
+  std::future<int> again = zc.map_dma(mem_a, sizeof mem_a);
+  EXPECT_EQ(again.get(), 0);
+  ASSERT_TRUE(zc.map(mem_a, sizeof mem_a, 0));
+  zc.drain_dma();
+  ASSERT_EQ(log.order.size(), 3u);
+  EXPECT_EQ(log.order[0], std::make_pair(true, static_cast<void*>(mem_a)));
+  EXPECT_EQ(log.order[1], std::make_pair(false, static_cast<void*>(mem_a)));
+  EXPECT_EQ(log.order[2], std::make_pair(true, static_cast<void*>(mem_a)));
+  for (std::thread::id t : log.threads)
+    EXPECT_NE(t, std::this_thread::get_id());
 }
 
 TEST(ZeroCopy, MappingFailureMeansCopy) {
@@ -98,6 +129,7 @@ TEST(ZeroCopy, MappingFailureMeansCopy) {
   EXPECT_EQ(zc.find(mem_a, 64), nullptr);
   EXPECT_EQ(zc.map_failures(), 1u);
   EXPECT_EQ(zc.last_map_error(), ENOSPC);
+  zc.drain_dma();
   EXPECT_TRUE(log.unmapped.empty());
   EXPECT_FALSE(zc.busy(mem_a));
 }
@@ -108,6 +140,7 @@ TEST(ZeroCopy, RegistrationFailureUnmapsWhatWasNeverAdded) {
   ASSERT_TRUE(map_both(zc, mem_a, sizeof mem_a));
   zc.remove(mem_a);  // reg_mr failed after map (op_reg_mr)
   EXPECT_FALSE(zc.busy(mem_a));
+  zc.drain_dma();
   ASSERT_EQ(log.unmapped.size(), 1u);
   zc.add(mem_a, sizeof mem_a);  // too late: not mapped any more
   EXPECT_EQ(zc.find(mem_a, 64), nullptr);
