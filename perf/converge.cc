@@ -13,7 +13,8 @@
 //   build/perf/converge [flows=2] [stagger_ms=20] [ms=200] [bin_ms=2]
 //       [rate_mbps=10000] [line_mbps=25000] [queue_kb=256] [ecn_kb=32]
 //       [delay_us=2] [loss=P] [msg=65536] [depth=16] [fair=0.8]
-//       [timeline=1] [check_ms=N] [transport.KEY=VALUE]...
+//       [timeline=1] [check_ms=N] [stop_ms=N keep=K [check_stop_ms=N]]
+//       [transport.KEY=VALUE]...
 //
 // transport.KEY=VALUE: urnicd's configuration keys (config/README.md),
 // e.g. transport.cc.algorithm=window or transport.cc.dcqcn.rpg_ai_rate=20;
@@ -28,6 +29,13 @@
 // slowest flow gets at least `fair` of its fastest flow's bytes (0.8 is
 // Jain's index >= 0.988 for two flows). Printed as the time from the last
 // flow's start.
+//
+// stop_ms: from then on only the first `keep` flows post new messages; the
+// others finish what they posted and go quiet, rate-limited as they were.
+// Printed: how long the kept flows take to get together 90 % of what all
+// flows got before the stop (rate-limited QPs that went quiet must not
+// slow the busy ones' increases: DcqcnShare); check_stop_ms: exit 1
+// unless within N ms.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -60,17 +68,21 @@ struct Args {
   double fair = 0.8;
   double loss = 0;  // random loss on the link, both directions
   uint64_t timeline = 1;
-  uint64_t check_ms = 0;  // exit 1 unless converged within this
-  config::Config cfg;     // urnicd's, with the transport.* arguments
+  uint64_t check_ms = 0;           // exit 1 unless converged within this
+  uint64_t stop_ms = 0, keep = 1;  // flows >= keep stop posting at stop_ms
+  uint64_t check_stop_ms = 0;      // exit 1 unless the kept flows got 90 %
+  config::Config cfg;              // urnicd's, with the transport.* arguments
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "converge: %s\nusage: converge [flows=N] [stagger_ms=N] "
-               "[ms=N] [bin_ms=N] [rate_mbps=N] [line_mbps=N] [queue_kb=N] "
-               "[ecn_kb=N] [delay_us=N] [loss=P] [msg=N] [depth=N] [fair=F] "
-               "[timeline=0|1] [check_ms=N] [transport.KEY=VALUE]...\n",
-               why);
+  std::fprintf(
+      stderr,
+      "converge: %s\nusage: converge [flows=N] [stagger_ms=N] "
+      "[ms=N] [bin_ms=N] [rate_mbps=N] [line_mbps=N] [queue_kb=N] "
+      "[ecn_kb=N] [delay_us=N] [loss=P] [msg=N] [depth=N] [fair=F] "
+      "[timeline=0|1] [check_ms=N] [stop_ms=N keep=K [check_stop_ms=N]] "
+      "[transport.KEY=VALUE]...\n",
+      why);
   std::exit(2);
 }
 
@@ -88,7 +100,10 @@ Args parse(int argc, char** argv) {
                                         {"msg", &a.msg},
                                         {"depth", &a.depth},
                                         {"timeline", &a.timeline},
-                                        {"check_ms", &a.check_ms}};
+                                        {"check_ms", &a.check_ms},
+                                        {"stop_ms", &a.stop_ms},
+                                        {"keep", &a.keep},
+                                        {"check_stop_ms", &a.check_stop_ms}};
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     const char* eq = std::strchr(argv[i], '=');
@@ -115,6 +130,9 @@ Args parse(int argc, char** argv) {
   if (!a.bin_ms || !a.ms || !a.line_mbps || !a.depth)
     usage("bin_ms, ms, line_mbps and depth must be positive");
   if (a.msg < 1 || a.msg > (1u << 20)) usage("msg is 1..1048576");
+  if (a.stop_ms && (a.stop_ms >= a.ms || !a.keep || a.keep >= a.flows))
+    usage("stop_ms is below ms, keep is 1..flows-1");
+  if (a.check_stop_ms && !a.stop_ms) usage("check_stop_ms needs stop_ms");
   try {
     a.cfg = config::parse(config::embedded_default(), "<converge>", overrides);
   } catch (const config::ConfigError& e) {
@@ -209,6 +227,8 @@ class Run {
 
   void run();
   int report() const;
+  // ms from the stopped flows' going quiet to 90 %; UINT64_MAX: never.
+  uint64_t report_stop(uint64_t first_bin) const;
 
  private:
   struct Flow {
@@ -286,7 +306,9 @@ uint32_t Run::completions() {
       }
       Flow& f = flows_[wc[i].wr_id];
       ++f.done;
-      if (now_ < a_.ms * kMs) post(f);
+      const bool stopped =
+          a_.stop_ms && now_ >= a_.stop_ms * kMs && wc[i].wr_id >= a_.keep;
+      if (now_ < a_.ms * kMs && !stopped) post(f);
     }
     n += static_cast<uint32_t>(k);
   }
@@ -434,11 +456,59 @@ int Run::report() const {
     std::printf("  not converged within %" PRIu64 " ms of the last start\n",
                 (bins_ - first_bin) * a_.bin_ms);
   }
+  const uint64_t stop_ms = a_.stop_ms ? report_stop(first_bin) : 0;
+  if (a_.check_stop_ms && stop_ms > a_.check_stop_ms) {
+    std::printf("FAIL: the kept flows not at 90 %% within %" PRIu64 " ms\n",
+                a_.check_stop_ms);
+    return 1;
+  }
   if (a_.check_ms && (conv >= bins_ || conv_ms > a_.check_ms)) {
     std::printf("FAIL: not converged within %" PRIu64 " ms\n", a_.check_ms);
     return 1;
   }
   return 0;
+}
+
+uint64_t Run::report_stop(uint64_t first_bin) const {
+  const uint64_t stop_bin = a_.stop_ms / a_.bin_ms;
+  const double bin_s = static_cast<double>(a_.bin_ms) / 1000;
+  auto bin_gbps = [&](uint64_t b, uint64_t flows) {
+    uint64_t sum = 0;
+    for (uint64_t k = 0; k < flows; ++k) sum += flows_[k].bytes[b];
+    return static_cast<double>(sum) * 8 / bin_s / 1e9;
+  };
+  double before = 0;
+  for (uint64_t b = first_bin; b < stop_bin; ++b)
+    before += bin_gbps(b, flows_.size());
+  if (stop_bin <= first_bin) {
+    std::printf("  stop_ms is before the last flow started\n");
+    return UINT64_MAX;
+  }
+  before /= static_cast<double>(stop_bin - first_bin);
+  // The stopped flows finish the messages they had posted first: count
+  // from the first bin in which none of them delivered anything.
+  uint64_t quiet = stop_bin;
+  while (quiet < bins_ &&
+         bin_gbps(quiet, flows_.size()) > bin_gbps(quiet, a_.keep))
+    ++quiet;
+  uint64_t reached = bins_;
+  for (uint64_t b = quiet; b < bins_ && reached == bins_; ++b)
+    if (bin_gbps(b, a_.keep) >= 0.9 * before) reached = b;
+  std::printf("  %" PRIu64 " of %zu flows stopped posting at %" PRIu64
+              " ms and were quiet from %" PRIu64 " ms; the other %" PRIu64
+              " got (Gb/s per %" PRIu64 " ms bin from then)",
+              flows_.size() - a_.keep, flows_.size(), a_.stop_ms,
+              quiet * a_.bin_ms, a_.keep, a_.bin_ms);
+  for (uint64_t b = quiet; b < bins_ && b < quiet + 8; ++b)
+    std::printf(" %.2f", bin_gbps(b, a_.keep));
+  if (reached == bins_) {
+    std::printf("; never 90 %% of the %.3f Gb/s all got before\n", before);
+    return UINT64_MAX;
+  }
+  const uint64_t ms = (reached - quiet + 1) * a_.bin_ms;
+  std::printf("; 90 %% of the %.3f Gb/s all got before %" PRIu64 " ms later\n",
+              before, ms);
+  return ms;
 }
 
 }  // namespace

@@ -55,9 +55,13 @@ struct DcqcnParams {
   uint32_t rpg_time_share_qps = 2;
 };
 
-// What the DCQCN reaction points of one engine share.
+// What the DCQCN reaction points of one engine share: the QPs its
+// increase timer is shared between (rpg_time_share_qps), those that are
+// limited() and have something to send. A limited QP whose send queue ran
+// dry keeps its rate but is not counted until it has work again, so idle
+// QPs do not slow the busy ones' increases.
 struct DcqcnShare {
-  uint32_t limited = 0;  // QPs whose DcqcnRate is limited()
+  uint32_t limited = 0;  // QPs whose DcqcnRate is counted()
 };
 
 // ConnectX-4 and later firmware defaults (mlxconfig).
@@ -267,11 +271,19 @@ class LossWindow {
 // the pacer says when the QP may send next and the engine revisits it then.
 // Timer events are taken lazily, when the QP sends or gets a CNP, which is
 // when the hardware's timer events would show. `share` is the engine's
-// (DcqcnShare): every call that may change limited() keeps its count.
+// (DcqcnShare): every call that may change counted() keeps its count.
 class DcqcnRate {
  public:
   void reset(DcqcnShare& share) { set_limited(share, false); }
+  // The requester found the send queue empty (true) or not (false).
+  void set_idle(DcqcnShare& share, bool idle) {
+    if (idle == idle_) return;
+    const bool was = counted();
+    idle_ = idle;
+    recount(share, was);
+  }
   bool limited() const { return limited_; }
+  bool counted() const { return limited_ && !idle_; }
   double rate_mbps() const { return rc_; }
   // For the cc_rate_mbps counter: 0 while unlimited.
   uint64_t gauge_mbps() const {
@@ -373,8 +385,12 @@ class DcqcnRate {
     cnp_in_period_ = false;
   }
   void set_limited(DcqcnShare& share, bool on) {
-    if (on != limited_) on ? ++share.limited : --share.limited;
+    const bool was = counted();
     limited_ = on;
+    recount(share, was);
+  }
+  void recount(DcqcnShare& share, bool was) const {
+    if (was != counted()) was ? --share.limited : ++share.limited;
   }
   void advance(const CcParams& cc, uint64_t now, DcqcnShare& share) {
     const DcqcnParams& p = cc.dcqcn_params;
@@ -409,8 +425,9 @@ class DcqcnRate {
   }
 
   bool limited_ = false;
-  double rc_ = 0;  // current rate, Mb/s
-  double rt_ = 0;  // target rate, Mb/s
+  bool idle_ = false;  // nothing to send (set_idle): not in share.limited
+  double rc_ = 0;      // current rate, Mb/s
+  double rt_ = 0;      // target rate, Mb/s
   double alpha_ = 1;
   uint64_t alpha_ns_ = 0;  // start of the open alpha period
   bool cnp_in_period_ = false;

@@ -680,6 +680,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
         // requester answers a CE mark with a CNP); while paced, the ACKs
         // behind the responses wait too.
         e.set_ect(f);
+        qp.rate_.set_idle(e.dcqcn_share_, false);  // busy (DcqcnShare)
         if (!e.pace_ok(qp)) return sent;
       }
       if (!e.send_packet(qp, f, {&piece, len ? 1u : 0u})) {

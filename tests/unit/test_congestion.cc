@@ -337,5 +337,41 @@ TEST(DcqcnRate, TimeShareSlowsEachTimerWhileMoreThanKQpsAreLimited) {
   EXPECT_EQ(s2.limited, 3u);
 }
 
+// A limited QP whose send queue ran dry keeps its rate but does not share
+// the timer until it has work again: quiet QPs do not slow the busy ones.
+TEST(DcqcnRate, AnIdleLimitedQpIsNotCountedInTheShare) {
+  CcParams p = dcqcn_params();  // rpg_time_reset 300 us
+  p.dcqcn_params.rpg_time_share_qps = 2;
+  DcqcnShare s;
+  DcqcnRate q[4];
+  for (DcqcnRate& r : q) ASSERT_TRUE(r.on_cnp(p, 0, s));
+  ASSERT_EQ(s.limited, 4u);
+  q[2].set_idle(s, true);
+  q[3].set_idle(s, true);
+  q[3].set_idle(s, true);  // said twice: counted once
+  EXPECT_EQ(s.limited, 2u);
+  EXPECT_TRUE(q[2].limited());
+  EXPECT_DOUBLE_EQ(q[2].rate_mbps(), 5004.8828125);
+  // 2 <= k: q[1]'s own 300 us period.
+  uint64_t at = 0;
+  q[1].may_send(p, 310 * kUs, &at, s);
+  EXPECT_NEAR(q[1].rate_mbps(), 7502.44140625, 1e-6);
+  // Idle before its first CNP: counted once it has work again, and no
+  // longer once reset.
+  DcqcnRate x;
+  x.set_idle(s, true);
+  ASSERT_TRUE(x.on_cnp(p, 0, s));
+  EXPECT_EQ(s.limited, 2u);
+  x.set_idle(s, false);
+  EXPECT_EQ(s.limited, 3u);
+  x.reset(s);
+  EXPECT_EQ(s.limited, 2u);
+  x.set_idle(s, true);
+  x.set_idle(s, false);
+  EXPECT_EQ(s.limited, 2u);
+  q[2].set_idle(s, false);
+  EXPECT_EQ(s.limited, 3u);
+}
+
 }  // namespace
 }  // namespace urnic::transport
