@@ -84,7 +84,7 @@ struct Params {
 struct Options {
   Params p;
   bool server = false;
-  std::string host, dev, json_path, urnicd;
+  std::string host, dev, json_path, urnicd, trace_path;
   uint16_t port = 18516;
   int ib_port = 1, gid_index = 0;
   uint32_t period_ms = 1000, show_qps = 16;
@@ -1013,6 +1013,12 @@ int run_client(Run& r, Channel& ch) {
   Params& p = r.o.p;
   std::vector<Result> results;
   Printer pr(r);
+  std::unique_ptr<FILE, int (*)(FILE*)> trace_file(nullptr, fclose);
+  if (!r.o.trace_path.empty()) {
+    trace_file.reset(fopen(r.o.trace_path.c_str(), "w"));
+    if (!trace_file) die(1, "%s: %s", r.o.trace_path.c_str(), strerror(errno));
+  }
+  FILE* const trace_f = trace_file.get();
   for (uint32_t si = 0; si < p.nsizes && !r.failed; ++si) {
     const uint32_t size = is_atomic(p.op) ? 8 : p.sizes[si];
     reset_counts(r);
@@ -1025,12 +1031,26 @@ int run_client(Run& r, Channel& ch) {
     r.phase = p.iters ? 1 : 0;
     uint64_t t_start = now_ns(), t_end = 0;
     ServiceSample win0, win1;
+    // --trace: a line every ~10 ms (perf/bottleneck STAGGER_MS: how two
+    // flows share a bottleneck over time, across processes).
+    uint64_t next_trace = 0;
+    auto trace = [&] {
+      if (!trace_f || now_ns() < next_trace) return;
+      next_trace = now_ns() + 10'000'000;
+      fprintf(trace_f, "%" PRIu64, now_ns());
+      for (auto& q : r.qps)
+        fprintf(trace_f, " %" PRIu64, q->ops.load(std::memory_order_relaxed));
+      fputc('\n', trace_f);
+    };
     auto driver = [&] {
       if (!p.iters) {
         // Warm-up (not measured), then the measured period with live
         // output, then stop; the threads drain what is outstanding.
         const uint64_t w_end = now_ns() + uint64_t{p.warmup_ms} * 1'000'000;
-        while (now_ns() < w_end && !r.failed) usleep(1000);
+        while (now_ns() < w_end && !r.failed) {
+          usleep(1000);
+          trace();
+        }
         t_start = now_ns();
         pr.start();
         win0 = pr.prev_svc;
@@ -1039,6 +1059,7 @@ int run_client(Run& r, Channel& ch) {
         uint64_t next = t_start + uint64_t{r.o.period_ms} * 1'000'000;
         while (now_ns() < end && !r.failed) {
           usleep(1000);
+          trace();
           if (r.o.period_ms && now_ns() >= next) {
             pr.show(size, static_cast<double>(now_ns() - t_start) / 1e9);
             next += uint64_t{r.o.period_ms} * 1'000'000;
@@ -1205,6 +1226,9 @@ void usage(FILE* f) {
       "      --verify          check every message's data (see "
       "perf/README.md)\n"
       "      --json FILE       results as JSON ('-': stdout)\n"
+      "      --trace FILE      every ~10 ms: CLOCK_MONOTONIC ns and each "
+      "QP's\n"
+      "                        ops (0 until the warm-up ends)\n"
       "      --urnicd SOCKET   show urnicd's per-QP counters (default\n"
       "                        $URNIC_SOCKET's first entry, if set)\n"
       "      --mtu N           256..4096 (default: the port's active MTU)\n"
@@ -1246,41 +1270,27 @@ Options parse(int argc, char** argv) {
     kRnr,
     kHold,
     kServer,
-    kLoop
+    kLoop,
+    kTrace
   };
-  static const option kLong[] = {{"dev", 1, nullptr, 'd'},
-                                 {"ib-port", 1, nullptr, 'i'},
-                                 {"gid-index", 1, nullptr, 'x'},
-                                 {"port", 1, nullptr, 'p'},
-                                 {"op", 1, nullptr, 'o'},
-                                 {"mode", 1, nullptr, 'm'},
-                                 {"size", 1, nullptr, 's'},
-                                 {"sizes", 1, nullptr, kSizes},
-                                 {"sweep", 0, nullptr, 'a'},
-                                 {"qps", 1, nullptr, 'q'},
-                                 {"threads", 1, nullptr, 't'},
-                                 {"depth", 1, nullptr, kDepth},
-                                 {"batch", 1, nullptr, kBatch},
-                                 {"cq-mod", 1, nullptr, kCqMod},
-                                 {"inline", 1, nullptr, kInline},
-                                 {"duration", 1, nullptr, 'D'},
-                                 {"warmup", 1, nullptr, kWarmup},
-                                 {"iters", 1, nullptr, 'n'},
-                                 {"period", 1, nullptr, kPeriod},
-                                 {"show-qps", 1, nullptr, kShow},
-                                 {"verify", 0, nullptr, kVerify},
-                                 {"json", 1, nullptr, kJson},
-                                 {"urnicd", 1, nullptr, kUrnicd},
-                                 {"mtu", 1, nullptr, kMtu},
-                                 {"rd-atomic", 1, nullptr, kRdAtomic},
-                                 {"timeout", 1, nullptr, kTimeout},
-                                 {"retry-cnt", 1, nullptr, kRetry},
-                                 {"rnr-retry", 1, nullptr, kRnr},
-                                 {"hold", 1, nullptr, kHold},
-                                 {"server", 0, nullptr, kServer},
-                                 {"loop", 0, nullptr, kLoop},
-                                 {"help", 0, nullptr, 'h'},
-                                 {nullptr, 0, nullptr, 0}};
+  static const option kLong[] = {
+      {"dev", 1, nullptr, 'd'},          {"ib-port", 1, nullptr, 'i'},
+      {"gid-index", 1, nullptr, 'x'},    {"port", 1, nullptr, 'p'},
+      {"op", 1, nullptr, 'o'},           {"mode", 1, nullptr, 'm'},
+      {"size", 1, nullptr, 's'},         {"sizes", 1, nullptr, kSizes},
+      {"sweep", 0, nullptr, 'a'},        {"qps", 1, nullptr, 'q'},
+      {"threads", 1, nullptr, 't'},      {"depth", 1, nullptr, kDepth},
+      {"batch", 1, nullptr, kBatch},     {"cq-mod", 1, nullptr, kCqMod},
+      {"inline", 1, nullptr, kInline},   {"duration", 1, nullptr, 'D'},
+      {"warmup", 1, nullptr, kWarmup},   {"iters", 1, nullptr, 'n'},
+      {"period", 1, nullptr, kPeriod},   {"show-qps", 1, nullptr, kShow},
+      {"verify", 0, nullptr, kVerify},   {"json", 1, nullptr, kJson},
+      {"trace", 1, nullptr, kTrace},     {"urnicd", 1, nullptr, kUrnicd},
+      {"mtu", 1, nullptr, kMtu},         {"rd-atomic", 1, nullptr, kRdAtomic},
+      {"timeout", 1, nullptr, kTimeout}, {"retry-cnt", 1, nullptr, kRetry},
+      {"rnr-retry", 1, nullptr, kRnr},   {"hold", 1, nullptr, kHold},
+      {"server", 0, nullptr, kServer},   {"loop", 0, nullptr, kLoop},
+      {"help", 0, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   if (const char* e = getenv("URNIC_SOCKET")) {
     o.urnicd = e;
     o.urnicd = o.urnicd.substr(0, o.urnicd.find(':'));
@@ -1382,6 +1392,9 @@ Options parse(int argc, char** argv) {
         break;
       case kJson:
         o.json_path = optarg;
+        break;
+      case kTrace:
+        o.trace_path = optarg;
         break;
       case kUrnicd:
         o.urnicd = optarg;

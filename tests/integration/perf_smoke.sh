@@ -84,7 +84,7 @@ check "no frame dropped at TX (tx_dropped = 0 on both)" \
   test "$(counter "$SA" tx_dropped)$(counter "$SB" tx_dropped)" = 00
 # A tail-loss probe may fire while the peer's lcore is off the CPU (one
 # packet each; slow under ASan); anything else resent would mean a loss.
-check "nothing lost (no sequence NAK, no timeout: back-pressure, not loss)" \
+check "nothing lost (no sequence NAK, no timeout: back-pressure, not loss; $(counter "$SB" naks_seq_rx)/$(counter "$SB" timeouts))" \
   test "$(counter "$SB" naks_seq_rx)/$(counter "$SB" timeouts)" = 0/0
 check "nothing resent but tail-loss probes ($(counter "$SB" retransmits) = $(counter "$SB" tail_probes))" \
   test "$(counter "$SB" retransmits)" = "$(counter "$SB" tail_probes)"
