@@ -1155,6 +1155,71 @@ TEST_F(TransportTrace, CnpUnderDcqcnPacesTheQpAtTheCutRate) {
   EXPECT_EQ(ctr(ECtr::retransmits), 0u);
 }
 
+// A paced QP stops on its pacer with packets out that have not asked for
+// an ACK; meanwhile more QPs start sending and its share of the shared
+// window falls below what it has out. Its next packet goes anyway and
+// asks: nothing else would answer the unasked ones but the Local ACK
+// Timeout (64 QPs through a 2 Gb/s bottleneck: ~740 timeouts in 3 s with
+// nothing lost, perf/README.md "bottleneck").
+TEST_F(TransportTrace, APacedQpWhoseShareShrankAsksForAnAck) {
+  EngineConfig ec;
+  ec.cc.init_window = 64;
+  ec.cc.shared_init_window = 16;
+  ec.cc.shared_min_window = 16;
+  ec.cc.shared_max_window = 16;  // a QP's share: 16 / QPs in flight
+  ec.cc.grant = 0;
+  ec.cc.dcqcn = true;
+  ec.cc.line_rate_mbps = 10000;
+  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
+  ec.cc.dcqcn_params.rpg_time_reset = 20000;          // no increase here
+  ec.cc.pace_burst_bytes = 4096;
+  ec.tail_probe_ns = 0;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  // One 64-packet WRITE: only its last packet asks by itself.
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_WRITE, {sge(0, 65536)}, kPeerVa)), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 16u);  // the shared window, unpaced
+  wire::RoceFields cnp = pkt(op::kCnp, 0);
+  cnp.becn = true;
+  now_ = 5 * kUs;
+  inject(cnp);
+  ASSERT_EQ(qp_->counters().cc_rate_mbps.get(), 100u);
+  // 16 ACKed: the pacer lets its 4 KiB burst go, none of it asking.
+  now_ = 10 * kUs;
+  inject(ack(kSqPsn + 15, 0));
+  poll(10 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 4u) << dump(p);
+  for (const Pkt& x : p) ASSERT_FALSE(x.f.ack_req) << dump(p);
+  // Three more QPs with packets in flight: the share is 16 / 4 = 4.
+  for (uint32_t i = 1; i <= 3; ++i) {
+    Qp* q = create_qp(IBV_QPT_RC);
+    ASSERT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
+                       IBV_MTU_1024),
+              0);
+    ASSERT_EQ(engine_->post_send(q, wr(100 + i, IBV_WR_SEND, {sge(0, 1024)})),
+              0);
+  }
+  poll(20 * kUs);
+  ASSERT_EQ(sent().size(), 3u);
+  ASSERT_EQ(engine_->cc_active_qps(), 4u);
+  // Expect: once the pacer allows (~1 ms at 100 Mb/s), one more packet
+  // from qp_, past its share of 4, asking for the ACK of all five.
+  poll(2 * kMs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.dqpn, kPeerQpn);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 20);
+  EXPECT_TRUE(p[0].f.ack_req);
+  // Its ACK brings progress, not a retry.
+  now_ = 2100 * kUs;
+  inject(ack(kSqPsn + 20, 0));
+  poll(2100 * kUs);
+  EXPECT_EQ(ctr(ECtr::timeouts), 0u);
+  EXPECT_EQ(ctr(ECtr::retransmits), 0u);
+}
+
 // ECN, responder side: a CE-marked request is answered with a CNP to the
 // sending QP (BECN set, not ECN-capable itself), at most one per interval.
 TEST_F(TransportTrace, CeMarkedRequestIsAnsweredWithOneCnpPerInterval) {
