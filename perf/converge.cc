@@ -133,6 +133,8 @@ Args parse(int argc, char** argv) {
   if (a.stop_ms && (a.stop_ms >= a.ms || !a.keep || a.keep >= a.flows))
     usage("stop_ms is below ms, keep is 1..flows-1");
   if (a.check_stop_ms && !a.stop_ms) usage("check_stop_ms needs stop_ms");
+  // The stopped flows get nothing after the stop, so no run converges.
+  if (a.check_ms && a.stop_ms) usage("check_ms and stop_ms do not go together");
   try {
     a.cfg = config::parse(config::embedded_default(), "<converge>", overrides);
   } catch (const config::ConfigError& e) {

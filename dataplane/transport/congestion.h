@@ -283,6 +283,7 @@ class DcqcnRate {
     recount(share, was);
   }
   bool limited() const { return limited_; }
+  bool idle() const { return idle_; }
   bool counted() const { return limited_ && !idle_; }
   double rate_mbps() const { return rc_; }
   // For the cc_rate_mbps counter: 0 while unlimited.

@@ -845,6 +845,7 @@ void Engine::to_error(Qp& qp) {
   qp.set_state(IBV_QPS_ERR);
   cc_sync(qp);
   cancel_timers(qp);
+  qp.rate_.set_idle(dcqcn_share_, true);  // sends nothing more
   unlink_ready(qp);
   // Every WR still on the send queue completes with a flush error, in order,
   // signaled or not (the IBTA's QP Error state; rule number unchecked, so

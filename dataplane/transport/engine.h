@@ -221,6 +221,9 @@ class Engine {
   uint64_t cc_in_flight() const { return cc_in_flight_; }
   uint32_t cc_active_qps() const { return cc_active_; }
   uint32_t cc_granted_qps() const { return cc_granted_; }
+  // Rate-limited QPs with something to send: what the DCQCN increase timer
+  // is shared between (DcqcnShare).
+  uint32_t dcqcn_sharing_qps() const { return dcqcn_share_.limited; }
 
   // --- Internal: shared with the roles (roles.h); not an API. ---
 

@@ -210,8 +210,9 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   if (qp.comp_.rnr_wait) return 0;
   const bool rc = qp.type_ == IBV_QPT_RC;
   // A rate-limited QP shares the DCQCN increase timer only while it has
-  // something to send (DcqcnShare).
-  if (rc) qp.rate_.set_idle(e.dcqcn_share_, qp.sq_next_ == qp.sq_tail_);
+  // something to send (DcqcnShare): requests, or READ responses (paced by
+  // the same rate).
+  if (rc) qp.rate_.set_idle(e.dcqcn_share_, nothing_to_send(qp));
   uint32_t sent = 0;
   while (qp.sq_next_ != qp.sq_tail_) {
     if (sent >= budget || e.turn_left_ <= 0) {
@@ -300,7 +301,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     if (qp.probe_one_) go_to_st(e, qp, qp.probe_resume_);
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
   }
-  if (rc && qp.sq_next_ == qp.sq_tail_) qp.rate_.set_idle(e.dcqcn_share_, true);
+  if (rc && nothing_to_send(qp)) qp.rate_.set_idle(e.dcqcn_share_, true);
   // A grant this QP cannot use goes to the next in line.
   if (qp.cc_admitted_ &&
       (qp.sq_next_ == qp.sq_tail_ || qp.state_ != IBV_QPS_RTS))

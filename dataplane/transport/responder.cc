@@ -642,6 +642,13 @@ bool Responder::read_pending(const Qp& qp) {
   return false;
 }
 
+bool nothing_to_send(const Qp& qp) {
+  const bool requests =
+      (qp.state_ == IBV_QPS_RTS || qp.state_ == IBV_QPS_SQD) &&
+      qp.sq_next_ != qp.sq_tail_;
+  return !requests && !Responder::read_pending(qp);
+}
+
 uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   *more = false;
   if (qp.state_ == IBV_QPS_ERR || qp.type_ != IBV_QPT_RC) return 0;
@@ -695,6 +702,10 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       if (s.kind == RespResource::kAtomic || s.tx_left == 0) s.pending = false;
     }
   }
+  // The READ responses are out: idle unless requests are left (a READ
+  // target in RTR would otherwise stay counted).
+  if (!qp.rate_.idle() && nothing_to_send(qp))
+    qp.rate_.set_idle(e.dcqcn_share_, true);
   if (r.ack_pending) {
     if (sent >= budget) {
       *more = true;

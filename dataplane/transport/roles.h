@@ -55,6 +55,12 @@ class Responder {
   static bool read_pending(const Qp& qp);
 };
 
+// Nothing for an RC QP to send at its rate: no request it may start (not
+// RTS/SQD, or the send queue sent) and no READ response due. A rate-limited
+// QP shares the DCQCN increase timer only while it has something
+// (DcqcnShare); the requester and the responder update it as they pass.
+bool nothing_to_send(const Qp& qp);
+
 // Payload helpers shared by the roles (between SGE lists and frames).
 // Gathers `len` bytes at offset `off` of a resolved SGE list into pieces;
 // returns the number of pieces.

@@ -1037,10 +1037,11 @@ int run_client(Run& r, Channel& ch) {
     auto trace = [&] {
       if (!trace_f || now_ns() < next_trace) return;
       next_trace = now_ns() + 10'000'000;
-      fprintf(trace_f, "%" PRIu64, now_ns());
+      fprintf(trace_f, "%" PRIu64 " %u", now_ns(), size);
       for (auto& q : r.qps)
         fprintf(trace_f, " %" PRIu64, q->ops.load(std::memory_order_relaxed));
       fputc('\n', trace_f);
+      fflush(trace_f);  // a client stopped by a signal keeps its trace
     };
     auto driver = [&] {
       if (!p.iters) {
@@ -1226,9 +1227,9 @@ void usage(FILE* f) {
       "      --verify          check every message's data (see "
       "perf/README.md)\n"
       "      --json FILE       results as JSON ('-': stdout)\n"
-      "      --trace FILE      every ~10 ms: CLOCK_MONOTONIC ns and each "
-      "QP's\n"
-      "                        ops (0 until the warm-up ends)\n"
+      "      --trace FILE      every ~10 ms (with -D): CLOCK_MONOTONIC ns, "
+      "the size,\n"
+      "                        each QP's ops (0 until the warm-up ends)\n"
       "      --urnicd SOCKET   show urnicd's per-QP counters (default\n"
       "                        $URNIC_SOCKET's first entry, if set)\n"
       "      --mtu N           256..4096 (default: the port's active MTU)\n"
@@ -1451,6 +1452,8 @@ Options parse(int argc, char** argv) {
   if (p.threads > p.qps)
     die(2, "more threads (%u) than QPs (%u)", p.threads, p.qps);
   if (p.batch > 64) die(2, "batch is at most 64");
+  if (!o.trace_path.empty() && p.iters)
+    die(2, "--trace needs a duration (-D), not -n");
   if (p.batch > p.depth)
     die(2, "batch (%u) exceeds depth (%u)", p.batch, p.depth);
   if (is_atomic(p.op)) {

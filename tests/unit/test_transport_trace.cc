@@ -1218,6 +1218,11 @@ TEST_F(TransportTrace, APacedQpWhoseShareShrankAsksForAnAck) {
   poll(2100 * kUs);
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
   EXPECT_EQ(ctr(ECtr::retransmits), 0u);
+  // Limited with the WRITE unfinished: it shares the DCQCN timer; in the
+  // error state it sends nothing and no longer does.
+  EXPECT_EQ(engine_->dcqcn_sharing_qps(), 1u);
+  ASSERT_EQ(to_error(qp_), 0);
+  EXPECT_EQ(engine_->dcqcn_sharing_qps(), 0u);
 }
 
 // ECN, responder side: a CE-marked request is answered with a CNP to the
@@ -1292,6 +1297,9 @@ TEST_F(TransportTrace, ReadResponsesAreEctPacedAndAnsweredWithCnps) {
   ASSERT_GE(p.size(), 3u) << dump(p);
   ASSERT_LE(p.size(), 5u) << dump(p);
   for (const auto& x : p) EXPECT_EQ(x.f.tclass & 0x3, 0x2) << "ECT(0)";
+  // Limited with responses due: it shares the DCQCN timer (its empty send
+  // queue does not make it idle).
+  EXPECT_EQ(engine_->dcqcn_sharing_qps(), 1u);
   // 8 KiB at 100 Mb/s: ~655 us for all. By 1 ms the timer sent the rest,
   // in order.
   size_t n = p.size();
@@ -1305,6 +1313,7 @@ TEST_F(TransportTrace, ReadResponsesAreEctPacedAndAnsweredWithCnps) {
     }
   }
   EXPECT_EQ(n, 8u);
+  EXPECT_EQ(engine_->dcqcn_sharing_qps(), 0u);  // all sent: idle
   // Requester side: our READ's response comes back CE-marked: a CNP to
   // the responder's QP.
   ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0, 100)}, kPeerVa)), 0);
