@@ -61,7 +61,7 @@ struct DcqcnParams {
 // dry keeps its rate but is not counted until it has work again, so idle
 // QPs do not slow the busy ones' increases.
 struct DcqcnShare {
-  uint32_t limited = 0;  // QPs whose DcqcnRate is counted()
+  uint32_t limited = 0;  // QPs whose DcqcnRate is counted(): limited, busy
 };
 
 // ConnectX-4 and later firmware defaults (mlxconfig).
@@ -275,7 +275,8 @@ class LossWindow {
 class DcqcnRate {
  public:
   void reset(DcqcnShare& share) { set_limited(share, false); }
-  // The requester found the send queue empty (true) or not (false).
+  // Nothing to send (true) or something (false): nothing_to_send() as the
+  // requester, the responder and to_error see it (roles.h).
   void set_idle(DcqcnShare& share, bool idle) {
     if (idle == idle_) return;
     const bool was = counted();
