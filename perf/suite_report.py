@@ -39,16 +39,24 @@ def load_records(path):
     return recs
 
 
+# Always text, though they may look like numbers: a short commit hash such
+# as 52037e3 parses as 52037000.0.
+TEXT_KEYS = {"commit", "host", "date", "time", "id", "kind"}
+
+
 def add(path, pairs):
     r = {}
     for p in pairs:
         k, _, v = p.partition("=")
+        if k in TEXT_KEYS:
+            r[k] = v
+            continue
         try:
             r[k] = json.loads(v)
         except ValueError:
             r[k] = v
-        # Strings that happen to parse as numbers stay numbers; the few
-        # free-text fields that are all digits do not matter.
+        # Other strings that happen to parse as numbers stay numbers; the
+        # few free-text fields that are all digits do not matter.
     with open(path, "a") as f:
         f.write(json.dumps(r) + "\n")
 
