@@ -110,14 +110,21 @@ void decode_roce(std::span<const ConstBuf> segs, const uint8_t* p,
     return;
   }
 
-  // ICRC over everything after the BTH up to the ICRC itself.
+  // ICRC over everything after the BTH up to the ICRC itself: with the
+  // headers in one call where the payload is small and in the first
+  // segment.
   Icrc icrc;
-  icrc.begin(p + out.l3_off, out.ip_hdr_len, out.ether_type == kEtherTypeIpv6,
-             op.hdr_len - sizeof(Bth));
   const uint32_t icrc_off = out.bth_off + roce_len - kIcrcSize;
   const uint32_t rest_off = out.bth_off + op.hdr_len;
-  for_range(segs, rest_off, icrc_off - rest_off,
-            [&](const uint8_t* d, uint32_t n) { icrc.update(d, n); });
+  const bool ipv6 = out.ether_type == kEtherTypeIpv6;
+  if (icrc_off <= first_len && icrc_off - rest_off <= Icrc::kInlineTail) {
+    icrc.begin(p + out.l3_off, out.ip_hdr_len, ipv6, op.hdr_len - sizeof(Bth),
+               p + rest_off, icrc_off - rest_off, 0);
+  } else {
+    icrc.begin(p + out.l3_off, out.ip_hdr_len, ipv6, op.hdr_len - sizeof(Bth));
+    for_range(segs, rest_off, icrc_off - rest_off,
+              [&](const uint8_t* d, uint32_t n) { icrc.update(d, n); });
+  }
   uint8_t wire_icrc[kIcrcSize];
   uint32_t got = 0;
   for_range(segs, icrc_off, kIcrcSize, [&](const uint8_t* d, uint32_t n) {
@@ -611,11 +618,17 @@ uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
   const uint32_t l3 = sizeof(EthHdr) + (f.vlan ? sizeof(VlanTag) : 0);
   const uint32_t ip_len = f.ipv6 ? sizeof(Ipv6Hdr) : sizeof(Ipv4Hdr);
   Icrc icrc;
-  icrc.begin(hdrs + l3, ip_len, f.ipv6, op.hdr_len - sizeof(Bth));
-  for (const ConstBuf& b : payload) icrc.update(b.data, b.len);
   const uint32_t pad = pad_for(f.payload_len);
   std::memset(trailer, 0, pad);
-  icrc.update(trailer, pad);
+  if (payload.size() <= 1) {  // one CRC call for a small payload
+    icrc.begin(hdrs + l3, ip_len, f.ipv6, op.hdr_len - sizeof(Bth),
+               payload.empty() ? nullptr : payload[0].data,
+               payload.empty() ? 0 : payload[0].len, pad);
+  } else {
+    icrc.begin(hdrs + l3, ip_len, f.ipv6, op.hdr_len - sizeof(Bth));
+    for (const ConstBuf& b : payload) icrc.update(b.data, b.len);
+    icrc.update(trailer, pad);
+  }
   Icrc::store(trailer + pad, icrc.value());
   return pad + kIcrcSize;
 }

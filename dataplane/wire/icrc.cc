@@ -5,6 +5,7 @@
 
 #include <isa-l/crc.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "dataplane/wire/headers.h"
@@ -17,13 +18,23 @@ uint32_t crc32(uint32_t crc, const uint8_t* p, size_t n) {
 }
 
 void Icrc::begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6,
-                 uint32_t ext_len) {
+                 uint32_t ext_len, const uint8_t* tail, uint32_t tail_len,
+                 uint32_t zeros) {
   // 8 (LRH) + 60 (max IPv4 header; IPv6 is 40) + UDP + BTH + the largest
-  // extension header set of the opcode table.
-  uint8_t buf[8 + 60 + sizeof(UdpHdr) + sizeof(Bth) + kMaxExtLen];
-  if (ext_len > kMaxExtLen) {  // not from the opcode table: chain it
-    begin(l3, ip_hdr_len, ipv6, 0);
-    update(l3 + ip_hdr_len + sizeof(UdpHdr) + sizeof(Bth), ext_len);
+  // extension header set of the opcode table, then a small tail.
+  uint8_t buf[8 + 60 + sizeof(UdpHdr) + sizeof(Bth) + kMaxExtLen + kInlineTail];
+  if (ext_len > kMaxExtLen || uint64_t{tail_len} + zeros > kInlineTail) {
+    // Chained: extension headers not from the opcode table, or a tail
+    // whose copy would cost more than a second call.
+    begin(l3, ip_hdr_len, ipv6, ext_len > kMaxExtLen ? 0 : ext_len);
+    if (ext_len > kMaxExtLen)
+      update(l3 + ip_hdr_len + sizeof(UdpHdr) + sizeof(Bth), ext_len);
+    if (tail_len) update(tail, tail_len);
+    static constexpr uint8_t kZeros[4] = {};
+    for (uint32_t n; zeros; zeros -= n) {
+      n = std::min<uint32_t>(zeros, sizeof kZeros);
+      update(kZeros, n);
+    }
     return;
   }
   const uint32_t hdrs = ip_hdr_len + sizeof(UdpHdr) + sizeof(Bth) + ext_len;
@@ -44,7 +55,10 @@ void Icrc::begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6,
   udp[6] = udp[7] = 0xff;  // UDP checksum
   uint8_t* bth = udp + sizeof(UdpHdr);
   bth[4] = 0xff;  // FECN, BECN, Resv6a
-  crc_ = crc32(0, buf, 8 + hdrs);
+  uint8_t* end = buf + 8 + hdrs;
+  if (tail_len) std::memcpy(end, tail, tail_len);
+  std::memset(end + tail_len, 0, zeros);
+  crc_ = crc32(0, buf, 8 + hdrs + tail_len + zeros);
 }
 
 void Icrc::update(const uint8_t* p, size_t n) {

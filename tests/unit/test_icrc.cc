@@ -85,6 +85,36 @@ TEST(Icrc, ChainedSegments) {
   }
 }
 
+// Headers and a tail in one CRC call (a small payload) give what chaining
+// them gives, on both sides of kInlineTail, with and without a pad.
+TEST(Icrc, InlineTailMatchesChained) {
+  std::vector<uint8_t> pkt(60 + 8 + 12 + 28 + 600);
+  for (size_t i = 0; i < pkt.size(); ++i)
+    pkt[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (const bool ipv6 : {false, true}) {
+    const uint32_t ip_len = ipv6 ? 40 : 20;
+    for (const uint32_t ext : {0u, 16u, 28u}) {
+      const uint8_t* tail = pkt.data() + ip_len + 8 + 12 + ext;
+      for (uint32_t n = 0; n <= Icrc::kInlineTail + 44; n += (n < 8 ? 1 : 13)) {
+        for (uint32_t zeros = 0; zeros < 4; ++zeros) {
+          SCOPED_TRACE(testing::Message()
+                       << "ipv6 " << ipv6 << " ext " << ext << " tail " << n
+                       << " zeros " << zeros);
+          Icrc chained;
+          chained.begin(pkt.data(), ip_len, ipv6, ext);
+          chained.update(tail, n);
+          const uint8_t z[3] = {};
+          chained.update(z, zeros);
+          Icrc inlined;
+          inlined.begin(pkt.data(), ip_len, ipv6, ext, n ? tail : nullptr, n,
+                        zeros);
+          EXPECT_EQ(inlined.value(), chained.value());
+        }
+      }
+    }
+  }
+}
+
 TEST(Icrc, Crc32IsIeee) {
   const uint8_t msg[] = "123456789";
   EXPECT_EQ(crc32(0, msg, 9), 0xcbf43926u);  // the CRC-32 check value
