@@ -466,8 +466,12 @@ class SharedWindow {
   PipeEstimate& pipe() { return pipe_; }
   // At least `floor` packets (min_window): with one packet in flight every
   // loss is a retransmit timeout, and retry_cnt of them in a row fail the QP.
-  uint32_t share(uint32_t active, uint32_t floor) const {
-    return std::max(cwnd_ / std::max(active, 1u), floor);
+  // `pool`: divide that instead where it is more than the window (the
+  // packets grants fill). Runs for every packet: one division at most.
+  uint64_t share(uint32_t active, uint32_t floor, uint64_t pool = 0) const {
+    pool = std::max<uint64_t>(pool, cwnd_);
+    if (active > 1) pool /= active;
+    return std::max<uint64_t>(pool, floor);
   }
   void on_acked(const CcParams& p, uint32_t n) {
     acked_since_cut_ += n;

@@ -177,9 +177,9 @@ uint32_t Engine::cc_window(const Qp& qp) const {
   if (!cfg_.cc.window) return cfg_.max_unacked;
   // This QP counts among the active ones once it has a packet in flight.
   const uint32_t active = cc_active_ + (qp.cc_out_ ? 0 : 1);
-  uint64_t share = cc_shared_.share(active, std::max(cfg_.cc.min_window, 1u));
   // With grants the QPs in flight divide what grants fill (cc_limit).
-  if (cfg_.cc.grant) share = std::max<uint64_t>(share, cc_limit() / active);
+  const uint64_t share = cc_shared_.share(
+      active, std::max(cfg_.cc.min_window, 1u), cfg_.cc.grant ? cc_limit() : 0);
   return static_cast<uint32_t>(std::min<uint64_t>(qp.cc_.window(), share));
 }
 
@@ -684,6 +684,11 @@ void Engine::fire_timer(TimerNode& t) {
     return;
   }
   if (t.kind == kProbeTimer) {
+    if (now_ < qp.probe_due_ns_) {  // restarted since it was set
+      qp.probe_set_ns_ = qp.probe_due_ns_;
+      timers_.arm(qp.probe_timer_, qp.probe_set_ns_);
+      return;
+    }
     Completer::probe_st(*this, qp);
     return;
   }
@@ -924,7 +929,12 @@ void Engine::arm_probe(Qp& qp) {
   // transmission: a paced QP's packets between AckReqs are answered by the
   // next AckReq, and timing from the first of them fired probes for
   // packets that had arrived (perf/README.md, "tail-loss probe").
-  timers_.arm(qp.probe_timer_, now_ + pto);
+  // That is once per packet for small messages: a timer set no later than
+  // the new time stays where it is, and moves on when it fires.
+  qp.probe_due_ns_ = now_ + pto;
+  if (qp.probe_timer_.armed() && qp.probe_set_ns_ <= qp.probe_due_ns_) return;
+  qp.probe_set_ns_ = qp.probe_due_ns_;
+  timers_.arm(qp.probe_timer_, qp.probe_set_ns_);
 }
 
 void Engine::cancel_retrans(Qp& qp) {

@@ -269,7 +269,11 @@ class Qp {
   TimerNode rnr_timer_;
   TimerNode pace_timer_;   // the pacer lets the QP send again
   TimerNode probe_timer_;  // tail-loss probe (EngineConfig::tail_probe_ns)
-  uint32_t probes_ = 0;    // probes since the last progress
+  // The probe is due at probe_due_ns_; its timer may be set earlier (at
+  // probe_set_ns_), then it moves on when it fires (Engine::arm_probe).
+  uint64_t probe_due_ns_ = 0;
+  uint64_t probe_set_ns_ = 0;
+  uint32_t probes_ = 0;  // probes since the last progress
   // Last PSN of the newest packet sent with AckReq: a response is due only
   // for packets up to there, so the probe runs from that send.
   uint32_t ackreq_psn_ = 0;

@@ -142,6 +142,11 @@ TEST(SharedWindow, ShareIsTheWindowOverActiveQpsWithAFloor) {
   // Many QPs: each still gets the floor, so a lone lost packet is not
   // always a retransmit timeout.
   EXPECT_EQ(s.share(256, 2), 2u);
+  // A pool larger than the window (what grants fill) is divided instead;
+  // a smaller one changes nothing.
+  EXPECT_EQ(s.share(4, 2, 64), 16u);
+  EXPECT_EQ(s.share(4, 2, 8), 8u);
+  EXPECT_EQ(s.share(1, 2, 64), 64u);
 }
 
 TEST(SharedWindow, GrowsWithEveryQpsAcksAndCutsOncePerWindow) {
