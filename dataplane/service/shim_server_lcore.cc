@@ -3,6 +3,8 @@
 // engine (shim_server.h has the threads; shim_server.cc the control
 // thread's half). Never allocates; reads the application's rings only
 // through copies and clamped indices.
+#include <rte_prefetch.h>
+
 #include <bit>
 #include <cstddef>
 #include <cstring>
@@ -69,6 +71,24 @@ uint32_t ShimServer::doorbells_st(uint32_t home, uint32_t* rung) {
   return taken;
 }
 
+namespace {
+
+// The application wrote the slots on another core: each WQE's first read
+// waited for its cache lines (half of drain_qp_st's samples in a 64 B
+// WRITE profile). Fetching a few slots ahead overlaps those waits.
+constexpr uint32_t kPrefetchAhead = 4;
+
+template <typename Slot>
+void prefetch_slot(const Slot* ring, uint32_t size, uint32_t i) {
+  const auto* p = reinterpret_cast<const char*>(&ring[i & (size - 1)]);
+  // The head and the first SGEs: what every WQE reads.
+  rte_prefetch0(p);
+  rte_prefetch0(p + 64);
+  rte_prefetch0(p + 127);
+}
+
+}  // namespace
+
 // Receive WQEs first: a SEND in the same burst finds its buffer.
 bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   if (q.broken) return false;
@@ -83,7 +103,11 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     eng.to_error(*qp);
     return false;
   }
+  for (uint32_t i = 0; i < kPrefetchAhead && q.rq_seen + i != rprod; ++i)
+    prefetch_slot(q.rq, q.rq_size, q.rq_seen + i);
   for (; q.rq_seen != rprod; ++q.rq_seen) {
+    if (rprod - q.rq_seen > kPrefetchAhead)
+      prefetch_slot(q.rq, q.rq_size, q.rq_seen + kPrefetchAhead);
     // Each byte of the slot is read once: the head, then as many SGEs as
     // the copied head says (bounded), then validated from the copies.
     const ShmRecvWqe& slot = q.rq[q.rq_seen & (q.rq_size - 1)];
@@ -109,7 +133,11 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
     eng.to_error(*qp);
     return false;
   }
+  for (uint32_t i = 0; i < kPrefetchAhead && q.sq_seen + i != sprod; ++i)
+    prefetch_slot(q.sq, q.sq_size, q.sq_seen + i);
   for (; q.sq_seen != sprod; ++q.sq_seen) {
+    if (sprod - q.sq_seen > kPrefetchAhead)
+      prefetch_slot(q.sq, q.sq_size, q.sq_seen + kPrefetchAhead);
     // The head (80 B) first; SGEs only as many as it says, straight into
     // what the engine takes (it copies them once more, into the QP).
     const ShmSendWqe& slot = q.sq[q.sq_seen & (q.sq_size - 1)];
