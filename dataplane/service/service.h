@@ -172,6 +172,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   FaultStage<MbufFaultOps> rx_fault_;
   FaultStage<MbufFaultOps> tx_fault_;
   uint64_t now_ = 0;  // this loop's time (transmit() has no `now`)
+  // handle_st's decoding, reused: decode() fills it whole, and a local
+  // would be zeroed once more for every packet by its initializers.
+  wire::FrameInfo rx_fi_;
 };
 
 // Device attributes of the port: MAC, GIDs, limits, and the largest IB MTU

@@ -476,7 +476,7 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
   }
   wire::ConstBuf segs[kMaxSegs];
   const uint32_t n = segs_of(m, segs);
-  wire::FrameInfo fi;
+  wire::FrameInfo& fi = rx_fi_;
   // With the RX IPv4-checksum offload on, a GOOD flag saves the software
   // check; BAD or UNKNOWN fall through to it, so counting stays in one place.
   const bool ip_ok = (m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) ==

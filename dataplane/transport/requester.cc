@@ -68,13 +68,13 @@ uint8_t data_opcode(ibv_qp_type t, ibv_wr_opcode op, bool first, bool last) {
 bool send_one(Engine& e, Qp& qp, SendWqe& w) {
   const bool ud = qp.type_ == IBV_QPT_UD;
   const bool rc = qp.type_ == IBV_QPT_RC;
-  // RC/UC: the per-QP template; UD: the addresses of this WR's AH.
-  wire::RoceFields f;
+  // RC/UC: the per-QP template (copied, not zeroed first: this runs for
+  // every packet); UD: the addresses of this WR's AH.
+  wire::RoceFields f = qp.tmpl_;
   if (ud) {
+    f = wire::RoceFields{};
     e.fill_addr(qp, w.wr.ah->path(), f);
     f.dqpn = w.wr.remote_qpn;
-  } else {
-    f = qp.tmpl_;
   }
   if (rc) e.set_ect(f);
   f.psn = qp.req_.psn;

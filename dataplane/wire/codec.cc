@@ -276,8 +276,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
             bool ip_csum_ok) {
   // Zero-fill (FrameInfo is trivially copyable): cheaper than assigning a
   // value-initialised temporary. Decode sets every field it reports.
-  static_assert(std::is_trivially_copyable_v<FrameInfo>);
-  std::memset(static_cast<void*>(&out), 0, sizeof out);
+  zero_fill(out);
   if (segs.empty()) {
     fail(out, Malformed::kTruncated);
     return;
