@@ -684,7 +684,11 @@ void Engine::fire_timer(TimerNode& t) {
     return;
   }
   if (t.kind == kProbeTimer) {
-    if (now_ < qp.probe_due_ns_) {  // restarted since it was set
+    // Set before the probe's due time (restarted since): on to it. Even
+    // when that time has passed too (the lcore was off the CPU), so the
+    // probe fires on the next advance, after the retransmit timer that was
+    // due before it, as if it had been set on time (a timeout cancels it).
+    if (qp.probe_set_ns_ != qp.probe_due_ns_) {
       qp.probe_set_ns_ = qp.probe_due_ns_;
       timers_.arm(qp.probe_timer_, qp.probe_set_ns_);
       return;

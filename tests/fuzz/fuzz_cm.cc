@@ -935,8 +935,10 @@ class World {
         pf[n] = {s.fd, POLLIN, 0};
         ps[n++] = &s;
       }
-    if (n && poll(pf, n, 0) < 0) fail("poll on the event sockets", errno);
-    for (nfds_t i = 0; i < n; ++i)
+    // EINTR (a signal, libFuzzer's timer): as if nothing was ready.
+    const int ready = n ? poll(pf, n, 0) : 0;
+    if (ready < 0 && errno != EINTR) fail("poll on the event sockets", errno);
+    for (nfds_t i = 0; ready > 0 && i < n; ++i)
       if (pf[i].revents) drain(*ps[i]);
     recheck(false);
     check_stats();

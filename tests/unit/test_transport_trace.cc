@@ -2560,6 +2560,31 @@ TEST_F(TransportTrace, TailProbeRunsFromTheNewestSolicitedSend) {
   EXPECT_EQ(ctr(ECtr::tail_probes), 1u);
 }
 
+// The probe's timer stays where the first send set it and moves on when it
+// fires (arm_probe: not once per packet). An lcore off the CPU past both
+// the probe's due time and the retransmit timeout then runs the timeout's
+// go-back alone, not a probe first (which the timeout would resend anyway).
+TEST_F(TransportTrace, AfterAStallPastTheTimeoutNoProbeGoesFirst) {
+  use_engine(with_probe());
+  QpOpts o;
+  o.timeout = 10;  // 4.194304 ms
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  measured_rtt(kUs);
+  ASSERT_NO_FATAL_FAILURE(send_burst(1));
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(150 * kUs);  // the second send: the probe is due at 350 us
+  ASSERT_EQ(sent().size(), 1u);
+  poll(ack_timeout_ns(10) + kSlack);  // one poll, 4 ms later
+  auto p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(ctr(ECtr::timeouts), 1u);
+  EXPECT_EQ(ctr(ECtr::tail_probes), 0u);
+  inject(ack(kSqPsn + 1, 2));
+  poll(ack_timeout_ns(10) + 2 * kSlack);
+  EXPECT_EQ(cq_poll().size(), 2u);
+}
+
 // A probe that finds an earlier packet missing draws a sequence NAK and
 // the usual go-back from there.
 TEST_F(TransportTrace, TailProbeAnsweredByASequenceNakGoesBack) {
