@@ -3,8 +3,6 @@
 // engine (shim_server.h has the threads; shim_server.cc the control
 // thread's half). Never allocates; reads the application's rings only
 // through copies and clamped indices.
-#include <rte_prefetch.h>
-
 #include <bit>
 #include <cstddef>
 #include <cstring>
@@ -81,10 +79,11 @@ constexpr uint32_t kPrefetchAhead = 4;
 template <typename Slot>
 void prefetch_slot(const Slot* ring, uint32_t size, uint32_t i) {
   const auto* p = reinterpret_cast<const char*>(&ring[i & (size - 1)]);
-  // The head and the first SGEs: what every WQE reads.
-  rte_prefetch0(p);
-  rte_prefetch0(p + 64);
-  rte_prefetch0(p + 127);
+  // The head and the first SGEs: what every WQE reads. The builtin, not
+  // rte_prefetch0: this file builds without DPDK (fuzz_shim).
+  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p + 64, 0, 3);
+  __builtin_prefetch(p + 127, 0, 3);
 }
 
 }  // namespace
