@@ -36,9 +36,7 @@ class NeighbourResolver final : public transport::Resolver {
 
 host::HostAddrs make_addrs(const config::Config& cfg, const PortInfo& p) {
   host::HostAddrs h;
-  rte_ether_addr mac;
-  rte_eth_macaddr_get(p.port_id, &mac);
-  std::memcpy(h.mac.b, mac.addr_bytes, 6);
+  std::memcpy(h.mac.b, p.mac, 6);
   h.ipv4 = cfg.port.ipv4.addr;
   h.ipv4_prefix = cfg.port.ipv4.prefix;
   h.ttl = cfg.port.ttl;
@@ -167,11 +165,12 @@ void Daemon::start() {
   for (auto& w : workers_) w->set_gsi(gsi_);
   cm_ = std::make_unique<CmServer>(cm_env());
   printf(
-      "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x mtu %u "
+      "urnicd: port %u (%s) mac %02x:%02x:%02x:%02x:%02x:%02x%s mtu %u "
       "queues %u%s ipv4 %s/%u%s%s\n",
       port_.port_id, port_.driver.c_str(), addrs_.mac.b[0], addrs_.mac.b[1],
       addrs_.mac.b[2], addrs_.mac.b[3], addrs_.mac.b[4], addrs_.mac.b[5],
-      port_.mtu, port_.nb_queues,
+      port_.soft_mac ? " (ours; the interface keeps its own)" : "", port_.mtu,
+      port_.nb_queues,
       port_.nb_queues < 2 ? ""
       : port_.rss         ? " (RSS)"
                           : " (spread by the PMD)",

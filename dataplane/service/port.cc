@@ -6,6 +6,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -153,9 +154,19 @@ PortInfo port_setup(const config::Config& cfg) {
     if (int rc = rte_eth_tx_queue_setup(pid, q, nb_txd, socket, &txc))
       throw std::runtime_error(fmt("tx queue %u: %s", q, strerror(-rc)));
   }
-  if (!cfg.port.mac.empty()) {
-    rte_ether_addr mac;
-    config::parse_mac(cfg.port.mac, mac.addr_bytes);
+  // af_packet shares its interface with the kernel, and its PMD would set
+  // port.mac on that interface. We keep it to ourselves instead, as a second
+  // station on the segment: the kernel then sees our frames as addressed to
+  // another host and drops them on entry, rather than routing (and
+  // rejecting) each one, and its own traffic keeps its address.
+  p.soft_mac = !cfg.port.mac.empty() && p.driver == "net_af_packet";
+  if (p.soft_mac && !cfg.port.promiscuous)
+    throw std::runtime_error(
+        "port.mac on net_af_packet is urnicd's own address beside the "
+        "kernel's: it needs port.promiscuous: true");
+  rte_ether_addr mac{};
+  if (!cfg.port.mac.empty()) config::parse_mac(cfg.port.mac, mac.addr_bytes);
+  if (!cfg.port.mac.empty() && !p.soft_mac) {
     if (int rc = rte_eth_dev_default_mac_addr_set(pid, &mac))
       throw std::runtime_error(
           fmt("setting port.mac %s: %s", cfg.port.mac.c_str(), strerror(-rc)));
@@ -165,10 +176,17 @@ PortInfo port_setup(const config::Config& cfg) {
   p.started = true;
   // Promiscuous/all-multicast are best effort: ND needs solicited-node
   // multicast; PMDs without the ops still deliver what is addressed to us.
-  if (cfg.port.promiscuous && rte_eth_promiscuous_enable(pid) != 0)
+  // A software address receives nothing without it.
+  if (cfg.port.promiscuous && rte_eth_promiscuous_enable(pid) != 0) {
+    if (p.soft_mac)
+      throw std::runtime_error(fmt(
+          "%s: promiscuous mode failed; port.mac needs it", p.driver.c_str()));
     fprintf(stderr, "urnicd: %s: promiscuous mode not supported\n",
             p.driver.c_str());
+  }
   rte_eth_allmulticast_enable(pid);
+  if (!p.soft_mac) rte_eth_macaddr_get(pid, &mac);
+  std::memcpy(p.mac, mac.addr_bytes, 6);
   return p;
 }
 

@@ -44,6 +44,10 @@ struct PortInfo {
   uint32_t mtu = 1500;
   bool started = false;  // rte_eth_dev_start succeeded
   bool rss = false;      // RSS configured over the queues
+  // Our station address. On net_af_packet a configured port.mac stays ours
+  // alone (the kernel interface keeps its own; see port_setup).
+  uint8_t mac[6] = {};
+  bool soft_mac = false;
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)

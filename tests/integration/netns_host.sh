@@ -2,7 +2,8 @@
 # Integration: urnicd on net_af_packet over a veth pair between two network
 # namespaces this test creates. Checks ARP/ICMP/ND answers, the resolver
 # (urnicctl ping), RoCEv2 ICRC rejection (scapy), JSON stats, a second
-# instance refused, clean SIGTERM exit. Everything it starts or creates is
+# instance refused, clean SIGTERM exit. urnicd runs with its own port.mac,
+# which on af_packet stays urnicd's: the kernel interface keeps its address. Everything it starts or creates is
 # removed on exit, pass or fail.
 # usage: netns_host.sh URNICD URNICCTL
 set -euo pipefail
@@ -58,8 +59,10 @@ ip -n "$PEER" addr add 10.77.0.2/24 dev "$IF_P"
 ip -n "$PEER" addr add fd00:77::2/64 dev "$IF_P" nodad
 ip -n "$PEER" link set "$IF_P" up
 
+KMAC=$(ip netns exec "$SVC" cat "/sys/class/net/$IF_S/address")
+MAC=02:00:00:77:00:01
 ip netns exec "$SVC" "$URNICD" \
-  -o "port.vdev=net_af_packet0,iface=$IF_S,qpairs=1" \
+  -o "port.vdev=net_af_packet0,iface=$IF_S,qpairs=1" -o "port.mac=$MAC" \
   -o port.ipv6=fd00:77::1/64 \
   -o "control.socket=$SOCK" -o "eal.file_prefix=urnic-it-$id" \
   -o stats.period_ms=0 >"$TMP/urnicd.log" 2>&1 &
@@ -88,6 +91,10 @@ if [ $up = 0 ]; then
   echo "FAIL - urnicd did not come up"; cat "$TMP/urnicd.log"; exit 1
 fi
 echo "ok   - urnicd up: $(ctl version)"
+check "port.mac is urnicd's own on af_packet" \
+  grep -q "mac $MAC (ours; the interface keeps its own)" "$TMP/urnicd.log"
+check "the kernel interface kept its address" bash -c \
+  "test \"\$(ip netns exec '$SVC' cat /sys/class/net/$IF_S/address)\" = '$KMAC'"
 
 check "GID table: IPv4-mapped at 0, link-local at 1, fd00:77::1 at 2" bash -c "
   g=\$('$URNICCTL' -s '$SOCK' gids); echo \"\$g\";
@@ -113,7 +120,6 @@ check "arping from the peer gets answers" \
 check "IPv6 ping (ND + ICMPv6 echo) gets replies" \
   ip netns exec "$PEER" ping -6 -c 2 -i 0.2 -W 2 fd00:77::1
 
-MAC=$(ip netns exec "$SVC" cat "/sys/class/net/$IF_S/address")
 before_icrc=$(counter malformed bad_icrc)
 before_roce=$(counter totals roce_rx)
 before_trunc=$(counter malformed truncated)
@@ -122,12 +128,12 @@ before_nfu=$(counter totals not_for_us)
 before_vlan=$(counter totals vlan_mismatch)
 before_noqp=$(counter transport rx_no_qp)
 check "scapy sends good, bad-ICRC, truncated and non-RoCE packets" \
-  ip netns exec "$PEER" $PY - "$IF_P" "$MAC" <<'PYEOF'
+  ip netns exec "$PEER" $PY - "$IF_P" "$MAC" "$KMAC" <<'PYEOF'
 import sys
 from scapy.all import Ether, IP, UDP, Raw, sendp, conf
 from scapy.contrib.roce import BTH
 conf.verb = 0
-iface, mac = sys.argv[1], sys.argv[2]
+iface, mac, kmac = sys.argv[1], sys.argv[2], sys.argv[3]
 p = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
      UDP(sport=49152, dport=4791) / BTH(opcode=4, dqpn=17, psn=5) /
      Raw(b"urnic-it"))
@@ -139,14 +145,16 @@ short = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
          UDP(sport=49152, dport=4791) / Raw(b"\x04\x00\xff\xff\x00\x00"))
 other = (Ether(dst=mac) / IP(src="10.77.0.2", dst="10.77.0.1") /
          UDP(sport=5000, dport=5001) / Raw(b"x"))
-# Another host's unicast MAC (we run promiscuous) and a tagged frame on an
-# untagged port: both must be refused, each under its own counter.
+# Another host's unicast MAC (we run promiscuous), the kernel interface's
+# own, and a tagged frame on an untagged port: all refused and counted.
 stranger = bytes(Ether(dst="02:00:00:00:00:99") / IP(src="10.77.0.2", dst="10.77.0.1") /
                  UDP(sport=49152, dport=4791) / Raw(b"x" * 16))
+kernels = bytes(Ether(dst=kmac) / IP(src="10.77.0.2", dst="10.77.0.1") /
+                UDP(sport=49152, dport=4791) / Raw(b"x" * 16))
 from scapy.all import Dot1Q
 tagged = bytes(Ether(dst=mac) / Dot1Q(vlan=5) / IP(src="10.77.0.2", dst="10.77.0.1") /
                UDP(sport=5000, dport=5001) / Raw(b"x"))
-for f in (good, bytes(bad), bytes(short), bytes(other), stranger, tagged):
+for f in (good, bytes(bad), bytes(short), bytes(other), stranger, kernels, tagged):
     sendp(Ether(f), iface=iface)
 PYEOF
 check "good RoCE packet counted" wait_counter totals roce_rx $((before_roce + 1))
@@ -155,7 +163,8 @@ check "it reached the transport engine: no such QP (rx_no_qp)" \
 check "bad ICRC dropped and counted" wait_counter malformed bad_icrc $((before_icrc + 1))
 check "truncated RoCE dropped and counted" wait_counter malformed truncated $((before_trunc + 1))
 check "non-RoCE UDP ignored and counted" wait_counter totals non_roce_ignored $((before_other + 1))
-check "frame for another MAC counted not_for_us" wait_counter totals not_for_us $((before_nfu + 1))
+check "frames for another MAC and the kernel's counted not_for_us" \
+  wait_counter totals not_for_us $((before_nfu + 2))
 check "tagged frame on untagged port counted vlan_mismatch" wait_counter totals vlan_mismatch $((before_vlan + 1))
 check "urnicctl stats --json parses" bash -c "'$URNICCTL' -s '$SOCK' stats --json | $PY -m json.tool >/dev/null"
 check "urnicctl stats prints the testpmd layout" bash -c \
@@ -169,6 +178,11 @@ check "second urnicd on the same socket refused" bash -c "
   ! ip netns exec '$SVC' '$URNICD' -o 'control.socket=$SOCK' \
      -o eal.file_prefix=urnic-it2-$id 2>'$TMP/second.err' &&
   grep -q 'already serving' '$TMP/second.err'"
+check "port.mac on af_packet without promiscuous mode refused" bash -c "
+  ! ip netns exec '$SVC' '$URNICD' -o 'port.vdev=net_af_packet1,iface=$IF_S' \
+     -o port.mac=02:00:00:77:00:03 -o port.promiscuous=false \
+     -o 'control.socket=$TMP/nopromisc.sock' -o eal.file_prefix=urnic-it3-$id \
+     >'$TMP/nopromisc.err' 2>&1 && grep -q 'needs port.promiscuous: true' '$TMP/nopromisc.err'"
 check "urnicctl names a missing service" bash -c "
   ! '$URNICCTL' -s '$TMP/nope.sock' stats 2>'$TMP/nope.err' &&
   grep -q 'not running at' '$TMP/nope.err'"
