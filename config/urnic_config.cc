@@ -1339,6 +1339,14 @@ void Decoder::check_cross_fields(const Config& cfg) const {
          "the kernel's GID layout starts with the IPv6 link-local GID: set "
          "port.ipv6 too");
   }
+  // port.cc keeps port.mac in software on af_packet (the PMD would set it
+  // on the kernel's interface); frames to it arrive only in promiscuous mode.
+  if (port.vdev.starts_with("net_af_packet") && !port.mac.empty() &&
+      !port.promiscuous) {
+    fail(recorded("port.promiscuous"), "port.promiscuous",
+         "port.mac on net_af_packet is urnicd's own address beside the "
+         "kernel's: it needs port.promiscuous: true");
+  }
   if (port.ipv6.present && port.mtu < kIpv6MinMtu) {
     fail(recorded("port.mtu"), "port.mtu",
          "IPv6 needs an MTU of at least 1280, got " + std::to_string(port.mtu));

@@ -171,18 +171,31 @@ PortInfo port_setup(const config::Config& cfg) {
       throw std::runtime_error(
           fmt("setting port.mac %s: %s", cfg.port.mac.c_str(), strerror(-rc)));
   }
+  // Promiscuous mode is set before the start, where a failure leaves
+  // nothing to undo (af_packet: interface flags), and is cleared again at
+  // teardown if we set it: the kernel interface outlives us.
+  const bool was_promisc = rte_eth_promiscuous_get(pid) == 1;
+  if (cfg.port.promiscuous) {
+    if (rte_eth_promiscuous_enable(pid) == 0) {
+      p.promisc_set = !was_promisc;
+    } else if (p.soft_mac) {
+      throw std::runtime_error(fmt(
+          "%s: promiscuous mode failed; port.mac needs it", p.driver.c_str()));
+    }
+  }
   if (int rc = rte_eth_dev_start(pid))
     throw std::runtime_error(fmt("rte_eth_dev_start: %s", strerror(-rc)));
   p.started = true;
   // Promiscuous/all-multicast are best effort: ND needs solicited-node
-  // multicast; PMDs without the ops still deliver what is addressed to us.
-  // A software address receives nothing without it.
-  if (cfg.port.promiscuous && rte_eth_promiscuous_enable(pid) != 0) {
-    if (p.soft_mac)
-      throw std::runtime_error(fmt(
-          "%s: promiscuous mode failed; port.mac needs it", p.driver.c_str()));
-    fprintf(stderr, "urnicd: %s: promiscuous mode not supported\n",
-            p.driver.c_str());
+  // multicast; PMDs without the ops still deliver what is addressed to us
+  // (a software address receives nothing without it: refused above). Some
+  // PMDs take the mode only once started: asked again.
+  if (cfg.port.promiscuous && rte_eth_promiscuous_get(pid) != 1) {
+    if (rte_eth_promiscuous_enable(pid) == 0)
+      p.promisc_set = !was_promisc;
+    else
+      fprintf(stderr, "urnicd: %s: promiscuous mode not supported\n",
+              p.driver.c_str());
   }
   rte_eth_allmulticast_enable(pid);
   if (!p.soft_mac) rte_eth_macaddr_get(pid, &mac);
@@ -222,6 +235,7 @@ void port_read_link(const PortInfo& p, stats::PortSnapshot& out) {
 void port_teardown(PortInfo& p) {
   if (!p.started) return;
   p.started = false;
+  if (p.promisc_set) rte_eth_promiscuous_disable(p.port_id);
   rte_eth_dev_stop(p.port_id);
   rte_eth_dev_close(p.port_id);
 }

@@ -48,6 +48,7 @@ struct PortInfo {
   // alone (the kernel interface keeps its own; see port_setup).
   uint8_t mac[6] = {};
   bool soft_mac = false;
+  bool promisc_set = false;  // we turned promiscuous mode on: off at teardown
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)

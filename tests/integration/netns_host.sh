@@ -3,8 +3,9 @@
 # namespaces this test creates. Checks ARP/ICMP/ND answers, the resolver
 # (urnicctl ping), RoCEv2 ICRC rejection (scapy), JSON stats, a second
 # instance refused, clean SIGTERM exit. urnicd runs with its own port.mac,
-# which on af_packet stays urnicd's: the kernel interface keeps its address. Everything it starts or creates is
-# removed on exit, pass or fail.
+# which on af_packet stays urnicd's: the kernel interface keeps its
+# address, and its promiscuous flag is cleared again at exit. Everything
+# it starts or creates is removed on exit, pass or fail.
 # usage: netns_host.sh URNICD URNICCTL
 set -euo pipefail
 URNICD=$1
@@ -115,6 +116,8 @@ check "resolver counters" bash -c "
 
 check "ping from the peer gets 3 replies" \
   ip netns exec "$PEER" ping -c 3 -i 0.2 -W 2 10.77.0.1
+check "the peer learned urnicd's own MAC" bash -c \
+  "ip -n '$PEER' neigh show 10.77.0.1 | grep -qi '$MAC'"
 check "arping from the peer gets answers" \
   ip netns exec "$PEER" arping -c 2 -w 4 -I "$IF_P" 10.77.0.1
 check "IPv6 ping (ND + ICMPv6 echo) gets replies" \
@@ -230,6 +233,8 @@ else
   check "urnicd exited 0 on SIGTERM" test "$rc" = 0
   check "final stats printed and 'stopped'" grep -q 'urnicd: stopped' "$TMP/urnicd.log"
   check "control socket removed" test ! -e "$SOCK"
+  check "the interface is no longer promiscuous" bash -c \
+    "! ip -n '$SVC' link show '$IF_S' | grep -q PROMISC"
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
