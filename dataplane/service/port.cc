@@ -159,11 +159,8 @@ PortInfo port_setup(const config::Config& cfg) {
   // station on the segment: the kernel then sees our frames as addressed to
   // another host and drops them on entry, rather than routing (and
   // rejecting) each one, and its own traffic keeps its address.
+  // The config check refuses it without port.promiscuous (urnic_config.cc).
   p.soft_mac = !cfg.port.mac.empty() && p.driver == "net_af_packet";
-  if (p.soft_mac && !cfg.port.promiscuous)
-    throw std::runtime_error(
-        "port.mac on net_af_packet is urnicd's own address beside the "
-        "kernel's: it needs port.promiscuous: true");
   rte_ether_addr mac{};
   if (!cfg.port.mac.empty()) config::parse_mac(cfg.port.mac, mac.addr_bytes);
   if (!cfg.port.mac.empty() && !p.soft_mac) {
