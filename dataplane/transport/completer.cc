@@ -238,6 +238,9 @@ void on_read_response(Engine& e, Qp& qp, const RxPkt& p) {
     return;
   }
   scatter(w->host_sg, w->wr.num_sge, off, p.segs, p.fi.payload_off, want);
+  if (!last)  // the next response's bytes
+    prefetch(w->host_sg, w->wr.num_sge, off + want,
+             std::min(qp.mtu_, w->length - off - want), true);
   qp.comp_.psn = psn_add(psn, 1);
   if (last) {
     w->done = true;

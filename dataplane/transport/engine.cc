@@ -1018,6 +1018,20 @@ void scatter(const HostSge* sg, uint32_t nsg, uint32_t dst_off,
   }
 }
 
+void prefetch(const HostSge* sg, uint32_t nsg, uint32_t off, uint32_t len,
+              bool write) {
+  for (uint32_t i = 0; i < nsg && len; ++i) {
+    if (off >= sg[i].len) {
+      off -= sg[i].len;
+      continue;
+    }
+    const uint32_t n = std::min(sg[i].len - off, len);
+    prefetch(sg[i].p + off, n, write);
+    off = 0;
+    len -= n;
+  }
+}
+
 uint64_t rnr_timer_ns(uint8_t code) {
   // IBTA vol. 1 table 45, in units of 10 us; code 0 is the longest.
   static constexpr uint32_t kTenUs[32] = {

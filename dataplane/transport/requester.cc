@@ -132,6 +132,9 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
            op != IBV_WR_RDMA_WRITE;
     npieces = gather(w.host_sg, w.wr.num_sge, off, len, pieces);
     f.payload_len = len;
+    if (!last)  // the QP's next packet: its bytes on their way in
+      prefetch(w.host_sg, w.wr.num_sge, off + len,
+               std::min(mtu, w.length - off - len), false);
     // AckReq on the last packet, on the first packet resent after a
     // go-back (quick news of recovery), on the packet that fills the window
     // (the requester waits for that ACK, and a responder coalescing ACKs

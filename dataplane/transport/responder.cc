@@ -252,6 +252,9 @@ Res do_send(Engine& e, Qp& qp, const RxPkt& p) {
   if (r.recv_off + len > r.recv_cap) return Res::recv_too_small;
   scatter(r.recv_sg, r.recv_nsg, r.recv_off, p.segs, p.fi.payload_off, len);
   r.recv_off += len;
+  if (!last)
+    prefetch(r.recv_sg, r.recv_nsg, r.recv_off,
+             std::min(qp.mtu_, r.recv_cap - r.recv_off), true);
   // SEND_WITH_INV: the window is invalidated before the receive completes,
   // so the consumer that sees the completion sees the window gone.
   if (last && (p.op.mask & wire::kIeth) &&
@@ -297,6 +300,7 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
     scatter(&dst, 1, 0, {s, p.segs.size()}, p.fi.payload_off, len);
     r.wr_p += len;
     r.wr_left -= len;
+    prefetch(r.wr_p, std::min(r.wr_left, qp.mtu_), true);  // the next one's
   }
   if (last) {
     r.msg = Qp::Resp::kNone;
@@ -699,6 +703,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       s.tx_psn = psn_add(s.tx_psn, 1);
       s.tx_p += len;
       s.tx_left -= len;
+      prefetch(s.tx_p, std::min(qp.mtu_, s.tx_left), false);
       if (s.kind == RespResource::kAtomic || s.tx_left == 0) s.pending = false;
     }
   }
