@@ -355,6 +355,7 @@ void Worker::tx_flush_st() {
   uint64_t bytes = 0;
   for (uint16_t i = 0; i < tx_n_; ++i) bytes += tx_[i]->pkt_len;
   const uint16_t sent = rte_eth_tx_burst(port_.port_id, queue_, tx_, tx_n_);
+  ctr_.inc(Ctr::tx_bursts);  // calls: on af_packet and tap, one syscall each
   for (uint16_t i = sent; i < tx_n_; ++i) bytes -= tx_[i]->pkt_len;
   ctr_.add(Ctr::tx_packets, sent);
   ctr_.add(Ctr::tx_bytes, bytes);

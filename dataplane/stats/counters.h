@@ -33,7 +33,7 @@ namespace urnic::stats {
   X(rx_fault_duplicate) X(rx_fault_reorder) X(rx_fault_queue_drop)           \
   X(rx_fault_ce_marked) X(tx_fault_drop)    X(tx_fault_burst_drop)           \
   X(tx_fault_corrupt)  X(tx_fault_duplicate) X(tx_fault_reorder)             \
-  X(tx_fault_queue_drop) X(tx_fault_ce_marked)
+  X(tx_fault_queue_drop) X(tx_fault_ce_marked) X(tx_bursts)
 // clang-format on
 
 enum class Ctr : uint16_t {

@@ -121,6 +121,10 @@ for s in "$SA" "$SB"; do
   n=$(basename "$s" .sock)
   check "service $n: both lcores' engines sent packets ($(lcore_json "$s" "[l['tx_packets'] for l in j['lcores']]"))" \
     test "$(lcore_json "$s" "all(l['tx_packets'] > 0 for l in j['lcores'])")" = True
+  # tx_bursts counts tx_burst calls: at least one per lcore that sent, and
+  # never more packets per call than the burst (32 by default).
+  check "service $n: each lcore's bursts ($(lcore_json "$s" "[(l['tx_packets'], l['tx_bursts']) for l in j['lcores']]"))" \
+    test "$(lcore_json "$s" "all(0 < l['tx_bursts'] and l['tx_packets'] <= 32 * l['tx_bursts'] for l in j['lcores'])")" = True
   check "service $n: both lcores served doorbells ($(lcore_json "$s" "[l['doorbells'] for l in j['lcores']]"))" \
     test "$(lcore_json "$s" "all(l['doorbells'] > 0 for l in j['lcores'])")" = True
 done
