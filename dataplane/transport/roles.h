@@ -78,8 +78,13 @@ void scatter(const HostSge* sg, uint32_t nsg, uint32_t dst_off,
 // (each its own buffers) that memory is cold: the copy and the ICRC would
 // wait on it (perf/bench_transport BM_RcWriteQps).
 inline void prefetch(const uint8_t* p, uint32_t len, bool write) {
-  for (uint32_t i = 0; i < len; i += 64)
-    write ? __builtin_prefetch(p + i, 1, 3) : __builtin_prefetch(p + i, 0, 3);
+  // Every line the range touches, the last one too when p is unaligned.
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + len;
+  for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end;
+       a += 64) {
+    const void* l = reinterpret_cast<const void*>(a);
+    write ? __builtin_prefetch(l, 1, 3) : __builtin_prefetch(l, 0, 3);
+  }
 }
 void prefetch(const HostSge* sg, uint32_t nsg, uint32_t off, uint32_t len,
               bool write);
