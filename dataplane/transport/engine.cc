@@ -902,6 +902,7 @@ void Engine::to_error(Qp& qp) {
   qp.publish_rq();
   qp.resp_.ack_pending = false;
   for (RespResource& r : qp.res_) r.pending = false;
+  qp.res_any_pending_ = false;
   // IBTA 11.6.3: a QP on an SRQ reports its last WQE when it enters error.
   if (qp.srq_)
     dev_.raise({IBV_EVENT_QP_LAST_WQE_REACHED, qp.qpn_, nullptr, nullptr});

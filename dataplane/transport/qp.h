@@ -320,6 +320,11 @@ class Qp {
   } resp_;
   std::vector<RespResource> res_;  // ring of max_dest_rd_atomic entries
   uint32_t res_next_ = 0;          // next slot to use
+  // Set with every RespResource::pending, cleared once a pass over res_
+  // finds none: with no READ or ATOMIC in progress (every WRITE or SEND
+  // packet, every ACK) res_, up to 16 entries of its own cache line each,
+  // is not walked, and with many QPs it is cold.
+  bool res_any_pending_ = false;
 
   // Engine lists.
   QpLink ready_link_;       // on the engine's list of QPs with transmit work

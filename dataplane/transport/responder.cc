@@ -365,7 +365,7 @@ Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
   s->first_psn = p.f.psn;
   s->last_psn = psn_add(p.f.psn, npkts - 1);
   s->rkey = p.f.reth_rkey;
-  s->pending = true;
+  s->pending = qp.res_any_pending_ = true;
   s->tx_psn = s->tx_first = p.f.psn;
   s->tx_p = host;
   s->tx_left = s->tx_total = len;
@@ -397,7 +397,7 @@ Res do_atomic(Engine& e, Qp& qp, const RxPkt& p) {
   s->first_psn = s->last_psn = s->tx_psn = p.f.psn;
   s->orig = orig;
   s->rkey = p.f.atomic_rkey;
-  s->pending = true;
+  s->pending = qp.res_any_pending_ = true;
   qp.resp_.msn = psn_add(qp.resp_.msn, 1);
   return Res::ok;
 }
@@ -421,7 +421,7 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
         return;
       const uint32_t npkts = pkts_for(p.f.reth_len, qp.mtu_);
       if (psn_after(psn_add(psn, npkts - 1), s.last_psn)) return;
-      s.pending = s.replay = true;
+      s.pending = s.replay = qp.res_any_pending_ = true;
       s.tx_psn = s.tx_first = psn;
       s.tx_p = host;
       s.tx_left = s.tx_total = p.f.reth_len;
@@ -434,7 +434,8 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
   if (p.op.mask & wire::kAtomic) {
     for (RespResource& s : qp.res_) {
       if (s.kind != RespResource::kAtomic || s.first_psn != psn) continue;
-      s.pending = s.replay = true;  // the saved value, not a new execution
+      // The saved value, not a new execution.
+      s.pending = s.replay = qp.res_any_pending_ = true;
       s.tx_psn = psn;
       e.ctr_.inc(ECtr::atomic_replays);
       e.make_ready(qp);
@@ -641,6 +642,7 @@ void Responder::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
 }
 
 bool Responder::read_pending(const Qp& qp) {
+  if (!qp.res_any_pending_) return false;
   for (const RespResource& s : qp.res_)
     if (s.pending && s.kind == RespResource::kRead) return true;
   return false;
@@ -660,7 +662,8 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   Qp::Resp& r = qp.resp_;
   // Read responses and atomic ACKs first, oldest resource first: an ACK
   // must not overtake responses for earlier PSNs.
-  const uint32_t n = static_cast<uint32_t>(qp.res_.size());
+  const uint32_t n =
+      qp.res_any_pending_ ? static_cast<uint32_t>(qp.res_.size()) : 0;
   for (uint32_t k = 0; k < n; ++k) {
     RespResource& s = qp.res_[(qp.res_next_ + k) % n];
     while (s.pending) {
@@ -707,6 +710,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       if (s.kind == RespResource::kAtomic || s.tx_left == 0) s.pending = false;
     }
   }
+  qp.res_any_pending_ = false;  // every resource drained (or none walked)
   // The READ responses are out: idle unless requests are left (a READ
   // target in RTR would otherwise stay counted).
   if (!qp.rate_.idle() && nothing_to_send(qp))
