@@ -1021,16 +1021,10 @@ void scatter(const HostSge* sg, uint32_t nsg, uint32_t dst_off,
 
 void prefetch(const HostSge* sg, uint32_t nsg, uint32_t off, uint32_t len,
               bool write) {
-  for (uint32_t i = 0; i < nsg && len; ++i) {
-    if (off >= sg[i].len) {
-      off -= sg[i].len;
-      continue;
-    }
-    const uint32_t n = std::min(sg[i].len - off, len);
-    prefetch(sg[i].p + off, n, write);
-    off = 0;
-    len -= n;
-  }
+  wire::ConstBuf pieces[kMaxSge];  // nsg <= kMaxSge, as for gather's callers
+  const uint32_t n = gather(sg, nsg, off, len, pieces);
+  for (uint32_t i = 0; i < n; ++i)
+    prefetch(pieces[i].data, pieces[i].len, write);
 }
 
 uint64_t rnr_timer_ns(uint8_t code) {
