@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "dataplane/transport/psn.h"
 #include "dataplane/transport/roles.h"
@@ -108,23 +109,37 @@ void queue_ack(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
   e.make_ack_ready(qp);
 }
 
-void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
+// A request the responder refuses for good (IBTA 9.9.3.1.3): the NAK, then
+// ERR. `in_recv_wc`: a receive WQE's completion carries the cause;
+// otherwise (a WRITE, READ or ATOMIC, a broken opcode sequence) the
+// responder's client learns it from an affiliated asynchronous error, as
+// C9-222.1 requires (mlx5 and rxe raise the same events).
+void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn, bool in_recv_wc) {
+  ibv_event_type ev;
   switch (syn) {
     case aeth::nak(aeth::kNakInvalidRequest):
       e.ctr_.inc(ECtr::naks_inv_req_tx);
       ++qp.ctr_.naks_inv_req_tx;
+      ev = IBV_EVENT_QP_REQ_ERR;  // Invalid Request Local WQ Error
       break;
     case aeth::nak(aeth::kNakRemoteAccess):
       e.ctr_.inc(ECtr::naks_access_tx);
       ++qp.ctr_.naks_access_tx;
+      ev = IBV_EVENT_QP_ACCESS_ERR;  // Local Access Violation WQ Error
       break;
     default:
       e.ctr_.inc(ECtr::naks_op_tx);
       ++qp.ctr_.naks_op_tx;
+      ev = IBV_EVENT_QP_FATAL;  // Local Work Queue Catastrophic Error
       break;
   }
   queue_ack(e, qp, syn, psn);
-  qp.resp_.fatal = true;
+  Qp::Resp& r = qp.resp_;
+  r.fatal = true;
+  if (!in_recv_wc && !r.fatal_event) {
+    r.fatal_event = true;
+    r.fatal_event_type = ev;
+  }
 }
 
 // Completes the receive WR held by the message in progress.
@@ -489,7 +504,7 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     r.ack_pending = false;
   if (!sequence_ok(qp, p.op)) {
     count_refusal(e, qp, Res::opcode_seq);
-    fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn);
+    fatal(e, qp, aeth::nak(aeth::kNakInvalidRequest), psn, false);
     return;
   }
   Res res;
@@ -523,7 +538,8 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
       if (err.recv_status != IBV_WC_SUCCESS)
         complete_recv(e, qp, err.recv_status, IBV_WC_RECV,
                       res == Res::recv_too_small ? r.recv_off : 0, p.f, false);
-      fatal(e, qp, aeth::nak(err.nak_code), psn);
+      fatal(e, qp, aeth::nak(err.nak_code), psn,
+            err.recv_status != IBV_WC_SUCCESS);
       return;
     }
   }
@@ -737,7 +753,10 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     }
     if (r.fatal) {
       r.fatal = false;
+      const bool raise = std::exchange(r.fatal_event, false);
+      const ibv_event_type ev = r.fatal_event_type;
       e.to_error(qp);
+      if (raise) e.dev_.raise({ev, qp.qpn_, nullptr, nullptr});
     }
   }
   return sent;

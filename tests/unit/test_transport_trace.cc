@@ -439,6 +439,13 @@ class TransportTrace : public ::testing::Test {
     return out;
   }
   std::vector<ibv_wc> rcq_poll() { return cq_poll(rcq_); }
+  // The asynchronous events raised for qp_ since the last call.
+  std::vector<ibv_event_type> qp_events() {
+    std::vector<ibv_event_type> out;
+    for (AsyncEvent ev; dev_->next_event(&ev);)
+      if (ev.qpn == qp_->qpn() && !ev.cq && !ev.srq) out.push_back(ev.type);
+    return out;
+  }
 
   uint64_t ctr(ECtr c) const { return engine_->counters().get(c); }
 
@@ -1916,6 +1923,8 @@ TEST_F(TransportTrace, RecvTooSmallNaksInvalidRequestAndFailsRecv) {
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_WC(wc[0], 3u, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV);
   EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  // The receive's completion reports it: no asynchronous error too.
+  EXPECT_TRUE(qp_events().empty());
   EXPECT_EQ(ctr(ECtr::rx_recv_too_small), 1u);
   EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
   EXPECT_EQ(qp_->counters().nak_cause.get(),
@@ -1938,6 +1947,8 @@ TEST_F(TransportTrace, MisalignedAtomicNaksInvalidRequest) {
   EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
   EXPECT_EQ(p[0].f.psn, kRqPsn);
   EXPECT_EQ(u64(0x70000), 1u);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(qp_events(), std::vector<ibv_event_type>{IBV_EVENT_QP_REQ_ERR});
   EXPECT_EQ(ctr(ECtr::rx_atomic_misaligned), 1u);
   EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
   EXPECT_EQ(qp_->counters().nak_cause.get(),
@@ -3089,6 +3100,10 @@ class TransportTraceAccess : public TransportTrace {
     auto wc = rcq_poll();
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_WC(wc[0], 9u, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV);
+    // No receive WQE reports a WRITE's access error: the responder's
+    // client gets the affiliated asynchronous error (C9-222.1), once.
+    EXPECT_EQ(qp_events(),
+              std::vector<ibv_event_type>{IBV_EVENT_QP_ACCESS_ERR});
   }
 };
 
@@ -3191,6 +3206,7 @@ TEST_F(TransportTrace, WriteMiddleWithoutFirstNaksInvalidRequest) {
   EXPECT_EQ(p[0].f.psn, kRqPsn);
   EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
   EXPECT_EQ(ctr(ECtr::naks_inv_req_tx), 1u);
+  EXPECT_EQ(qp_events(), std::vector<ibv_event_type>{IBV_EVENT_QP_REQ_ERR});
 }
 
 TEST_F(TransportTrace, WriteLongerThanItsRethNaksWithItsOwnCause) {
