@@ -436,7 +436,6 @@ ibv_srq* make_srq(ibv_pd* pd, ibv_srq_init_attr* init, const char* what) {
   req.pd = pd->handle;
   req.max_wr = init->attr.max_wr;
   req.max_sge = init->attr.max_sge;
-  req.srq_limit = init->attr.srq_limit;
   CreateSrqRep rep;
   int fd;
   if (c.call(Op::kCreateSrq, what, &req, sizeof req, nullptr, 0, &rep,

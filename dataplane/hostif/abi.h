@@ -154,6 +154,8 @@ struct CreateSrqReq {
   uint32_t pd = 0;
   uint32_t max_wr = 0;
   uint32_t max_sge = 0;
+  // Ignored: ibv_create_srq(3) calls the limit irrelevant at creation (mlx5
+  // and rxe ignore it); ibv_modify_srq arms it. Kept for the layout.
   uint32_t srq_limit = 0;
 };
 struct CreateSrqRep {

@@ -680,7 +680,7 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
   if (!body_as(req, &r) || !c.pds.count(r.pd)) return EINVAL;
   const transport::Limits& lim = env_.dev->limits();
   if (r.max_wr == 0 || r.max_wr > lim.max_srq_wr || r.max_sge == 0 ||
-      r.max_sge > lim.max_sge || r.srq_limit > r.max_wr)
+      r.max_sge > lim.max_sge)
     return EINVAL;
   if (over_limit("max_srq", c.srqs.size(), 1, env_.client_limits.max_srq) ||
       over_limit("max_wr", c.wrs, r.max_wr, env_.client_limits.max_wr))
@@ -706,11 +706,6 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
     rc = env_.dev->create_srq(c.pds[r.pd], slots, r.max_sge, &s->srq);
     if (!rc) {
       s->srq->set_publish(&s->sh->done);
-      if (r.srq_limit) {
-        ibv_srq_attr a{};
-        a.srq_limit = r.srq_limit;
-        env_.dev->modify_srq(s->srq, a, IBV_SRQ_LIMIT);
-      }
       s->home = pick_home();
       s->doorbell = alloc_doorbell(c, s->home);
       if (s->doorbell == UINT32_MAX) {

@@ -572,6 +572,26 @@ TEST_F(ShimServerTest, RefusesForeignHandlesAndUnsealedMemory) {
   EXPECT_EQ(call(Op::kAllocMw, AllocMwReq{pd, IBV_MW_TYPE_2}).status, 0);
 }
 
+// ibv_create_srq(3): srq_limit is irrelevant at creation (mlx5 and rxe
+// ignore it): any value is accepted and no limit is armed; ibv_modify_srq
+// arms one.
+TEST_F(ShimServerTest, CreateSrqIgnoresTheLimit) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  for (const uint32_t limit : {0u, 4u, 100u, UINT32_MAX}) {
+    Reply r = call(Op::kCreateSrq, CreateSrqReq{pd, 16, 1, limit});
+    ASSERT_EQ(r.status, 0) << limit << ": " << r.payload;
+    const uint32_t h = r.as<CreateSrqRep>().handle;
+    Reply q = call(Op::kQuerySrq, HandleReq{h});
+    ASSERT_EQ(q.status, 0) << q.payload;
+    EXPECT_EQ(q.as<ibv_srq_attr>().srq_limit, 0u) << limit;
+    EXPECT_GE(q.as<ibv_srq_attr>().max_wr, 16u);
+    EXPECT_EQ(call(Op::kDestroySrq, HandleReq{h}).status, 0);
+  }
+  // What create checks is still checked.
+  EXPECT_EQ(call(Op::kCreateSrq, CreateSrqReq{pd, 0, 1, 0}).status, -EINVAL);
+}
+
 TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
