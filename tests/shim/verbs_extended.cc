@@ -1630,6 +1630,52 @@ void section_async(Dev& d) {
           "ibv_poll_cq fails with EIO",
           why + fmt("; then ibv_poll_cq returned %d errno %d", n2, e));
   }
+
+  // A READ of memory registered without REMOTE_READ: the requester's WR
+  // fails with REM_ACCESS_ERR; the responder's QP enters ERR with no
+  // receive WR to carry the cause, so its application gets
+  // IBV_EVENT_QP_ACCESS_ERR (IBTA C9-222.1), as from mlx5 and rxe.
+  {
+    CqPtr scq = make_cq(d, 64);
+    CqPtr rcq = make_cq(d, 64);
+    QpSpec spec;
+    spec.scq = scq.get();
+    spec.rcq = rcq.get();
+    spec.ops = IBV_QP_EX_WITH_RDMA_READ;
+    QpPtr a = make_qp(d, spec);
+    QpPtr b = make_qp(d, spec);
+    connect_rc(d, a.get(), b.get());
+    void* mem = aligned_alloc(4096, 4096);
+    if (!mem) throw SetupError("aligned_alloc");
+    ibv_mr* local_only = ibv_reg_mr(d.pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+    if (!local_only) {
+      free(mem);
+      throw SetupError("ibv_reg_mr: " + err_text(errno));
+    }
+    ibv_qp_ex* ax = qp_ex(a);
+    ibv_wr_start(ax);
+    ax->wr_id = 90;
+    ax->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_rdma_read(ax, local_only->rkey, reinterpret_cast<uint64_t>(mem));
+    ibv_wr_set_sge(ax, buf.lkey(), buf.addr(kDst), 64);
+    const int rc = ibv_wr_complete(ax);
+    why = rc ? "ibv_wr_complete returned " + err_text(rc) : "";
+    std::vector<ibv_wc> s;
+    if (why.empty()) s = poll_cq(scq.get(), 1, &why);
+    if (why.empty() &&
+        (s[0].wr_id != 90 || s[0].status != IBV_WC_REM_ACCESS_ERR))
+      why = fmt("wr_id %llu status %s",
+                static_cast<unsigned long long>(s[0].wr_id),
+                ibv_wc_status_str(s[0].status));
+    check(why.empty(),
+          "e) an RDMA READ of an MR without REMOTE_READ completes "
+          "IBV_WC_REM_ACCESS_ERR",
+          why);
+    expect_async(d, IBV_EVENT_QP_ACCESS_ERR, b.get(),
+                 "e) ... the responder's QP gets IBV_EVENT_QP_ACCESS_ERR");
+    ibv_dereg_mr(local_only);
+    free(mem);
+  }
   why = async_quiet(d);
   check(why.empty(), "e) no other async event was raised", why);
 }
