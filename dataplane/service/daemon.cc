@@ -96,7 +96,7 @@ shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
   d.phys_port_cnt = 1;
   ibv_port_attr& p = r.port;
   p.state = IBV_PORT_ACTIVE;
-  p.max_mtu = IBV_MTU_4096;
+  p.max_mtu = static_cast<ibv_mtu>(dc.limits.max_path_mtu);
   p.active_mtu = dc.active_mtu;
   p.gid_tbl_len = dc.num_gids;
   p.port_cap_flags = 0;

@@ -346,6 +346,7 @@ transport::DeviceConfig device_config(const config::Config& cfg,
       break;
     }
   }
+  t.max_path_mtu = static_cast<uint8_t>(dc.active_mtu);
   return dc;
 }
 

@@ -336,6 +336,13 @@ const char* check_values(const ibv_qp_attr& a, uint32_t mask,
       (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096)) {
     return "path_mtu out of range";
   }
+  // A packet of a larger MTU would not fit the port's frames: every one
+  // would be dropped on the way out and the QP would retry into error.
+  // Refused, as rxe refuses a path MTU above its netdev's (max_mtu).
+  if ((mask & kPathMtu) && a.path_mtu > lim.max_path_mtu) {
+    return "path_mtu above the port's max_mtu (the port's MTU does not carry "
+           "it; ibv_query_port)";
+  }
   if ((mask & kSqPsn) && a.sq_psn > kMaxPsn) return "sq_psn out of range";
   if ((mask & kRqPsn) && a.rq_psn > kMaxPsn) return "rq_psn out of range";
   if ((mask & kDestQpn) && a.dest_qp_num > kMaxPsn) {

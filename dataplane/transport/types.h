@@ -39,6 +39,9 @@ struct Limits {
   uint8_t max_rd_atomic = 16;       // outstanding reads/atomics we initiate
   uint8_t max_dest_rd_atomic = 16;  // responder resources per QP
   uint8_t gid_table_len = 3;        // valid sgid_index values: [0, len)
+  // The largest path MTU the port's MTU carries (an ibv_mtu): the port's
+  // max_mtu, as rxe reports its netdev's.
+  uint8_t max_path_mtu = IBV_MTU_4096;
 };
 
 // Path MTU in bytes from the verbs enum (IBV_MTU_256 = 1 ... 4096 = 5).

@@ -555,6 +555,31 @@ TEST(QpAttr, ValueBounds) {
   }
 }
 
+// A port whose MTU carries 1 KiB packets (1500 B, rxe's and urnicd's
+// max_mtu then): a larger path MTU is refused with the reason, as rxe
+// refuses one above its netdev's; perftest and ibv_rc_pingpong -m 4096
+// otherwise connected and retried into error.
+TEST(QpAttr, PathMtuAboveThePortsIsRefused) {
+  Limits lim = test_limits();
+  lim.max_path_mtu = IBV_MTU_1024;
+  const std::optional<Masks> exp =
+      expected(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR);
+  ASSERT_TRUE(exp.has_value());
+  const uint32_t mask = exp->req | IBV_QP_PATH_MTU | IBV_QP_STATE;
+  ibv_qp_attr a = good_attr(IBV_QPS_INIT, IBV_QPS_RTR);
+  a.path_mtu = IBV_MTU_1024;
+  expect_accepted(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, a, mask, lim);
+  for (ibv_mtu m : {IBV_MTU_2048, IBV_MTU_4096}) {
+    a.path_mtu = m;
+    const char* why = nullptr;
+    EXPECT_EQ(check_modify_qp(IBV_QPT_RC, IBV_QPS_INIT, a,
+                              static_cast<int>(mask), lim, &why),
+              EINVAL);
+    ASSERT_NE(why, nullptr);
+    EXPECT_NE(std::strstr(why, "max_mtu"), nullptr) << why;
+  }
+}
+
 TEST(QpAttr, StateNames) {
   EXPECT_STREQ(qp_state_name(IBV_QPS_RESET), "RESET");
   EXPECT_STREQ(qp_state_name(IBV_QPS_INIT), "INIT");
