@@ -589,7 +589,20 @@ void Worker::loop_st() {
           [&](const uint8_t* gid) { send_resolve_request_st(gid); });
       next_timer = now + kTimerNs;
     }
-    // 2. Receive, classify, handle.
+    // 2. New work requests the applications rang for (shim doorbells),
+    // before the frames: a receive WQE posted before a SEND arrived must be
+    // there for it. After a sleep both wait here; frames first made a UD or
+    // UC SEND find no receive (dropped; perftest -c UD -a hung) and an RC
+    // one an RNR NAK.
+    uint32_t local = 0;
+    if (shim_) {
+      uint32_t rung = 0;
+      const uint32_t wqes = shim_->doorbells_st(queue_, &rung);
+      if (wqes) ctr_.add(Ctr::shim_wqes, wqes);
+      if (rung) ctr_.add(Ctr::doorbells, rung);
+      local += wqes;
+    }
+    // 2b. Receive, classify, handle.
     const uint16_t n = rte_eth_rx_burst(port_.port_id, queue_, pkts, burst_);
     if (n) {
       ctr_.inc(Ctr::rx_bursts);
@@ -599,16 +612,8 @@ void Worker::loop_st() {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
       rx_st(pkts[i], now);
     }
-    uint32_t local = local_rx_st(now);
+    local += local_rx_st(now);
     local += fault_release_st(now);
-    // 2b. New work requests the applications rang for (shim doorbells).
-    if (shim_) {
-      uint32_t rung = 0;
-      const uint32_t wqes = shim_->doorbells_st(queue_, &rung);
-      if (wqes) ctr_.add(Ctr::shim_wqes, wqes);
-      if (rung) ctr_.add(Ctr::doorbells, rung);
-      local += wqes;
-    }
     // 3. Transport: timers, requester/responder transmit work, deferred
     // ACKs; then transmit what the burst and the engine produced.
     const uint32_t work = engine_.poll(now);
