@@ -23,6 +23,19 @@ std::string fmt(const char* f, auto... a) {
 
 }  // namespace
 
+// net_af_packet's kernel ring holds 512 frames by default: a burst that
+// arrives while the lcore is off the CPU (a shared core, a VM) overflows it,
+// and the kernel drops frames the PMD never reports. RC resends them; UD
+// and UC lose whole messages (perftest -c UD and -c UC hung on a veth pair).
+// 4096 frames (8 MiB per ring at the default 2 KiB frames) unless the spec
+// sets its own.
+std::string vdev_spec(const std::string& vdev) {
+  if (vdev.rfind("net_af_packet", 0) != 0 ||
+      vdev.find("framecnt=") != std::string::npos)
+    return vdev;
+  return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
+}
+
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   const config::EalConfig& e = cfg.eal;
   std::vector<std::string> a = {prog};
@@ -41,7 +54,7 @@ std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   if (!cfg.port.pci.empty()) {
     a.insert(a.end(), {"-a", cfg.port.pci});
   } else {
-    a.insert(a.end(), {"--no-pci", "--vdev", cfg.port.vdev});
+    a.insert(a.end(), {"--no-pci", "--vdev", vdev_spec(cfg.port.vdev)});
   }
   for (const auto& x : e.extra_args) a.push_back(x);
   return a;

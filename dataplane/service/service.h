@@ -30,6 +30,10 @@ uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // Builds the EAL argument vector from the config (exposed for tests/logs).
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog);
+// The --vdev argument for port.vdev: net_af_packet without a framecnt gets
+// kAfPacketFrames (port.cc says why).
+constexpr uint32_t kAfPacketFrames = 4096;
+std::string vdev_spec(const std::string& vdev);
 
 // Frames one worker may hold for another (the hand-off ring, per worker):
 // counted in the mempool's minimum (port.cc) when there are two workers.

@@ -312,6 +312,14 @@ check "B: ib_write_bw --use_old_post_send -n 100" \
   pair b perf ib_write_bw "${PT[@]}" --use_old_post_send -n 100
 check "B: ib_send_bw -s 1048576 -n 10" \
   pair b perf ib_send_bw "${PT[@]}" -s 1048576 -n 10
+# UD and UC have no retransmission: a SEND that finds no receive WR, or a
+# frame the kernel's af_packet ring dropped, loses the message and perftest
+# waits forever. Both hung about half the time: the worker took the frames
+# before the receive WRs rung for earlier, and the ring held 512 frames.
+check "B: ib_send_bw -c UD -a -n 20 (receives posted per size, no loss)" \
+  pair b perf ib_send_bw "${PT[@]}" -c UD -a -n 20
+check "B: ib_send_bw -c UC -a -n 5 (up to 8 MiB messages, none lost)" \
+  pair b perf ib_send_bw "${PT[@]}" -c UC -a -n 5
 
 crossed() {  # the B runs went over the veth, both ways
   local r1 r2

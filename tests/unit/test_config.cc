@@ -83,7 +83,7 @@ Config documented_default() {
   c.eal.file_prefix = "urnicd";
   c.port.vdev =
       "net_af_packet0,iface=urnic-svc,qpairs=1,blocksz=4096,framesz=2048,"
-      "framecnt=512,qdisc_bypass=0";
+      "framecnt=4096,qdisc_bypass=0";
   c.port.ipv4 = {.addr = 0x0a4d0001, .prefix = 24, .present = true};
   return c;
 }
