@@ -85,6 +85,7 @@ class Daemon {
   std::vector<Worker*> peers_;  // workers by home index
   std::unique_ptr<ZeroCopyTx> zero_copy_;
   std::string zero_copy_state_;
+  uint64_t ring_drops_ = 0;  // af_packet kernel ring drops so far (RX-missed)
   std::unique_ptr<ShimServer> shim_;
   std::unique_ptr<CmServer> cm_;
   rte_ring* gsi_ = nullptr;  // QP1 frames, workers -> control thread

@@ -184,6 +184,10 @@ stats::Snapshot Daemon::snapshot() {
   s.uptime_ns = s.time_ns - t0_;
   s.tsc_hz = rte_get_tsc_hz();
   port_read_stats(port_, s.port);
+  // RX-missed: what the NIC missed, or on af_packet what the kernel's ring
+  // dropped before the PMD saw it.
+  ring_drops_ += port_ring_drops(port_);
+  s.port.imissed += ring_drops_;
   s.port.zero_copy_tx = zero_copy_state_;
   for (auto& w : workers_) {
     stats::LcoreSnapshot l;

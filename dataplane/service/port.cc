@@ -1,11 +1,16 @@
 // EAL arguments and port bring-up. Offloads and queue counts come from
 // rte_eth_dev_info, so e1000 "em" (one queue), igb (RSS), af_packet, tap,
 // memif and ring ports all come up with what they actually have.
+#include <dirent.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <sys/socket.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -210,7 +215,55 @@ PortInfo port_setup(const config::Config& cfg) {
   rte_eth_allmulticast_enable(pid);
   if (!p.soft_mac) rte_eth_macaddr_get(pid, &mac);
   std::memcpy(p.mac, mac.addr_bytes, 6);
+  if (p.driver == "net_af_packet")
+    p.ring_fds = af_packet_sockets(cfg.port.vdev);
   return p;
+}
+
+// The PMD's packet sockets on the vdev's interface (one per queue pair),
+// found among our own descriptors: DPDK does not hand them out.
+std::vector<int> af_packet_sockets(const std::string& vdev) {
+  std::vector<int> fds;
+  const size_t at = vdev.find("iface=");
+  if (at == std::string::npos) return fds;
+  const std::string ifname = vdev.substr(at + 6, vdev.find(',', at) - at - 6);
+  const unsigned ifindex = if_nametoindex(ifname.c_str());
+  DIR* d = opendir("/proc/self/fd");
+  if (!ifindex || !d) {
+    if (d) closedir(d);
+    return fds;
+  }
+  while (dirent* e = readdir(d)) {
+    char* end;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (*end || end == e->d_name || fd == dirfd(d)) continue;
+    int domain = 0;
+    socklen_t len = sizeof domain;
+    sockaddr_ll ll{};
+    socklen_t llen = sizeof ll;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_DOMAIN, &domain,
+                   &len) == 0 &&
+        domain == AF_PACKET &&
+        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ll),
+                    &llen) == 0 &&
+        ll.sll_ifindex == static_cast<int>(ifindex))
+      fds.push_back(static_cast<int>(fd));
+  }
+  closedir(d);
+  return fds;
+}
+
+uint64_t port_ring_drops(const PortInfo& p) {
+  uint64_t n = 0;
+  for (int fd : p.ring_fds) {
+    // tp_drops: frames the kernel found no free ring slot for. Reading
+    // resets the socket's counts (packet(7)); DPDK never reads them.
+    tpacket_stats_v3 st{};
+    socklen_t len = sizeof st;
+    if (getsockopt(fd, SOL_PACKET, PACKET_STATISTICS, &st, &len) == 0)
+      n += st.tp_drops;
+  }
+  return n;
 }
 
 void port_read_stats(const PortInfo& p, stats::PortSnapshot& out) {
@@ -248,6 +301,7 @@ void port_teardown(PortInfo& p) {
   if (p.promisc_set) rte_eth_promiscuous_disable(p.port_id);
   rte_eth_dev_stop(p.port_id);
   rte_eth_dev_close(p.port_id);
+  p.ring_fds.clear();  // closed with the device
 }
 
 }  // namespace urnic::service

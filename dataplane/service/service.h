@@ -53,6 +53,9 @@ struct PortInfo {
   uint8_t mac[6] = {};
   bool soft_mac = false;
   bool promisc_set = false;  // we turned promiscuous mode on: off at teardown
+  // net_af_packet: the PMD's sockets, whose kernel rings' drops
+  // port_ring_drops() reads (the PMD reports none: imissed stays 0).
+  std::vector<int> ring_fds;
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)
@@ -62,6 +65,10 @@ void port_read_stats(const PortInfo& p, stats::PortSnapshot& out);
 // Link state only (port_read_stats includes it).
 void port_read_link(const PortInfo& p, stats::PortSnapshot& out);
 void port_teardown(PortInfo& p);  // idempotent
+std::vector<int> af_packet_sockets(const std::string& vdev);
+// Frames the port's kernel rings dropped since the last call (af_packet;
+// 0 for other ports). Control thread.
+uint64_t port_ring_drops(const PortInfo& p);
 
 // A request from the control thread to a worker (rte_ring of pointers).
 struct Command {

@@ -175,6 +175,30 @@ check "urnicctl stats prints the testpmd layout" bash -c \
 check "urnicctl stats shows the transport counters that moved" bash -c \
   "'$URNICCTL' -s '$SOCK' stats | grep -q 'transport: .*rx_no_qp 1'"
 
+# Frames the kernel's af_packet ring drops (the PMD reports none) show as
+# RX-missed: with urnicd stopped, 6000 frames into its 4096-frame ring
+# (urnicd's default) leave at least 1904 dropped.
+before_missed=$(counter port rx_missed)
+burst() {
+  kill -STOP "$PID"
+  ip netns exec "$PEER" $PY - "$IF_P" "$MAC" <<'PYEOF'
+import socket, sys
+iface, mac = sys.argv[1], bytes.fromhex(sys.argv[2].replace(":", ""))
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((iface, 0))
+frame = mac + bytes.fromhex("020000770002") + b"\x88\xb5" + bytes(50)
+for _ in range(6000):
+    s.send(frame)
+PYEOF
+  local rc=$?
+  kill -CONT "$PID"
+  return $rc
+}
+check "6000 frames sent while urnicd is stopped" burst
+check "the kernel ring's drops show as RX-missed (rx_missed)" \
+  wait_counter port rx_missed $((before_missed + 1904))
+check "urnicd serves again after the burst" ctl version
+
 # Bad use: a second service on the same socket is refused before it touches
 # any port; a client of a missing service gets a clear error.
 check "second urnicd on the same socket refused" bash -c "
