@@ -316,10 +316,9 @@ class Qp {
     uint8_t ack_syndrome = 0;
     uint32_t ack_psn = 0;
     bool fatal = false;  // move to ERR once the pending NAK is out
-    // The move raises this affiliated asynchronous error when no receive
+    // The move raises the NAK's affiliated asynchronous error: no receive
     // WQE's completion reports the cause (IBTA 9.9.3.1.3, C9-222.1).
     bool fatal_event = false;
-    ibv_event_type fatal_event_type = IBV_EVENT_QP_FATAL;
   } resp_;
   std::vector<RespResource> res_;  // ring of max_dest_rd_atomic entries
   uint32_t res_next_ = 0;          // next slot to use

@@ -113,32 +113,36 @@ void queue_ack(Engine& e, Qp& qp, uint8_t syn, uint32_t psn) {
 // ERR. `in_recv_wc`: a receive WQE's completion carries the cause;
 // otherwise (a WRITE, READ or ATOMIC, a broken opcode sequence) the
 // responder's client learns it from an affiliated asynchronous error, as
-// C9-222.1 requires (mlx5 and rxe raise the same events).
+// C9-222.1 requires (mlx5 and rxe raise the same events; fatal_event()).
 void fatal(Engine& e, Qp& qp, uint8_t syn, uint32_t psn, bool in_recv_wc) {
-  ibv_event_type ev;
   switch (syn) {
     case aeth::nak(aeth::kNakInvalidRequest):
       e.ctr_.inc(ECtr::naks_inv_req_tx);
       ++qp.ctr_.naks_inv_req_tx;
-      ev = IBV_EVENT_QP_REQ_ERR;  // Invalid Request Local WQ Error
       break;
     case aeth::nak(aeth::kNakRemoteAccess):
       e.ctr_.inc(ECtr::naks_access_tx);
       ++qp.ctr_.naks_access_tx;
-      ev = IBV_EVENT_QP_ACCESS_ERR;  // Local Access Violation WQ Error
       break;
     default:
       e.ctr_.inc(ECtr::naks_op_tx);
       ++qp.ctr_.naks_op_tx;
-      ev = IBV_EVENT_QP_FATAL;  // Local Work Queue Catastrophic Error
       break;
   }
   queue_ack(e, qp, syn, psn);
-  Qp::Resp& r = qp.resp_;
-  r.fatal = true;
-  if (!in_recv_wc && !r.fatal_event) {
-    r.fatal_event = true;
-    r.fatal_event_type = ev;
+  qp.resp_.fatal = true;
+  qp.resp_.fatal_event = !in_recv_wc;
+}
+
+// The affiliated asynchronous error of a fatal NAK's syndrome.
+ibv_event_type fatal_event(uint8_t syn) {
+  switch (syn) {
+    case aeth::nak(aeth::kNakInvalidRequest):
+      return IBV_EVENT_QP_REQ_ERR;  // Invalid Request Local WQ Error
+    case aeth::nak(aeth::kNakRemoteAccess):
+      return IBV_EVENT_QP_ACCESS_ERR;  // Local Access Violation WQ Error
+    default:
+      return IBV_EVENT_QP_FATAL;  // Local Work Queue Catastrophic Error
   }
 }
 
@@ -753,8 +757,9 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     }
     if (r.fatal) {
       r.fatal = false;
+      // The NAK just sent is the fatal one (never superseded).
       const bool raise = std::exchange(r.fatal_event, false);
-      const ibv_event_type ev = r.fatal_event_type;
+      const ibv_event_type ev = fatal_event(r.ack_syndrome);
       e.to_error(qp);
       if (raise) e.dev_.raise({ev, qp.qpn_, nullptr, nullptr});
     }
