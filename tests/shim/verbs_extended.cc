@@ -1638,13 +1638,8 @@ void section_async(Dev& d) {
   {
     CqPtr scq = make_cq(d, 64);
     CqPtr rcq = make_cq(d, 64);
-    QpSpec spec;
-    spec.scq = scq.get();
-    spec.rcq = rcq.get();
-    spec.ops = IBV_QP_EX_WITH_RDMA_READ;
-    QpPtr a = make_qp(d, spec);
-    QpPtr b = make_qp(d, spec);
-    connect_rc(d, a.get(), b.get());
+    RcPair p = rc_pair(d, scq.get(), rcq.get(), scq.get(), rcq.get(),
+                       IBV_QP_EX_WITH_RDMA_READ);
     void* mem = aligned_alloc(4096, 4096);
     if (!mem) throw SetupError("aligned_alloc");
     ibv_mr* local_only = ibv_reg_mr(d.pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
@@ -1652,7 +1647,7 @@ void section_async(Dev& d) {
       free(mem);
       throw SetupError("ibv_reg_mr: " + err_text(errno));
     }
-    ibv_qp_ex* ax = qp_ex(a);
+    ibv_qp_ex* ax = qp_ex(p.a);
     ibv_wr_start(ax);
     ax->wr_id = 90;
     ax->wr_flags = IBV_SEND_SIGNALED;
@@ -1671,7 +1666,7 @@ void section_async(Dev& d) {
           "e) an RDMA READ of an MR without REMOTE_READ completes "
           "IBV_WC_REM_ACCESS_ERR",
           why);
-    expect_async(d, IBV_EVENT_QP_ACCESS_ERR, b.get(),
+    expect_async(d, IBV_EVENT_QP_ACCESS_ERR, p.b.get(),
                  "e) ... the responder's QP gets IBV_EVENT_QP_ACCESS_ERR");
     ibv_dereg_mr(local_only);
     free(mem);
