@@ -6,6 +6,7 @@
 #include <net/if.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
+#include <rte_kvargs.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <sys/socket.h>
@@ -26,6 +27,49 @@ std::string fmt(const char* f, auto... a) {
   return buf;
 }
 
+// The value of `key` in a vdev spec ("name,k=v,..."), parsed by DPDK's own
+// rte_kvargs; "" when absent.
+std::string vdev_arg(const std::string& vdev, const char* key) {
+  const size_t comma = vdev.find(',');
+  if (comma == std::string::npos) return {};
+  rte_kvargs* kv = rte_kvargs_parse(vdev.c_str() + comma + 1, nullptr);
+  if (!kv) return {};
+  const char* v = rte_kvargs_get(kv, key);
+  std::string out = v ? v : "";
+  rte_kvargs_free(kv);
+  return out;
+}
+
+// The PMD's packet sockets on the vdev's interface (one per queue pair),
+// found among our own descriptors: DPDK does not hand them out.
+std::vector<int> af_packet_sockets(const std::string& vdev) {
+  std::vector<int> fds;
+  const unsigned ifindex = if_nametoindex(vdev_arg(vdev, "iface").c_str());
+  DIR* d = opendir("/proc/self/fd");
+  if (!ifindex || !d) {
+    if (d) closedir(d);
+    return fds;
+  }
+  while (dirent* e = readdir(d)) {
+    char* end;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (*end || end == e->d_name || fd == dirfd(d)) continue;
+    int domain = 0;
+    socklen_t len = sizeof domain;
+    sockaddr_ll ll{};
+    socklen_t llen = sizeof ll;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_DOMAIN, &domain,
+                   &len) == 0 &&
+        domain == AF_PACKET &&
+        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ll),
+                    &llen) == 0 &&
+        ll.sll_ifindex == static_cast<int>(ifindex))
+      fds.push_back(static_cast<int>(fd));
+  }
+  closedir(d);
+  return fds;
+}
+
 }  // namespace
 
 // net_af_packet's kernel ring holds 512 frames by default: a burst that
@@ -40,10 +84,8 @@ std::string fmt(const char* f, auto... a) {
 // before the rings can grow there.
 std::string vdev_spec(const std::string& vdev) {
   if (vdev.rfind("net_af_packet", 0) != 0 ||
-      vdev.find("framecnt=") != std::string::npos)
-    return vdev;
-  const size_t q = vdev.find("qpairs=");
-  if (q != std::string::npos && std::atoi(vdev.c_str() + q + 7) > 1)
+      !vdev_arg(vdev, "framecnt").empty() ||
+      std::atoi(vdev_arg(vdev, "qpairs").c_str()) > 1)
     return vdev;
   return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
 }
@@ -225,39 +267,6 @@ PortInfo port_setup(const config::Config& cfg) {
   if (p.driver == "net_af_packet")
     p.ring_fds = af_packet_sockets(cfg.port.vdev);
   return p;
-}
-
-// The PMD's packet sockets on the vdev's interface (one per queue pair),
-// found among our own descriptors: DPDK does not hand them out.
-std::vector<int> af_packet_sockets(const std::string& vdev) {
-  std::vector<int> fds;
-  const size_t at = vdev.find("iface=");
-  if (at == std::string::npos) return fds;
-  const std::string ifname = vdev.substr(at + 6, vdev.find(',', at) - at - 6);
-  const unsigned ifindex = if_nametoindex(ifname.c_str());
-  DIR* d = opendir("/proc/self/fd");
-  if (!ifindex || !d) {
-    if (d) closedir(d);
-    return fds;
-  }
-  while (dirent* e = readdir(d)) {
-    char* end;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (*end || end == e->d_name || fd == dirfd(d)) continue;
-    int domain = 0;
-    socklen_t len = sizeof domain;
-    sockaddr_ll ll{};
-    socklen_t llen = sizeof ll;
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_DOMAIN, &domain,
-                   &len) == 0 &&
-        domain == AF_PACKET &&
-        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ll),
-                    &llen) == 0 &&
-        ll.sll_ifindex == static_cast<int>(ifindex))
-      fds.push_back(static_cast<int>(fd));
-  }
-  closedir(d);
-  return fds;
 }
 
 uint64_t port_ring_drops(const PortInfo& p) {

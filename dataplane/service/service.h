@@ -65,7 +65,6 @@ void port_read_stats(const PortInfo& p, stats::PortSnapshot& out);
 // Link state only (port_read_stats includes it).
 void port_read_link(const PortInfo& p, stats::PortSnapshot& out);
 void port_teardown(PortInfo& p);  // idempotent
-std::vector<int> af_packet_sockets(const std::string& vdev);
 // Frames the port's kernel rings dropped since the last call (af_packet;
 // 0 for other ports). Control thread.
 uint64_t port_ring_drops(const PortInfo& p);
