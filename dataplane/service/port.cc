@@ -185,12 +185,15 @@ PortInfo port_setup(const config::Config& cfg) {
 
   // Every RX descriptor holds an mbuf, TX rings and per-lcore caches hold
   // more; a pool smaller than that starves RX silently, so refuse it here.
-  // With two workers or more, hand-off rings hold received mbufs too.
+  // With two workers or more, hand-off rings and the frames held for them
+  // (kHandoffHold per other worker) keep received mbufs too.
   const uint64_t need =
       uint64_t{p.nb_queues} * (nb_rxd + nb_txd) +
       uint64_t{p.nb_queues} * cfg.mempool.cache +
       uint64_t{p.nb_queues} * 2 * config::kMaxBurst +
-      (p.nb_queues > 1 ? uint64_t{p.nb_queues} * kHandoffRing : 0);
+      (p.nb_queues > 1 ? uint64_t{p.nb_queues} *
+                             (kHandoffRing + (p.nb_queues - 1u) * kHandoffHold)
+                       : 0);
   if (cfg.mempool.mbufs < need)
     throw std::runtime_error(
         fmt("mempool.mbufs %u is too small: %u queue(s) x (%u RX + %u TX "

@@ -38,6 +38,11 @@ std::string vdev_spec(const std::string& vdev);
 // Frames one worker may hold for another (the hand-off ring, per worker):
 // counted in the mempool's minimum (port.cc) when there are two workers.
 constexpr uint32_t kHandoffRing = 1024;
+// Frames a worker keeps, per other worker, while that worker's hand-off
+// ring is full: the rest of a burst fits. Meanwhile it leaves its own RX
+// queue unread, so a backlog waits (or is dropped, counted as RX-missed) in
+// the port's ring rather than being lost between workers.
+constexpr uint32_t kHandoffHold = 2 * config::kMaxBurst;
 
 struct PortInfo {
   uint16_t port_id = 0;
@@ -150,6 +155,8 @@ class alignas(64) Worker final : public transport::PacketIo {
   bool accept_l2_st(const rte_mbuf* m);
   uint32_t local_rx_st(uint64_t now);
   void handoff_rx_st(rte_mbuf* m, uint64_t now);
+  void hand_off_st(uint32_t home, rte_mbuf* m);
+  bool release_held_st();  // true when no frame is held for another worker
   void rx_st(rte_mbuf* m, uint64_t now);  // through the RX fault stage
   uint32_t fault_release_st(uint64_t now);
   // PacketIo: copies the frame into (chained) mbufs from the port's pool;
@@ -179,6 +186,14 @@ class alignas(64) Worker final : public transport::PacketIo {
   std::span<Worker* const> peers_;  // by home; empty with one worker
   rte_ring* gsi_ = nullptr;         // QP1 frames to the control thread
   rte_ring* handoff_ = nullptr;     // RoCE frames for our QPs (MP/SC)
+  // Frames for another worker whose hand-off ring was full, oldest first
+  // (order per QP holds: nothing overtakes them), by home; see kHandoffHold.
+  struct Held {
+    rte_mbuf* m[kHandoffHold];
+    uint32_t head = 0, n = 0;
+  };
+  std::vector<Held> held_;  // sized by serve(); empty with one worker
+  uint32_t held_total_ = 0;
   // Frames to our own MAC (a QP talking to a QP of this service) loop back
   // here, whole and with their ICRC, and are received on the next loop.
   static constexpr uint32_t kLoopSize = 1024;

@@ -97,6 +97,9 @@ Worker::~Worker() {
   rte_ring_free(cmd_ring_);
   while (loop_head_ != loop_tail_)
     rte_pktmbuf_free(loop_[loop_head_++ % kLoopSize]);
+  for (Held& h : held_)
+    for (; h.n; --h.n, h.head = (h.head + 1) % kHandoffHold)
+      rte_pktmbuf_free(h.m[h.head]);
   if (handoff_) {
     void* m;
     while (rte_ring_dequeue(handoff_, &m) == 0)
@@ -115,6 +118,7 @@ void Worker::serve(ShimServer* shim, std::span<Worker* const> peers) {
   if (!handoff_)
     throw std::runtime_error("handoff ring: " +
                              std::string(rte_strerror(rte_errno)));
+  held_.resize(peers.size());
 }
 
 // Frames this service sent to itself and frames other workers received for
@@ -123,7 +127,9 @@ uint32_t Worker::local_rx_st(uint64_t now) {
   uint32_t n = 0;
   const uint32_t tail = loop_tail_;  // frames looped while handling these
                                      // wait for the next loop
-  while (loop_head_ != tail) {
+  // Not while frames wait for another worker: a looped frame could be one
+  // more for it (these wait in loop_, whose owner retries when it is full).
+  while (loop_head_ != tail && held_total_ == 0) {
     handle_st(loop_[loop_head_++ % kLoopSize], now);
     ++n;
   }
@@ -135,6 +141,44 @@ uint32_t Worker::local_rx_st(uint64_t now) {
     n += k;
   }
   return n;
+}
+
+// A RoCE frame for a QP of worker `home`, decoded: to its ring, unless
+// frames for it are already held (they go first) or the ring is full.
+void Worker::hand_off_st(uint32_t home, rte_mbuf* m) {
+  Held& h = held_[home];
+  if (h.n == 0 && rte_ring_enqueue(peers_[home]->handoff_, m) == 0) {
+    ctr_.inc(Ctr::roce_handoff);
+    return;
+  }
+  if (h.n == kHandoffHold) {  // only a fault stage's release gets here
+    ctr_.inc(Ctr::roce_handoff_dropped);
+    rte_pktmbuf_free(m);
+    return;
+  }
+  h.m[(h.head + h.n++) % kHandoffHold] = m;
+  ++held_total_;
+  ctr_.inc(Ctr::roce_handoff_held);
+}
+
+// Offers the held frames again, oldest first, as many as the rings take.
+bool Worker::release_held_st() {
+  if (held_total_ == 0) return true;
+  for (uint32_t home = 0; home < held_.size(); ++home) {
+    Held& h = held_[home];
+    while (h.n) {
+      const uint32_t run = std::min(h.n, kHandoffHold - h.head);  // no wrap
+      const unsigned k = rte_ring_enqueue_burst(
+          peers_[home]->handoff_, reinterpret_cast<void* const*>(&h.m[h.head]),
+          run, nullptr);
+      ctr_.add(Ctr::roce_handoff, k);
+      h.head = (h.head + k) % kHandoffHold;
+      h.n -= k;
+      held_total_ -= k;
+      if (k < run) break;
+    }
+  }
+  return held_total_ == 0;
 }
 
 // A RoCE frame for one of our QPs that another worker received, checked
@@ -510,17 +554,13 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
       }
       if (!peers_.empty()) {
         // The QP's home worker runs it: the frame goes there whole.
-        Worker* home = peers_[engine_.home_of(fi.roce.dqpn)];
-        if (home != this) {
+        const uint32_t home = engine_.home_of(fi.roce.dqpn);
+        if (peers_[home] != this) {
           // The decoding (ICRC checked) travels in the mbuf's private area
           // (port.cc sizes it): the home worker does not decode again.
           std::memcpy(rte_mbuf_to_priv(m), &fi, sizeof fi);
-          if (rte_ring_enqueue(home->handoff_, m) == 0) {
-            ctr_.inc(Ctr::roce_handoff);
-            return;
-          }
-          ctr_.inc(Ctr::roce_handoff_dropped);
-          break;
+          hand_off_st(home, m);
+          return;
         }
       }
       ctr_.inc(Ctr::roce_rx);
@@ -602,11 +642,18 @@ void Worker::loop_st() {
       if (rung) ctr_.add(Ctr::doorbells, rung);
       local += wqes;
     }
-    // 2b. Receive, classify, handle.
-    const uint16_t n = rte_eth_rx_burst(port_.port_id, queue_, pkts, burst_);
-    if (n) {
-      ctr_.inc(Ctr::rx_bursts);
-      ctr_.add(Ctr::rx_packets, n);
+    // 2b. Receive, classify, handle; not while frames wait for room in
+    // another worker's hand-off ring (back-pressure: the backlog stays in
+    // the port's ring, where a loss is the PMD's RX-missed, not ours).
+    uint16_t n = 0;
+    if (release_held_st()) {
+      n = rte_eth_rx_burst(port_.port_id, queue_, pkts, burst_);
+      if (n) {
+        ctr_.inc(Ctr::rx_bursts);
+        ctr_.add(Ctr::rx_packets, n);
+      }
+    } else {
+      ctr_.inc(Ctr::rx_held);
     }
     for (uint16_t i = 0; i < n; ++i) {
       if (i + 1 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 1], void*));
@@ -626,10 +673,12 @@ void Worker::loop_st() {
     // Transmit work behind a full TX ring is not: the peer that drains the
     // ring may need this CPU (memif, two services on shared cores: 16 QPs
     // spinning on a full ring got 2.1 Gb/s where 1 QP got 16.7), so the
-    // back-off applies, and every pass still flushes and retries.
+    // back-off applies, and every pass still flushes and retries. So is
+    // a wait for room in another worker's hand-off ring (the frames held
+    // and the looped ones behind them): that worker may need this CPU.
     const bool tx_blocked = tx_n_ > 0;
     if (n || local || work || (engine_.busy() && !tx_blocked) ||
-        loop_head_ != loop_tail_ || rx_fault_.pending() ||
+        (loop_head_ != loop_tail_ && held_total_ == 0) || rx_fault_.pending() ||
         tx_fault_.pending()) {
       ctr_.inc(Ctr::poll_busy);
       ctr_.add(Ctr::cycles_busy, t - t_prev);

@@ -33,7 +33,8 @@ namespace urnic::stats {
   X(rx_fault_duplicate) X(rx_fault_reorder) X(rx_fault_queue_drop)           \
   X(rx_fault_ce_marked) X(tx_fault_drop)    X(tx_fault_burst_drop)           \
   X(tx_fault_corrupt)  X(tx_fault_duplicate) X(tx_fault_reorder)             \
-  X(tx_fault_queue_drop) X(tx_fault_ce_marked) X(tx_bursts)
+  X(tx_fault_queue_drop) X(tx_fault_ce_marked) X(tx_bursts)           \
+  X(roce_handoff_held) X(rx_held)
 // clang-format on
 
 enum class Ctr : uint16_t {

@@ -18,7 +18,8 @@
 #                       net_af_packet over IFACE; LAST_PID = the service
 #   wait_sock SOCK      until a service answers there (10 s)
 #   wait_link SOCK      until that service's port link is up (10 s)
-#   counter SOCK NAME   a "totals"/"transport"/"shim" counter of stats --json
+#   counter SOCK NAME   a "totals"/"transport"/"port"/"shim" counter of
+#                       stats --json (the first section that has it)
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
 #                       needs in a sanitized build) and CLIENT_ENV for the
 #                       clients started with it
@@ -184,7 +185,7 @@ counter() {
   "$URNICCTL" -s "$1" stats --json | /usr/bin/python3 -c "
 import json, sys
 j = json.load(sys.stdin)
-for k in ('totals', 'transport'):
+for k in ('totals', 'transport', 'port'):
     if '$2' in j.get(k, {}): print(j[k]['$2']); break
 else:
     print(dict(j.get('shim') or {}).get('$2', -1))"

@@ -15,7 +15,9 @@
 #    doorbells;
 #  - af_packet: frames the port delivered to the other worker's queue were
 #    handed to the QP's home worker (counted); nothing was lost there, and
-#    no frame met an unknown QP.
+#    no frame met an unknown QP;
+#  - af_packet: a backlog of 8000 frames built while A was stopped: none is
+#    lost between A's workers (held while the other's ring is full).
 # Every started process is stopped by PID on exit, pass or fail.
 # usage: workers.sh URNICD URNICCTL SHIM_SO URNIC_PERF TOPO
 set -euo pipefail
@@ -40,7 +42,7 @@ else
   for side in a b; do
     if [ $side = a ]; then ns=$NS_A ifc=$IF_A ip=10.96.0.1 s=$SA; else ns=$NS_B ifc=$IF_B ip=10.96.0.2 s=$SB; fi
     IN_NS=$ns urnicd_start $side $ip "$s" \
-      -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1" "${TWO[@]}"
+      -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1,framecnt=4096" "${TWO[@]}"
   done
   ON_A=(ip netns exec "$NS_A" env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
   ON_B=(ip netns exec "$NS_B" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
@@ -143,4 +145,61 @@ check "no hand-off dropped ($(counter "$SA" roce_handoff_dropped) + $(counter "$
   test "$(($(counter "$SA" roce_handoff_dropped) + $(counter "$SB" roce_handoff_dropped)))" = 0
 check "no frame for an unknown QP ($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp))" \
   test "$(($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp)))" = 0
+
+# af_packet: a backlog bigger than the hand-off ring. With A stopped, 8000
+# RoCE frames (valid ICRC, to QPNs of both homes that no QP has, over many
+# UDP source ports, so the fanout spreads them over both queues) fill its
+# two 4096-frame kernel rings. Its second worker, which shares a CPU with
+# the first, then runs as SCHED_IDLE: once A runs again the first worker
+# pulls its backlog and hands ~2000 frames to the second's 1024-frame ring
+# while that one barely runs. It holds what does not fit and leaves its
+# queue unread meanwhile (roce_handoff_held, rx_held); every frame the
+# port delivered reaches its home's engine (rx_no_qp), none is lost
+# between the workers: delivered + RX-missed = sent.
+if [ "$TOPO" = af_packet ]; then
+  MAC_A=$(ip -n "$NS_A" -j link show "$IF_A" |
+    $PY -c "import json, sys; print(json.load(sys.stdin)[0]['address'])")
+  cat >"$TMP/backlog.py" <<'PY'
+import socket, sys
+from scapy.all import Ether, IP, UDP, Raw, conf
+from scapy.contrib.roce import BTH
+iface, mac, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+conf.verb = 0
+base = Ether(dst=mac, src="02:00:00:96:00:99") / IP(src="10.96.0.99", dst="10.96.0.1")
+frames = [bytes(base / UDP(sport=49152 + i % 4096, dport=4791) /
+                BTH(opcode=4, dqpn=0xff0000 | (0x100 + i % 0x1000), psn=i) /
+                Raw(bytes(32))) for i in range(n)]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((iface, 0))
+sent = 0
+for f in frames:
+    sent += s.send(f) == len(f)
+print(sent)
+PY
+  nq0=$(counter "$SA" rx_no_qp)
+  miss0=$(counter "$SA" rx_missed)
+  drop0=$(counter "$SA" roce_handoff_dropped)
+  held0=$(counter "$SA" roce_handoff_held)
+  PID_A=${PIDS[0]}
+  W2=$(grep -lx 'rte-worker-2' /proc/"$PID_A"/task/*/comm | cut -d/ -f5)
+  kill -STOP "$PID_A"
+  ip netns exec "$NS_B" $PY "$TMP/backlog.py" "$IF_B" "$MAC_A" 8000 \
+    >"$TMP/backlog.out" 2>&1 || true
+  chrt --idle -p 0 "$W2"
+  kill -CONT "$PID_A"
+  sent=$(tail -1 "$TMP/backlog.out")
+  backlog_done() {  # every frame sent is an engine's rx_no_qp or RX-missed
+    local got=$(($(counter "$SA" rx_no_qp) - nq0 + $(counter "$SA" rx_missed) - miss0))
+    [ "$got" = "$sent" ]
+  }
+  for _ in $(seq 100); do backlog_done && break; sleep 0.1; done
+  chrt --other -p 0 "$W2"
+  nq=$(($(counter "$SA" rx_no_qp) - nq0))
+  miss=$(($(counter "$SA" rx_missed) - miss0))
+  held=$(($(counter "$SA" roce_handoff_held) - held0))
+  check "backlog: $sent frames sent while A was stopped, each reached a home's engine ($nq) or was the kernel ring's (RX-missed $miss)" \
+    backlog_done
+  check "backlog: frames held for the other worker's full ring ($held, rx_held $(counter "$SA" rx_held)), none dropped ($(($(counter "$SA" roce_handoff_dropped) - drop0)))" \
+    test "$held" -gt 0 -a "$(($(counter "$SA" roce_handoff_dropped) - drop0))" = 0
+fi
 finish
