@@ -76,16 +76,15 @@ std::vector<int> af_packet_sockets(const std::string& vdev) {
 // arrives while the lcore is off the CPU (a shared core, a VM) overflows it,
 // and the kernel drops frames the PMD never reports. RC resends them; UD
 // and UC lose whole messages (perftest -c UD and -c UC hung on a veth pair).
-// 4096 frames (8 MiB per ring at the default 2 KiB frames) unless the spec
-// sets its own. One queue pair only: with two, a worker back from a pause
-// pulls its ring's backlog and hands half of it to the other worker's
-// 1024-frame hand-off ring, which then overflowed (the workers test) where
-// the kernel's 512 used to drop first; the hand-off needs back-pressure
-// before the rings can grow there.
+// 4096 frames (8 MiB per ring, one ring per queue pair, at the default
+// 2 KiB frames) unless the spec sets its own. With two queue pairs a worker
+// back from a pause pulls a backlog of up to that many frames, half of them
+// for the other worker: the hand-off holds what the other's ring cannot
+// take and stops reading the port meanwhile (Worker::hand_off_st), so the
+// backlog waits in the kernel's ring instead of overflowing ours.
 std::string vdev_spec(const std::string& vdev) {
   if (vdev.rfind("net_af_packet", 0) != 0 ||
-      !vdev_arg(vdev, "framecnt").empty() ||
-      std::atoi(vdev_arg(vdev, "qpairs").c_str()) > 1)
+      !vdev_arg(vdev, "framecnt").empty())
     return vdev;
   return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
 }

@@ -30,8 +30,8 @@ uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // Builds the EAL argument vector from the config (exposed for tests/logs).
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog);
-// The --vdev argument for port.vdev: net_af_packet with one queue pair and
-// no framecnt gets kAfPacketFrames (port.cc says why).
+// The --vdev argument for port.vdev: net_af_packet without framecnt gets
+// kAfPacketFrames per queue pair (port.cc says why).
 constexpr uint32_t kAfPacketFrames = 4096;
 std::string vdev_spec(const std::string& vdev);
 

@@ -42,7 +42,7 @@ else
   for side in a b; do
     if [ $side = a ]; then ns=$NS_A ifc=$IF_A ip=10.96.0.1 s=$SA; else ns=$NS_B ifc=$IF_B ip=10.96.0.2 s=$SB; fi
     IN_NS=$ns urnicd_start $side $ip "$s" \
-      -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1,framecnt=4096" "${TWO[@]}"
+      -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1" "${TWO[@]}"
   done
   ON_A=(ip netns exec "$NS_A" env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
   ON_B=(ip netns exec "$NS_B" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
@@ -149,7 +149,7 @@ check "no frame for an unknown QP ($(counter "$SA" rx_no_qp) + $(counter "$SB" r
 # af_packet: a backlog bigger than the hand-off ring. With A stopped, 8000
 # RoCE frames (valid ICRC, to QPNs of both homes that no QP has, over many
 # UDP source ports, so the fanout spreads them over both queues) fill its
-# two 4096-frame kernel rings. Its second worker, which shares a CPU with
+# two kernel rings, 4096 frames each by urnicd's default. Its second worker, which shares a CPU with
 # the first, then runs as SCHED_IDLE: once A runs again the first worker
 # pulls its backlog and hands ~2000 frames to the second's 1024-frame ring
 # while that one barely runs. It holds what does not fit and leaves its
