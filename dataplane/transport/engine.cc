@@ -270,6 +270,13 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   qp->sq_sig_all_ = a.sq_sig_all;
   c.max_send_wr = ring_size(c.max_send_wr);
   c.max_send_sge = c.max_send_sge ? c.max_send_sge : 1;
+  // Inline room of at least what the WQE's gather list takes (an ibv_sge
+  // per SGE), as rxe and mlx5 size it: ibv_create_qp(3) grants caps >= the
+  // request, and programs post small inline sends on a QP created with
+  // max_inline_data 0 (rdmacm-utils' rdma_xclient: 16 bytes).
+  c.max_inline_data = std::min<uint32_t>(
+      lim.max_inline,
+      std::max<uint32_t>(c.max_inline_data, c.max_send_sge * sizeof(ibv_sge)));
   qp->sq_.resize(c.max_send_wr);
   qp->sq_mask_ = c.max_send_wr - 1;
   // Per-WQE room from the caps: SGEs, their resolution, inline bytes.

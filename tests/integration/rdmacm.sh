@@ -8,6 +8,8 @@
 #   - rping within one service (its own address: MADs looped back);
 #   - ucmatose (RDMA_PS_TCP, data transfers) and rdma_server/rdma_client
 #     (synchronous ids: rdma_create_ep, rdma_get_request's MIGRATE_ID);
+#     rdma_xserver/rdma_xclient over RC (an inline send on a QP created
+#     with max_inline_data 0);
 #   - udaddy (RDMA_PS_UDP: SIDR_REQ/REP, UD sends to the AH of the event);
 #   - perftest ib_write_bw -R, ib_send_bw -R -c UD and ib_send_lat -R (two
 #     CM phases on one port);
@@ -30,7 +32,7 @@ ID=rdmacm-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-for p in rping ucmatose udaddy rdma_server rdma_client ib_write_bw; do
+for p in rping ucmatose udaddy rdma_server rdma_client rdma_xserver ib_write_bw; do
   command -v "$p" >/dev/null ||
     { echo "SKIP: $p not installed (rdmacm-utils, perftest)"; exit 77; }
 done
@@ -102,6 +104,10 @@ check "  both report status 0" \
 check "rdma_server / rdma_client (synchronous ids, MIGRATE_ID)" \
   pair rdma_sc "$SA" "$SB" "rdma_server" "rdma_client -s 10.98.0.1"
 check "  both ends 0" both 'end 0' rdma_sc
+# rdma_xclient asks for max_inline_data 0 and posts a 16-byte inline send:
+# it needs the inline room rxe and mlx5 grant anyway (a gather list's).
+check "rdma_xserver / rdma_xclient -c r (inline send on a QP that asked for none)" \
+  pair rdma_x "$SA" "$SB" "rdma_xserver -c r" "rdma_xclient -s 10.98.0.1 -c r"
 check "ib_write_bw -R 64 KiB" \
   pair write_bw "$SA" "$SB" "ib_write_bw -R -d urnic0 -s 65536 -n 500" \
   "ib_write_bw -R -d urnic0 -s 65536 -n 500 10.98.0.1"

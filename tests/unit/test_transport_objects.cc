@@ -188,6 +188,23 @@ TEST(TransportObjects, CreateQpChecksCapsAndLimit) {
   EXPECT_EQ(a.cap.max_send_sge, 16u);
   EXPECT_EQ(a.cap.max_inline_data, 256u);
   EXPECT_EQ(eng.find_qp(qp->qpn()), qp);
+  ASSERT_EQ(eng.destroy_qp(qp), 0);
+  // No inline asked for: the room of the gather list is granted (an
+  // ibv_sge per SGE, as rxe), never above the device's limit.
+  a.cap = {10, 5, 1, 1, 0};
+  ASSERT_EQ(eng.create_qp(a, &qp), 0);
+  EXPECT_EQ(a.cap.max_inline_data, sizeof(ibv_sge));
+  ASSERT_EQ(eng.destroy_qp(qp), 0);
+  a.cap = {10, 5, 4, 1, 8};
+  ASSERT_EQ(eng.create_qp(a, &qp), 0);
+  EXPECT_EQ(a.cap.max_inline_data, 4 * sizeof(ibv_sge));
+  ASSERT_EQ(eng.destroy_qp(qp), 0);
+  a.cap = {10, 5, 16, 16, 0};
+  ASSERT_EQ(eng.create_qp(a, &qp), 0);
+  EXPECT_EQ(a.cap.max_inline_data, kMaxInline);  // 16 x 16 = 256
+  ASSERT_EQ(eng.destroy_qp(qp), 0);
+  a.cap = {10, 5, 16, 16, 256};
+  ASSERT_EQ(eng.create_qp(a, &qp), 0);
   EXPECT_GE(qp->qpn(), kFirstQpn);  // 0 and 1 are special QPs
   Qp *q2, *q3;
   ASSERT_EQ(eng.create_qp(a, &q2), 0);
