@@ -294,12 +294,13 @@ bool Worker::transmit(const transport::TxFrame& f) {
     return true;
   };
   // A payload piece of application memory is attached, not copied (small
-  // pieces are cheaper to copy than to chain). Counted once the frame is
-  // whole: a frame that fails here is built again later.
+  // pieces are cheaper to copy than to chain), if it stays unchanged until
+  // the PMD is done with it (f.stable: an RC request's). Counted once the
+  // frame is whole: a frame that fails here is built again later.
   uint64_t copied = 0, referenced = 0, segs = 0;
   auto attach = [&](const wire::ConstBuf& b) {
     const ZeroCopyTx::View* v =
-        zc_ && !loop && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
+        zc_ && !loop && f.stable && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
             ? zc_->find(b.data, b.len)
             : nullptr;
     if (v && rte_mbuf_ext_refcnt_read(v->shinfo) >= ZeroCopyTx::kMaxInFlight)

@@ -789,13 +789,24 @@ void Engine::fill_addr(const Qp& qp, const Path& path,
 }
 
 bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
-                         std::span<const wire::ConstBuf> payload) {
+                         std::span<const wire::ConstBuf> payload, bool stable) {
   uint8_t hdr[128];
   uint8_t trailer[8];
   const uint32_t hl = qp.type_ == IBV_QPT_UD
                           ? wire::encode_headers(f, hdr, sizeof(hdr))
                           : wire::encode_headers(qp.hdr_, f, hdr, sizeof(hdr));
   if (hl == 0) return true;  // cannot happen for our own fields; dropped
+  wire::ConstBuf copy;
+  if (!stable && !payload.empty()) {
+    uint32_t n = 0;
+    for (const wire::ConstBuf& b : payload) {
+      if (n + b.len > sizeof bounce_) return true;  // > MTU: cannot happen
+      std::memcpy(bounce_ + n, b.data, b.len);
+      n += b.len;
+    }
+    copy = {bounce_, n};
+    payload = {&copy, 1};
+  }
   const uint32_t tl = wire::encode_trailer(hdr, f, payload, trailer);
   TxFrame tf;
   tf.hdr = hdr;
@@ -803,6 +814,7 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
   tf.payload = payload;
   tf.trailer = trailer;
   tf.trailer_len = tl;
+  tf.stable = stable;
   if (!io_.transmit(tf)) {
     tx_refused_ = true;
     ctr_.inc(ECtr::tx_full);

@@ -35,6 +35,11 @@ struct TxFrame {
   std::span<const wire::ConstBuf> payload;
   const uint8_t* trailer = nullptr;
   uint32_t trailer_len = 0;
+  // The payload stays as it is until the frame is gone: an RC request's
+  // data, which the application may not touch before the WR completes,
+  // after the ACK; a PacketIo may reference it (zero-copy TX). Other
+  // payload is the engine's own copy, valid until transmit() returns.
+  bool stable = false;
   uint32_t frame_len() const {
     uint32_t n = hdr_len + trailer_len;
     for (const wire::ConstBuf& b : payload) n += b.len;
@@ -231,9 +236,15 @@ class Engine {
   void fill_addr(const Qp& qp, const Path& path, wire::RoceFields& f) const;
   // Encodes and transmits one packet of `qp`; false if TX is full. RC/UC
   // packets start from qp.tmpl_, so their Ethernet..UDP bytes come from
-  // qp.hdr_; UD packets (an AH per WR) are encoded whole.
+  // qp.hdr_; UD packets (an AH per WR) are encoded whole. Unless `stable`
+  // (TxFrame::stable) the payload is copied first and the ICRC computed
+  // over the copy: application memory may change meanwhile (a UD or UC
+  // send completes before the frame has left; a READ response's memory is
+  // the responder application's, rewritten at will), and a frame must
+  // carry the ICRC of the bytes it carries.
   bool send_packet(Qp& qp, wire::RoceFields& f,
-                   std::span<const wire::ConstBuf> payload);
+                   std::span<const wire::ConstBuf> payload,
+                   bool stable = false);
   void make_ready(Qp& qp) { ready_.push_back(qp); }
   // Small responder packets (ACK/NAK, atomic ACK) go out before bulk data:
   // an ACK queued behind every other QP's data burst would look lost.
@@ -326,8 +337,10 @@ class Engine {
   std::mt19937 qpn_rng_;
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
-  bool tx_refused_ = false;         // the PacketIo refused a frame this turn
-  uint32_t last_tx_len_ = 0;        // bytes of the last frame sent
+  // send_packet's copy of a payload that may change (TxFrame::stable).
+  alignas(64) uint8_t bounce_[4096];
+  bool tx_refused_ = false;     // the PacketIo refused a frame this turn
+  uint32_t last_tx_len_ = 0;    // bytes of the last frame sent
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
   QpList<&Qp::ack_link_> ack_;  // QPs with an ACK-sized response pending
   SharedWindow cc_shared_;

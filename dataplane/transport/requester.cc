@@ -157,7 +157,9 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
         (w.wr.remote_qkey & 0x80000000u) ? qp.qkey_ : w.wr.remote_qkey;
     f.deth_src_qp = qp.qpn_;
   }
-  if (!e.send_packet(qp, f, {pieces, npieces})) return false;
+  // An RC request's data stays put until its ACK completes the WR; a UD
+  // or UC send completes before the frame has left (TxFrame::stable).
+  if (!e.send_packet(qp, f, {pieces, npieces}, rc)) return false;
   if (f.ack_req && !qp.rtt_timing_ && qp.req_.psn == qp.req_.max_psn) {
     qp.rtt_timing_ = true;  // a first transmission: time its ACK
     qp.rtt_psn_ = qp.req_.psn;

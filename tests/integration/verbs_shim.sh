@@ -11,19 +11,23 @@
 #   urnicd on net_af_packet on its veth end (10.80.0.1, 10.80.0.2) and a
 #   kernel address on the same veth (10.80.0.11, 10.80.0.12) that the
 #   programs use for their TCP exchange; RDMA crosses the veth.
-# Also: kill -9 of a client, then of a server, in mid-transfer (the
+# Also: memory rewritten while B1 may still send from it (payload_reuse:
+# UD/UC send buffers reused at their completion, memory under READs), kill
+# -9 of a client, then of a server, in mid-transfer (the
 # survivor fails instead of hanging, both services release every object),
 # the misuse program and the extended-verbs program (ibv_wr_*, ibv_cq_ex,
 # events, UD AH from GRH: what perftest does not use on urnic).
 # Every started process is killed by PID and every namespace deleted on
 # exit, pass or fail.
 # usage: verbs_shim.sh URNICD URNICCTL SHIM_SO MISUSE_BIN EXTENDED_BIN
+#   REUSE_BIN (tests/shim/payload_reuse)
 set -euo pipefail
 URNICD=$1
 URNICCTL=$2
 SHIM=$(realpath "$3")
 MISUSE=$(realpath "$4")
 EXTENDED=$(realpath "$5")
+REUSE=$(realpath "$6")
 PY=/usr/bin/python3
 
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
@@ -322,6 +326,28 @@ check "B: ib_send_bw -c UD -a -n 20 (receives posted per size, no loss)" \
 # 8192 frames each, which a receiver off the CPU may still lose.)
 check "B: ib_send_bw -c UC -s 65536 -n 20 (1280 frames, none lost)" \
   pair b perf ib_send_bw "${PT[@]}" -c UC -s 65536 -n 20
+# Memory that changes while B1 (zero-copy TX) may still send from it: a UD
+# or UC send buffer rewritten as soon as the send completed, memory
+# rewritten under READs. Every frame must still carry a valid ICRC: B2
+# counts none bad, every message arrives intact, every READ completes.
+bad_icrc() {
+  "$URNICCTL" -s "$1" stats --json |
+    $PY -c "import json, sys; print(json.load(sys.stdin)['malformed'].get('bad_icrc', 0))"
+}
+reuse() {  # reuse MODE COUNT: a payload_reuse pair, B2's bad ICRCs unchanged
+  local before after
+  before=$(bad_icrc "$SOCK_B2")
+  pair b plain "$REUSE" -t "$1" -n "$2" || return 1
+  after=$(bad_icrc "$SOCK_B2")
+  echo "B2 bad_icrc: $before -> $after"
+  [ "$after" = "$before" ]
+}
+check "B: UD sends from a buffer rewritten at each completion (5000, intact)" \
+  reuse ud 5000
+check "B: UC sends from a buffer rewritten at each completion (2000, intact)" \
+  reuse uc 2000
+check "B: READs of memory rewritten meanwhile (200 x 64 KiB, no bad ICRC)" \
+  reuse read 200
 
 crossed() {  # the B runs went over the veth, both ways
   local r1 r2

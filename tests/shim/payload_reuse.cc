@@ -1,0 +1,367 @@
+// payload_reuse: an unmodified libibverbs program whose memory changes while
+// a device may still be sending from it, as the verbs contract allows:
+//   ud, uc   the server sends COUNT messages from one buffer, waits for each
+//            send's completion and overwrites the buffer at once (a UD or
+//            UC send completes when it has left, before any ACK); the
+//            client receives them and checks every byte.
+//   read     the server keeps rewriting its memory while the client READs
+//            it COUNT times (the bytes may be any mix of old and new, but
+//            every response packet must be valid).
+// A device that referenced such memory after the completion, or computed
+// the ICRC of a READ response over other bytes than it sent, loses
+// messages to bad ICRCs (tests/integration/verbs_shim.sh checks the
+// receiving service's counter too).
+// The two ends exchange QPN, GID, address and rkey over TCP, as perftest
+// does; flow control is a credit byte per 64 messages received. Every wait
+// is bounded. Exit status 0 only when every message arrived intact (ud,
+// uc) or every READ completed (read).
+//   usage: payload_reuse -t ud|uc|read [-n COUNT] -p PORT [HOST]
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/support/verbs_bringup.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kWait = std::chrono::seconds(10);
+constexpr uint32_t kQkey = 0x11111111;
+constexpr uint32_t kRecvs = 256;  // receives posted; the sender's credit
+constexpr uint32_t kCreditEvery = 64;
+constexpr uint32_t kGrh = 40;          // a UD receive starts with the GRH
+constexpr size_t kReadMem = 1u << 20;  // what the READs read, rewritten
+constexpr uint32_t kReadLen = 65536;
+
+enum class Mode { kUd, kUc, kRead };
+
+struct Info {  // exchanged over TCP
+  uint32_t qpn;
+  uint32_t rkey;
+  uint64_t addr;
+  uint8_t gid[16];
+};
+
+[[noreturn]] void die(const char* what) {
+  std::perror(what);
+  std::exit(2);
+}
+
+uint8_t pattern(uint32_t seq, uint32_t i) {
+  return static_cast<uint8_t>(seq * 7 + i);
+}
+
+int tcp_connect(const char* host, const char* port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res;
+  if (getaddrinfo(host, port, &hints, &res) != 0) die("getaddrinfo");
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = false;
+  for (int i = 0; i < 100 && !ok; ++i) {  // the server may not listen yet
+    ok = connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+    if (!ok) usleep(100000);
+  }
+  freeaddrinfo(res);
+  if (!ok) die("connect");
+  return fd;
+}
+
+int tcp_accept(const char* port) {
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::atoi(port)));
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      listen(lfd, 1) != 0)
+    die("listen");
+  const int fd = accept(lfd, nullptr, nullptr);
+  if (fd < 0) die("accept");
+  close(lfd);
+  return fd;
+}
+
+void put(int fd, const void* p, size_t n) {
+  if (send(fd, p, n, MSG_NOSIGNAL) != static_cast<ssize_t>(n)) die("send");
+}
+void get(int fd, void* p, size_t n) {
+  if (recv(fd, p, n, MSG_WAITALL) != static_cast<ssize_t>(n)) die("recv");
+}
+
+// One completion (or none within kWait: 0 returned, wc untouched).
+int poll_one(ibv_cq* cq, ibv_wc* wc) {
+  const auto end = Clock::now() + kWait;
+  while (Clock::now() < end) {
+    const int k = ibv_poll_cq(cq, 1, wc);
+    if (k != 0) return k;
+  }
+  return 0;
+}
+
+int modify(ibv_qp* qp, ibv_qp_attr a, int mask, const char* what) {
+  if (int rc = ibv_modify_qp(qp, &a, mask)) {
+    std::fprintf(stderr, "modify_qp to %s: %s\n", what, std::strerror(rc));
+    std::exit(2);
+  }
+  return 0;
+}
+
+void bring_up(Mode m, ibv_qp* qp, const Info& peer) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  if (m == Mode::kUd) {
+    a.qkey = kQkey;
+    modify(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+           "INIT");
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    modify(qp, a, IBV_QP_STATE, "RTR");
+    a.qp_state = IBV_QPS_RTS;
+    modify(qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
+    return;
+  }
+  if (m == Mode::kRead) {
+    urnic::test::RcPath p;
+    p.dest_qpn = peer.qpn;
+    std::memcpy(p.dgid.raw, peer.gid, 16);
+    p.rd_atomic = 4;
+    const char* step;
+    if (int rc = urnic::test::rc_connect(qp, p, &step)) {
+      std::fprintf(stderr, "modify_qp to %s: %s\n", step, std::strerror(rc));
+      std::exit(2);
+    }
+    return;
+  }
+  // UC: the RC-only attributes (rd_atomic, RNR, timeout) are not allowed.
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  modify(qp, a,
+         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+         "INIT");
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = peer.qpn;
+  a.ah_attr.is_global = 1;
+  std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = 1;
+  modify(qp, a,
+         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+             IBV_QP_RQ_PSN,
+         "RTR");
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  modify(qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Mode mode = Mode::kUd;
+  uint32_t count = 5000;
+  const char* port = nullptr;
+  const char* host = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-t" && i + 1 < argc) {
+      const std::string t = argv[++i];
+      mode = t == "uc" ? Mode::kUc : t == "read" ? Mode::kRead : Mode::kUd;
+    } else if (a == "-n" && i + 1 < argc) {
+      count = static_cast<uint32_t>(std::atoi(argv[++i]));
+    } else if (a == "-p" && i + 1 < argc) {
+      port = argv[++i];
+    } else {
+      host = argv[i];
+    }
+  }
+  if (!port || count == 0) {
+    std::fprintf(stderr,
+                 "usage: payload_reuse -t ud|uc|read [-n COUNT] -p PORT "
+                 "[HOST]\n");
+    return 2;
+  }
+  const bool server = host == nullptr;  // sends (ud, uc); is READ (read)
+  const uint32_t len = mode == Mode::kUd ? 1000 : 3000;  // uc: 3 packets
+  const uint32_t slot = len + kGrh;
+
+  int ndev = 0;
+  ibv_device** devs = ibv_get_device_list(&ndev);
+  if (!devs || ndev == 0) die("no RDMA device");
+  ibv_context* ctx = ibv_open_device(devs[0]);
+  if (!ctx) die("ibv_open_device");
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 2 * kRecvs, nullptr, nullptr, 0);
+  if (!pd || !cq) die("pd/cq");
+  const size_t bytes =
+      mode == Mode::kRead ? kReadMem : size_t{slot} * kRecvs + 4096;
+  std::vector<uint8_t> mem(bytes, 0);
+  ibv_mr* mr = ibv_reg_mr(
+      pd, mem.data(), bytes,
+      IBV_ACCESS_LOCAL_WRITE |
+          (mode == Mode::kRead ? IBV_ACCESS_REMOTE_READ : 0));
+  if (!mr) die("ibv_reg_mr");
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = mode == Mode::kUd   ? IBV_QPT_UD
+               : mode == Mode::kUc ? IBV_QPT_UC
+                                   : IBV_QPT_RC;
+  ia.cap = {kRecvs, kRecvs, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  if (!qp) die("ibv_create_qp");
+
+  Info me{}, peer{};
+  me.qpn = qp->qp_num;
+  me.rkey = mr->rkey;
+  me.addr = reinterpret_cast<uintptr_t>(mem.data());
+  ibv_gid gid;
+  if (ibv_query_gid(ctx, 1, 0, &gid)) die("ibv_query_gid");
+  std::memcpy(me.gid, gid.raw, 16);
+  const int fd = server ? tcp_accept(port) : tcp_connect(host, port);
+  timeval tv{10, 0};  // every TCP wait bounded too
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  put(fd, &me, sizeof me);
+  get(fd, &peer, sizeof peer);
+  bring_up(mode, qp, peer);
+  ibv_wc wc{};
+
+  if (mode == Mode::kRead && server) {
+    // Rewrite the memory until the client says it is done.
+    uint64_t v = 0;
+    char done = 0;
+    put(fd, &done, 1);  // ready
+    for (;;) {  // a byte, or the client gone (0): stop
+      const ssize_t r = recv(fd, &done, 1, MSG_DONTWAIT);
+      if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
+      ++v;
+      for (size_t i = 0; i + 8 <= bytes; i += 8) std::memcpy(&mem[i], &v, 8);
+    }
+    std::printf("server: rewrote its memory %llu times\n",
+                static_cast<unsigned long long>(v));
+    return 0;
+  }
+  if (mode == Mode::kRead) {
+    char ready;
+    get(fd, &ready, 1);
+    for (uint32_t i = 0; i < count; ++i) {
+      ibv_sge s{reinterpret_cast<uintptr_t>(mem.data()), kReadLen, mr->lkey};
+      ibv_send_wr w{}, *bad;
+      w.wr_id = i;
+      w.sg_list = &s;
+      w.num_sge = 1;
+      w.opcode = IBV_WR_RDMA_READ;
+      w.send_flags = IBV_SEND_SIGNALED;
+      w.wr.rdma.remote_addr = peer.addr + (i % 8) * kReadLen;
+      w.wr.rdma.rkey = peer.rkey;
+      if (ibv_post_send(qp, &w, &bad)) die("post READ");
+      if (poll_one(cq, &wc) != 1 || wc.status != IBV_WC_SUCCESS) {
+        std::fprintf(stderr, "READ %u: %s\n", i,
+                     wc.status ? ibv_wc_status_str(wc.status) : "no completion");
+        return 1;
+      }
+    }
+    const char done = 1;
+    put(fd, &done, 1);
+    std::printf("client: %u READs of %u bytes completed\n", count, kReadLen);
+    return 0;
+  }
+
+  ibv_ah* ah = nullptr;
+  if (mode == Mode::kUd && server) {
+    ibv_ah_attr aa{};
+    aa.is_global = 1;
+    aa.port_num = 1;
+    aa.grh.hop_limit = 64;
+    std::memcpy(aa.grh.dgid.raw, peer.gid, 16);
+    ah = ibv_create_ah(pd, &aa);
+    if (!ah) die("ibv_create_ah");
+  }
+  const uint32_t off = mode == Mode::kUd ? kGrh : 0;  // where data lands
+  if (!server) {
+    auto post_recv = [&](uint32_t i) {
+      ibv_sge s{reinterpret_cast<uintptr_t>(&mem[size_t{i} * slot]), slot,
+                mr->lkey};
+      ibv_recv_wr w{}, *bad;
+      w.wr_id = i;
+      w.sg_list = &s;
+      w.num_sge = 1;
+      if (ibv_post_recv(qp, &w, &bad)) die("ibv_post_recv");
+    };
+    for (uint32_t i = 0; i < kRecvs; ++i) post_recv(i);
+    const char ready = 1;
+    put(fd, &ready, 1);
+    uint32_t got = 0, corrupt = 0, out_of_order = 0;
+    int64_t last = -1;
+    while (got < count && poll_one(cq, &wc) == 1) {
+      if (wc.status != IBV_WC_SUCCESS) {
+        std::fprintf(stderr, "receive: %s\n", ibv_wc_status_str(wc.status));
+        return 1;
+      }
+      const uint8_t* p = &mem[size_t{wc.wr_id} * slot + off];
+      uint32_t seq;
+      std::memcpy(&seq, p, 4);
+      bool bad = wc.byte_len != len + off;
+      for (uint32_t i = 4; i < len && !bad; ++i) bad = p[i] != pattern(seq, i);
+      corrupt += bad;
+      out_of_order += static_cast<int64_t>(seq) != last + 1;
+      last = seq;
+      post_recv(static_cast<uint32_t>(wc.wr_id));
+      // A credit; the server may be gone once it has sent the last one.
+      if (++got % kCreditEvery == 0) send(fd, &ready, 1, MSG_NOSIGNAL);
+    }
+    std::printf(
+        "client: received %u of %u, %u corrupt, %u after a gap (last %lld)\n",
+        got, count, corrupt, out_of_order, static_cast<long long>(last));
+    return got == count && corrupt == 0 ? 0 : 1;
+  }
+  char credit;
+  get(fd, &credit, 1);  // the receives are posted
+  uint64_t allowed = kRecvs;
+  uint8_t* p = mem.data();
+  for (uint32_t seq = 0; seq < count; ++seq) {
+    while (seq >= allowed) {
+      get(fd, &credit, 1);
+      allowed += kCreditEvery;
+    }
+    std::memcpy(p, &seq, 4);
+    for (uint32_t i = 4; i < len; ++i) p[i] = pattern(seq, i);
+    ibv_sge s{reinterpret_cast<uintptr_t>(p), len, mr->lkey};
+    ibv_send_wr w{}, *bad;
+    w.wr_id = seq;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    if (ah) {
+      w.wr.ud.ah = ah;
+      w.wr.ud.remote_qpn = peer.qpn;
+      w.wr.ud.remote_qkey = kQkey;
+    }
+    if (ibv_post_send(qp, &w, &bad)) die("ibv_post_send");
+    if (poll_one(cq, &wc) != 1 || wc.status != IBV_WC_SUCCESS) {
+      std::fprintf(stderr, "send %u: %s\n", seq,
+                   wc.status ? ibv_wc_status_str(wc.status) : "no completion");
+      return 1;
+    }
+    // Completed: the buffer is the program's again, and it changes now.
+    std::memset(p, 0xAA, len);
+  }
+  std::printf("server: %u messages sent, the buffer rewritten after each\n",
+              count);
+  return 0;
+}
