@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "verbs-shim/shim.h"
 
@@ -226,7 +227,12 @@ int Context::call(Op op, const char* what, const void* req, size_t req_len,
   }
   if (r.status < 0) {
     r.close_fds();
-    if (!quiet())
+    // The service's reason, where it gave one beyond the errno the caller
+    // gets anyway: a bare EINVAL prints nothing, as other providers do
+    // (libfabric's verbs provider sizes its inline data by trying: 16
+    // lines of "Invalid argument" from one fi_info).
+    if (!quiet() && std::string_view(r.payload.data(), r.payload.size()) !=
+                        std::string_view(strerror(-r.status)))
       say("%s: %.*s", what, static_cast<int>(r.payload.size()),
           r.payload.data());
     errno = -r.status;

@@ -211,10 +211,10 @@ int main(int argc, char** argv) {
   const size_t bytes =
       mode == Mode::kRead ? kReadMem : size_t{slot} * kRecvs + 4096;
   std::vector<uint8_t> mem(bytes, 0);
-  ibv_mr* mr = ibv_reg_mr(
-      pd, mem.data(), bytes,
-      IBV_ACCESS_LOCAL_WRITE |
-          (mode == Mode::kRead ? IBV_ACCESS_REMOTE_READ : 0));
+  ibv_mr* mr =
+      ibv_reg_mr(pd, mem.data(), bytes,
+                 IBV_ACCESS_LOCAL_WRITE |
+                     (mode == Mode::kRead ? IBV_ACCESS_REMOTE_READ : 0));
   if (!mr) die("ibv_reg_mr");
   ibv_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = cq;
@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
     uint64_t v = 0;
     char done = 0;
     put(fd, &done, 1);  // ready
-    for (;;) {  // a byte, or the client gone (0): stop
+    for (;;) {          // a byte, or the client gone (0): stop
       const ssize_t r = recv(fd, &done, 1, MSG_DONTWAIT);
       if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
       ++v;
@@ -270,8 +270,9 @@ int main(int argc, char** argv) {
       w.wr.rdma.rkey = peer.rkey;
       if (ibv_post_send(qp, &w, &bad)) die("post READ");
       if (poll_one(cq, &wc) != 1 || wc.status != IBV_WC_SUCCESS) {
-        std::fprintf(stderr, "READ %u: %s\n", i,
-                     wc.status ? ibv_wc_status_str(wc.status) : "no completion");
+        std::fprintf(
+            stderr, "READ %u: %s\n", i,
+            wc.status ? ibv_wc_status_str(wc.status) : "no completion");
         return 1;
       }
     }
