@@ -113,61 +113,37 @@ int poll_one(ibv_cq* cq, ibv_wc* wc) {
   return 0;
 }
 
-int modify(ibv_qp* qp, ibv_qp_attr a, int mask, const char* what) {
-  if (int rc = ibv_modify_qp(qp, &a, mask)) {
-    std::fprintf(stderr, "modify_qp to %s: %s\n", what, std::strerror(rc));
-    std::exit(2);
-  }
-  return 0;
+// Posts `w` (one signaled WR of `len` bytes at `p`) and waits for its
+// completion; false, said on stderr, if it failed or did not come.
+bool post_wait(ibv_qp* qp, ibv_cq* cq, ibv_send_wr w, void* p, uint32_t len,
+               uint32_t lkey) {
+  ibv_sge s{reinterpret_cast<uintptr_t>(p), len, lkey};
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad;
+  if (ibv_post_send(qp, &w, &bad)) die("ibv_post_send");
+  ibv_wc wc{};
+  if (poll_one(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS) return true;
+  std::fprintf(stderr, "WR %llu: %s\n",
+               static_cast<unsigned long long>(w.wr_id),
+               wc.status ? ibv_wc_status_str(wc.status) : "no completion");
+  return false;
 }
 
 void bring_up(Mode m, ibv_qp* qp, const Info& peer) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  if (m == Mode::kUd) {
-    a.qkey = kQkey;
-    modify(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
-           "INIT");
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    modify(qp, a, IBV_QP_STATE, "RTR");
-    a.qp_state = IBV_QPS_RTS;
-    modify(qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
-    return;
+  urnic::test::RcPath p;
+  p.dest_qpn = peer.qpn;
+  std::memcpy(p.dgid.raw, peer.gid, 16);
+  p.rd_atomic = 4;
+  const char* step = "";
+  const int rc = m == Mode::kUd   ? urnic::test::ud_connect(qp, kQkey, 1, &step)
+                 : m == Mode::kUc ? urnic::test::uc_connect(qp, p, &step)
+                                  : urnic::test::rc_connect(qp, p, &step);
+  if (rc) {
+    std::fprintf(stderr, "modify_qp to %s: %s\n", step, std::strerror(rc));
+    std::exit(2);
   }
-  if (m == Mode::kRead) {
-    urnic::test::RcPath p;
-    p.dest_qpn = peer.qpn;
-    std::memcpy(p.dgid.raw, peer.gid, 16);
-    p.rd_atomic = 4;
-    const char* step;
-    if (int rc = urnic::test::rc_connect(qp, p, &step)) {
-      std::fprintf(stderr, "modify_qp to %s: %s\n", step, std::strerror(rc));
-      std::exit(2);
-    }
-    return;
-  }
-  // UC: the RC-only attributes (rd_atomic, RNR, timeout) are not allowed.
-  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  modify(qp, a,
-         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-         "INIT");
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = peer.qpn;
-  a.ah_attr.is_global = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  modify(qp, a,
-         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-             IBV_QP_RQ_PSN,
-         "RTR");
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  modify(qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
 }
 
 }  // namespace
@@ -259,22 +235,12 @@ int main(int argc, char** argv) {
     char ready;
     get(fd, &ready, 1);
     for (uint32_t i = 0; i < count; ++i) {
-      ibv_sge s{reinterpret_cast<uintptr_t>(mem.data()), kReadLen, mr->lkey};
-      ibv_send_wr w{}, *bad;
+      ibv_send_wr w{};
       w.wr_id = i;
-      w.sg_list = &s;
-      w.num_sge = 1;
       w.opcode = IBV_WR_RDMA_READ;
-      w.send_flags = IBV_SEND_SIGNALED;
       w.wr.rdma.remote_addr = peer.addr + (i % 8) * kReadLen;
       w.wr.rdma.rkey = peer.rkey;
-      if (ibv_post_send(qp, &w, &bad)) die("post READ");
-      if (poll_one(cq, &wc) != 1 || wc.status != IBV_WC_SUCCESS) {
-        std::fprintf(
-            stderr, "READ %u: %s\n", i,
-            wc.status ? ibv_wc_status_str(wc.status) : "no completion");
-        return 1;
-      }
+      if (!post_wait(qp, cq, w, mem.data(), kReadLen, mr->lkey)) return 1;
     }
     const char done = 1;
     put(fd, &done, 1);
@@ -341,24 +307,15 @@ int main(int argc, char** argv) {
     }
     std::memcpy(p, &seq, 4);
     for (uint32_t i = 4; i < len; ++i) p[i] = pattern(seq, i);
-    ibv_sge s{reinterpret_cast<uintptr_t>(p), len, mr->lkey};
-    ibv_send_wr w{}, *bad;
+    ibv_send_wr w{};
     w.wr_id = seq;
-    w.sg_list = &s;
-    w.num_sge = 1;
     w.opcode = IBV_WR_SEND;
-    w.send_flags = IBV_SEND_SIGNALED;
     if (ah) {
       w.wr.ud.ah = ah;
       w.wr.ud.remote_qpn = peer.qpn;
       w.wr.ud.remote_qkey = kQkey;
     }
-    if (ibv_post_send(qp, &w, &bad)) die("ibv_post_send");
-    if (poll_one(cq, &wc) != 1 || wc.status != IBV_WC_SUCCESS) {
-      std::fprintf(stderr, "send %u: %s\n", seq,
-                   wc.status ? ibv_wc_status_str(wc.status) : "no completion");
-      return 1;
-    }
+    if (!post_wait(qp, cq, w, p, len, mr->lkey)) return 1;
     // Completed: the buffer is the program's again, and it changes now.
     std::memset(p, 0xAA, len);
   }

@@ -312,13 +312,6 @@ ibv_qp_ex* qp_ex(const QpPtr& qp) {
   return x;
 }
 
-void modify(ibv_qp* qp, ibv_qp_attr& a, int mask, const char* what) {
-  const int rc = ibv_modify_qp(qp, &a, mask);
-  if (rc)
-    throw SetupError(
-        fmt("ibv_modify_qp to %s: %s", what, err_text(rc).c_str()));
-}
-
 // Both RC QPs to RTS, each aimed at the other through GID 0.
 void connect_rc(Dev& d, ibv_qp* a, ibv_qp* b) {
   for (ibv_qp* qp : {a, b}) {
@@ -356,18 +349,10 @@ RcPair rc_pair(Dev& d, ibv_cq* a_scq, ibv_cq* a_rcq, ibv_cq* b_scq,
 }
 
 void ud_to_rts(ibv_qp* qp) {
-  ibv_qp_attr x{};
-  x.qp_state = IBV_QPS_INIT;
-  x.port_num = 1;
-  x.qkey = kQkey;
-  modify(qp, x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
-         "INIT");
-  x = {};
-  x.qp_state = IBV_QPS_RTR;
-  modify(qp, x, IBV_QP_STATE, "RTR");
-  x = {};
-  x.qp_state = IBV_QPS_RTS;
-  modify(qp, x, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
+  const char* step = "";
+  if (const int rc = urnic::test::ud_connect(qp, kQkey, 1, &step))
+    throw SetupError(
+        fmt("ibv_modify_qp to %s: %s", step, err_text(rc).c_str()));
 }
 
 // An AH to this device's own GID `index`, sent from that GID.

@@ -1,9 +1,9 @@
 // Test and benchmark support for libibverbs programs (verbs_misuse,
-// verbs_extended, urnic-perf): the RESET -> INIT -> RTR -> RTS bring-up of
-// an RC QP with the three ibv_modify_qp calls and attribute masks every
-// such program writes (IBTA 11.2.4.2 / the ibv_modify_qp man page: the
-// attributes each transition requires). Plain libibverbs, nothing of urnic:
-// the programs stay unmodified verbs clients. Header-only.
+// verbs_extended, payload_reuse, urnic-perf): the RESET -> INIT -> RTR ->
+// RTS bring-up of an RC, UC or UD QP with the three ibv_modify_qp calls and
+// attribute masks every such program writes (IBTA 11.2.4.2 / the ibv_modify_qp
+// man page: the attributes each transition requires). Plain libibverbs, nothing
+// of urnic: the programs stay unmodified verbs clients. Header-only.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -79,6 +79,73 @@ inline int rc_connect(ibv_qp* qp, const RcPath& p,
   int rc = rc_to_init(qp, p);
   if (!rc) s = "RTR", rc = rc_to_rtr(qp, p);
   if (!rc) s = "RTS", rc = rc_to_rts(qp, p);
+  if (step) *step = s;
+  return rc;
+}
+
+// UD: INIT (P_Key index 0, `port`, `qkey`), RTR, RTS; no path (each
+// send names its AH).
+inline int ud_connect(ibv_qp* qp, uint32_t qkey, uint8_t port = 1,
+                      const char** step = nullptr) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = port;
+  a.qkey = qkey;
+  const char* s = "INIT";
+  int rc = ibv_modify_qp(
+      qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+  if (!rc) {
+    s = "RTR";
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    rc = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  }
+  if (!rc) {
+    s = "RTS";
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+  }
+  if (step) *step = s;
+  return rc;
+}
+
+// UC: the RC transitions without the attributes only RC has (responder
+// resources, RNR, timeout and retries: ibv_modify_qp(3) refuses them).
+inline int uc_connect(ibv_qp* qp, const RcPath& p,
+                      const char** step = nullptr) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = p.port;
+  a.qp_access_flags = static_cast<unsigned>(
+      p.access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  const char* s = "INIT";
+  int rc = ibv_modify_qp(
+      qp, &a,
+      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (!rc) {
+    s = "RTR";
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = p.mtu;
+    a.dest_qp_num = p.dest_qpn;
+    a.rq_psn = p.rq_psn;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = p.dgid;
+    a.ah_attr.grh.sgid_index = p.sgid_index;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = p.port;
+    rc = ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                           IBV_QP_DEST_QPN | IBV_QP_RQ_PSN);
+  }
+  if (!rc) {
+    s = "RTS";
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = p.sq_psn;
+    rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+  }
   if (step) *step = s;
   return rc;
 }
