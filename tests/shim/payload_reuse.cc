@@ -12,18 +12,12 @@
 // messages to bad ICRCs (tests/integration/verbs_shim.sh checks the
 // receiving service's counter too).
 // The two ends exchange QPN, GID, address and rkey over TCP, as perftest
-// does; flow control is a credit byte per 64 messages received. Every wait
-// is bounded. Exit status 0 only when every message arrived intact (ud,
-// uc) or every READ completed (read).
+// does (the seed programs' seeds::SideChannel); flow control is a credit byte
+// per 64 messages received. Every wait is bounded. Exit status 0 only when
+// every message arrived intact (ud, uc) or every READ completed (read).
 //   usage: payload_reuse -t ud|uc|read [-n COUNT] -p PORT [HOST]
-#include <arpa/inet.h>
 #include <infiniband/verbs.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "perf/seeds_tcp.h"
 #include "tests/support/verbs_bringup.h"
 
 namespace {
@@ -61,46 +56,6 @@ struct Info {  // exchanged over TCP
 
 uint8_t pattern(uint32_t seq, uint32_t i) {
   return static_cast<uint8_t>(seq * 7 + i);
-}
-
-int tcp_connect(const char* host, const char* port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res;
-  if (getaddrinfo(host, port, &hints, &res) != 0) die("getaddrinfo");
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  bool ok = false;
-  for (int i = 0; i < 100 && !ok; ++i) {  // the server may not listen yet
-    ok = connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-    if (!ok) usleep(100000);
-  }
-  freeaddrinfo(res);
-  if (!ok) die("connect");
-  return fd;
-}
-
-int tcp_accept(const char* port) {
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::atoi(port)));
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      listen(lfd, 1) != 0)
-    die("listen");
-  const int fd = accept(lfd, nullptr, nullptr);
-  if (fd < 0) die("accept");
-  close(lfd);
-  return fd;
-}
-
-void put(int fd, const void* p, size_t n) {
-  if (send(fd, p, n, MSG_NOSIGNAL) != static_cast<ssize_t>(n)) die("send");
-}
-void get(int fd, void* p, size_t n) {
-  if (recv(fd, p, n, MSG_WAITALL) != static_cast<ssize_t>(n)) die("recv");
 }
 
 // One completion (or none within kWait: 0 returned, wc untouched).
@@ -208,11 +163,13 @@ int main(int argc, char** argv) {
   ibv_gid gid;
   if (ibv_query_gid(ctx, 1, 0, &gid)) die("ibv_query_gid");
   std::memcpy(me.gid, gid.raw, 16);
-  const int fd = server ? tcp_accept(port) : tcp_connect(host, port);
-  timeval tv{10, 0};  // every TCP wait bounded too
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  put(fd, &me, sizeof me);
-  get(fd, &peer, sizeof peer);
+  seeds::SideChannel ch;  // perftest's TCP exchange, as the seed programs'
+  if (server)
+    ch.accept_one(static_cast<uint16_t>(std::atoi(port)));
+  else
+    ch.connect_to(host, static_cast<uint16_t>(std::atoi(port)));
+  ch.send_obj(me);
+  ch.recv_obj(peer);
   bring_up(mode, qp, peer);
   ibv_wc wc{};
 
@@ -220,10 +177,8 @@ int main(int argc, char** argv) {
     // Rewrite the memory until the client says it is done.
     uint64_t v = 0;
     char done = 0;
-    put(fd, &done, 1);  // ready
-    for (;;) {          // a byte, or the client gone (0): stop
-      const ssize_t r = recv(fd, &done, 1, MSG_DONTWAIT);
-      if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
+    ch.send_obj(done);         // ready
+    while (!ch.readable(0)) {  // the client's byte, or the client gone
       ++v;
       for (size_t i = 0; i + 8 <= bytes; i += 8) std::memcpy(&mem[i], &v, 8);
     }
@@ -233,7 +188,7 @@ int main(int argc, char** argv) {
   }
   if (mode == Mode::kRead) {
     char ready;
-    get(fd, &ready, 1);
+    ch.recv_obj(ready);
     for (uint32_t i = 0; i < count; ++i) {
       ibv_send_wr w{};
       w.wr_id = i;
@@ -243,7 +198,7 @@ int main(int argc, char** argv) {
       if (!post_wait(qp, cq, w, mem.data(), kReadLen, mr->lkey)) return 1;
     }
     const char done = 1;
-    put(fd, &done, 1);
+    ch.send_obj(done);
     std::printf("client: %u READs of %u bytes completed\n", count, kReadLen);
     return 0;
   }
@@ -271,7 +226,7 @@ int main(int argc, char** argv) {
     };
     for (uint32_t i = 0; i < kRecvs; ++i) post_recv(i);
     const char ready = 1;
-    put(fd, &ready, 1);
+    ch.send_obj(ready);
     uint32_t got = 0, corrupt = 0, out_of_order = 0;
     int64_t last = -1;
     while (got < count && poll_one(cq, &wc) == 1) {
@@ -288,8 +243,7 @@ int main(int argc, char** argv) {
       out_of_order += static_cast<int64_t>(seq) != last + 1;
       last = seq;
       post_recv(static_cast<uint32_t>(wc.wr_id));
-      // A credit; the server may be gone once it has sent the last one.
-      if (++got % kCreditEvery == 0) send(fd, &ready, 1, MSG_NOSIGNAL);
+      if (++got % kCreditEvery == 0) ch.send_obj(ready);  // a credit
     }
     std::printf(
         "client: received %u of %u, %u corrupt, %u after a gap (last %lld)\n",
@@ -297,12 +251,12 @@ int main(int argc, char** argv) {
     return got == count && corrupt == 0 ? 0 : 1;
   }
   char credit;
-  get(fd, &credit, 1);  // the receives are posted
+  ch.recv_obj(credit);  // the receives are posted
   uint64_t allowed = kRecvs;
   uint8_t* p = mem.data();
   for (uint32_t seq = 0; seq < count; ++seq) {
     while (seq >= allowed) {
-      get(fd, &credit, 1);
+      ch.recv_obj(credit);
       allowed += kCreditEvery;
     }
     std::memcpy(p, &seq, 4);
@@ -321,5 +275,6 @@ int main(int argc, char** argv) {
   }
   std::printf("server: %u messages sent, the buffer rewritten after each\n",
               count);
+  ch.wait_close(10'000);  // the client's credits until it has all
   return 0;
 }
