@@ -337,8 +337,9 @@ class Engine {
   std::mt19937 qpn_rng_;
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
-  // send_packet's copy of a payload that may change (TxFrame::stable).
-  alignas(64) uint8_t bounce_[4096];
+  // send_packet's copy of a payload that may change (TxFrame::stable): one
+  // packet's, at most the largest path MTU.
+  alignas(64) uint8_t bounce_[mtu_bytes(IBV_MTU_4096)];
   bool tx_refused_ = false;     // the PacketIo refused a frame this turn
   uint32_t last_tx_len_ = 0;    // bytes of the last frame sent
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
