@@ -43,6 +43,7 @@ else
     if [ $side = a ]; then ns=$NS_A ifc=$IF_A ip=10.96.0.1 s=$SA; else ns=$NS_B ifc=$IF_B ip=10.96.0.2 s=$SB; fi
     IN_NS=$ns urnicd_start $side $ip "$s" \
       -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1" "${TWO[@]}"
+    if [ $side = a ]; then PID_A=$LAST_PID; fi
   done
   ON_A=(ip netns exec "$NS_A" env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
   ON_B=(ip netns exec "$NS_B" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD")
@@ -180,7 +181,6 @@ PY
   miss0=$(counter "$SA" rx_missed)
   drop0=$(counter "$SA" roce_handoff_dropped)
   held0=$(counter "$SA" roce_handoff_held)
-  PID_A=${PIDS[0]}
   W2=$(grep -lx 'rte-worker-2' /proc/"$PID_A"/task/*/comm | cut -d/ -f5)
   kill -STOP "$PID_A"
   ip netns exec "$NS_B" $PY "$TMP/backlog.py" "$IF_B" "$MAC_A" 8000 \
