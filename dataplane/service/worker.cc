@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <stdexcept>
 
 #include "dataplane/service/engine_config.h"
@@ -270,6 +271,11 @@ bool Worker::transmit(const transport::TxFrame& f) {
   rte_mbuf* head = rte_pktmbuf_alloc(port_.pool);
   if (!head) return false;
   rte_mbuf* cur = head;
+  // An unsealed frame's ICRC: over the payload as copied into the mbufs,
+  // each piece summed right after its copy, while it is in the cache.
+  std::optional<wire::TrailerSum> sum;
+  if (f.unsealed) sum.emplace(f.hdr, *f.unsealed);
+  wire::TrailerSum* summing = nullptr;  // set while the payload is copied
   auto put = [&](const uint8_t* p, uint32_t len) {
     while (len) {
       uint32_t room = rte_pktmbuf_tailroom(cur);
@@ -284,8 +290,9 @@ bool Worker::transmit(const transport::TxFrame& f) {
         room = rte_pktmbuf_tailroom(cur);
       }
       const uint32_t take = std::min(room, len);
-      std::memcpy(rte_pktmbuf_mtod_offset(cur, uint8_t*, cur->data_len), p,
-                  take);
+      uint8_t* const to = rte_pktmbuf_mtod_offset(cur, uint8_t*, cur->data_len);
+      std::memcpy(to, p, take);
+      if (summing) summing->update(to, take);
       cur->data_len = static_cast<uint16_t>(cur->data_len + take);
       head->pkt_len += take;
       p += take;
@@ -325,8 +332,19 @@ bool Worker::transmit(const transport::TxFrame& f) {
     return true;
   };
   bool ok = put(f.hdr, f.hdr_len);
-  for (const wire::ConstBuf& b : f.payload) ok = ok && attach(b);
-  ok = ok && put(f.trailer, f.trailer_len);
+  if (sum) {
+    summing = &*sum;
+    for (const wire::ConstBuf& b : f.payload) {
+      ok = ok && put(b.data, b.len);
+      copied += b.len;
+    }
+    summing = nullptr;
+    uint8_t trailer[8];
+    ok = ok && put(trailer, sum->finish(trailer));
+  } else {
+    for (const wire::ConstBuf& b : f.payload) ok = ok && attach(b);
+    ok = ok && put(f.trailer, f.trailer_len);
+  }
   if (!ok) {
     rte_pktmbuf_free(head);
     return false;

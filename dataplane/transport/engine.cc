@@ -796,25 +796,30 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
                           ? wire::encode_headers(f, hdr, sizeof(hdr))
                           : wire::encode_headers(qp.hdr_, f, hdr, sizeof(hdr));
   if (hl == 0) return true;  // cannot happen for our own fields; dropped
-  wire::ConstBuf copy;
-  if (!stable && !payload.empty()) {
-    uint32_t n = 0;
-    for (const wire::ConstBuf& b : payload) {
-      if (n + b.len > sizeof bounce_) return true;  // > MTU: cannot happen
-      std::memcpy(bounce_ + n, b.data, b.len);
-      n += b.len;
-    }
-    copy = {bounce_, n};
-    payload = {&copy, 1};
-  }
-  const uint32_t tl = wire::encode_trailer(hdr, f, payload, trailer);
   TxFrame tf;
   tf.hdr = hdr;
   tf.hdr_len = hl;
-  tf.payload = payload;
-  tf.trailer = trailer;
-  tf.trailer_len = tl;
   tf.stable = stable;
+  wire::ConstBuf copy;
+  if (!stable && f.payload_len > sizeof bounce_) {
+    // Summed by the PacketIo over the copy it makes anyway.
+    tf.unsealed = &f;
+    tf.trailer_len = wire::pad_for(f.payload_len) + wire::kIcrcSize;
+  } else {
+    if (!stable && !payload.empty()) {
+      uint32_t n = 0;
+      for (const wire::ConstBuf& b : payload) {
+        if (n + b.len > sizeof bounce_) return true;  // > payload_len: never
+        std::memcpy(bounce_ + n, b.data, b.len);
+        n += b.len;
+      }
+      copy = {bounce_, n};
+      payload = {&copy, 1};
+    }
+    tf.trailer = trailer;
+    tf.trailer_len = wire::encode_trailer(hdr, f, payload, trailer);
+  }
+  tf.payload = payload;
   if (!io_.transmit(tf)) {
     tx_refused_ = true;
     ctr_.inc(ECtr::tx_full);

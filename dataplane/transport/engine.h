@@ -38,8 +38,15 @@ struct TxFrame {
   // The payload stays as it is until the frame is gone: an RC request's
   // data, which the application may not touch before the WR completes,
   // after the ACK; a PacketIo may reference it (zero-copy TX). Other
-  // payload is the engine's own copy, valid until transmit() returns.
+  // payload is the engine's own copy, valid until transmit() returns, or
+  // (unsealed) the source itself.
   bool stable = false;
+  // Not null for a payload that is not stable and too large for the
+  // engine's copy to be cheap: `trailer` is not computed yet. Whoever
+  // copies the frame sums its copy of the payload with wire::TrailerSum
+  // (these fields, hdr) and writes the trailer_len bytes it gives; so the
+  // ICRC covers the bytes that leave, and the payload is copied once.
+  const wire::RoceFields* unsealed = nullptr;
   uint32_t frame_len() const {
     uint32_t n = hdr_len + trailer_len;
     for (const wire::ConstBuf& b : payload) n += b.len;
@@ -51,12 +58,18 @@ struct TxFrame {
     uint8_t* p = out;
     std::memcpy(p, hdr, hdr_len);
     p += hdr_len;
+    uint8_t* const pl = p;
     for (const wire::ConstBuf& b : payload) {
       if (b.len) std::memcpy(p, b.data, b.len);
       p += b.len;
     }
-    if (trailer_len) std::memcpy(p, trailer, trailer_len);
-    p += trailer_len;
+    if (unsealed) {
+      const wire::ConstBuf copy{pl, static_cast<uint32_t>(p - pl)};
+      p += wire::encode_trailer(hdr, *unsealed, {&copy, copy.len ? 1u : 0u}, p);
+    } else {
+      if (trailer_len) std::memcpy(p, trailer, trailer_len);
+      p += trailer_len;
+    }
     return static_cast<uint32_t>(p - out);
   }
 };
@@ -237,11 +250,12 @@ class Engine {
   // Encodes and transmits one packet of `qp`; false if TX is full. RC/UC
   // packets start from qp.tmpl_, so their Ethernet..UDP bytes come from
   // qp.hdr_; UD packets (an AH per WR) are encoded whole. Unless `stable`
-  // (TxFrame::stable) the payload is copied first and the ICRC computed
-  // over the copy: application memory may change meanwhile (a UD or UC
-  // send completes before the frame has left; a READ response's memory is
-  // the responder application's, rewritten at will), and a frame must
-  // carry the ICRC of the bytes it carries.
+  // (TxFrame::stable) the ICRC is computed over a copy of the payload:
+  // application memory may change meanwhile (a UD or UC send completes
+  // before the frame has left; a READ response's memory is the responder
+  // application's, rewritten at will), and a frame must carry the ICRC of
+  // the bytes it carries. A small payload is copied here (bounce_), a
+  // larger one by the PacketIo as it builds the frame (TxFrame::unsealed).
   bool send_packet(Qp& qp, wire::RoceFields& f,
                    std::span<const wire::ConstBuf> payload,
                    bool stable = false);
@@ -337,9 +351,9 @@ class Engine {
   std::mt19937 qpn_rng_;
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
-  // send_packet's copy of a payload that may change (TxFrame::stable): one
-  // packet's, at most the largest path MTU.
-  alignas(64) uint8_t bounce_[mtu_bytes(IBV_MTU_4096)];
+  // send_packet's copy of a small payload that may change
+  // (TxFrame::stable): up to what one CRC call takes with the headers.
+  alignas(64) uint8_t bounce_[wire::Icrc::kInlineTail];
   bool tx_refused_ = false;     // the PacketIo refused a frame this turn
   uint32_t last_tx_len_ = 0;    // bytes of the last frame sent
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send

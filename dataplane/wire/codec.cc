@@ -611,23 +611,44 @@ uint32_t encode_headers(const HeaderTemplate& t, const RoceFields& f,
   return z.len;
 }
 
+namespace {
+// Where the ICRC's masked headers start, and how long the IP header is.
+uint32_t l3_offset(const RoceFields& f) {
+  return sizeof(EthHdr) + (f.vlan ? sizeof(VlanTag) : 0);
+}
+uint32_t ip_hdr_len(const RoceFields& f) {
+  return f.ipv6 ? sizeof(Ipv6Hdr) : sizeof(Ipv4Hdr);
+}
+}  // namespace
+
+TrailerSum::TrailerSum(const uint8_t* hdrs, const RoceFields& f)
+    : pad_(pad_for(f.payload_len)) {
+  icrc_.begin(hdrs + l3_offset(f), ip_hdr_len(f), f.ipv6,
+              opcode_info(f.opcode).hdr_len - sizeof(Bth));
+}
+
+uint32_t TrailerSum::finish(uint8_t* trailer) {
+  std::memset(trailer, 0, pad_);
+  icrc_.update(trailer, pad_);
+  Icrc::store(trailer + pad_, icrc_.value());
+  return pad_ + kIcrcSize;
+}
+
 uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
                         std::span<const ConstBuf> payload, uint8_t* trailer) {
-  const OpcodeInfo& op = opcode_info(f.opcode);
-  const uint32_t l3 = sizeof(EthHdr) + (f.vlan ? sizeof(VlanTag) : 0);
-  const uint32_t ip_len = f.ipv6 ? sizeof(Ipv6Hdr) : sizeof(Ipv4Hdr);
-  Icrc icrc;
+  if (payload.size() > 1) {
+    TrailerSum sum(hdrs, f);
+    for (const ConstBuf& b : payload) sum.update(b.data, b.len);
+    return sum.finish(trailer);
+  }
+  // One CRC call for headers, a payload in one piece and the pad.
   const uint32_t pad = pad_for(f.payload_len);
   std::memset(trailer, 0, pad);
-  if (payload.size() <= 1) {  // one CRC call for a small payload
-    icrc.begin(hdrs + l3, ip_len, f.ipv6, op.hdr_len - sizeof(Bth),
-               payload.empty() ? nullptr : payload[0].data,
-               payload.empty() ? 0 : payload[0].len, pad);
-  } else {
-    icrc.begin(hdrs + l3, ip_len, f.ipv6, op.hdr_len - sizeof(Bth));
-    for (const ConstBuf& b : payload) icrc.update(b.data, b.len);
-    icrc.update(trailer, pad);
-  }
+  Icrc icrc;
+  icrc.begin(hdrs + l3_offset(f), ip_hdr_len(f), f.ipv6,
+             opcode_info(f.opcode).hdr_len - sizeof(Bth),
+             payload.empty() ? nullptr : payload[0].data,
+             payload.empty() ? 0 : payload[0].len, pad);
   Icrc::store(trailer + pad, icrc.value());
   return pad + kIcrcSize;
 }

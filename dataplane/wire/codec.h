@@ -13,6 +13,7 @@
 #endif
 
 #include "dataplane/wire/headers.h"
+#include "dataplane/wire/icrc.h"
 #include "dataplane/wire/opcode.h"
 
 namespace urnic::wire {
@@ -193,6 +194,23 @@ uint32_t encode_headers(const HeaderTemplate& t, const RoceFields& f,
 // pad bytes and the ICRC to `trailer` (room for 3 + 4). Returns its length.
 uint32_t encode_trailer(const uint8_t* hdrs, const RoceFields& f,
                         std::span<const ConstBuf> payload, uint8_t* trailer);
+
+// The trailer of a frame whose payload is summed piece by piece as it is
+// copied into the frame (transport::TxFrame::unsealed): the ICRC then
+// covers exactly the bytes that leave, whatever their source does
+// meanwhile. `hdrs` and `f` as for encode_trailer(); update() each piece
+// of the copy in order, then finish() writes pad and ICRC to `trailer`
+// (room for 3 + 4) and returns its length.
+class TrailerSum {
+ public:
+  TrailerSum(const uint8_t* hdrs, const RoceFields& f);
+  void update(const uint8_t* p, uint32_t n) { icrc_.update(p, n); }
+  uint32_t finish(uint8_t* trailer);
+
+ private:
+  Icrc icrc_;
+  uint32_t pad_;
+};
 
 // Encodes a whole frame into one buffer. Returns its length, or 0.
 uint32_t encode_frame(const RoceFields& f, const uint8_t* payload, uint8_t* buf,

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -536,9 +537,13 @@ class LoopIo : public PacketIo {
  public:
   std::vector<std::vector<uint8_t>> q;
   uint32_t room = UINT32_MAX;  // frames accepted until refilled
+  // Runs before the frame is copied (what the application may do to its
+  // memory between the engine building a frame and the PMD taking it).
+  std::function<void(const TxFrame&)> before_copy;
   bool transmit(const TxFrame& f) override {
     if (room == 0) return false;
     --room;
+    if (before_copy) before_copy(f);
     std::vector<uint8_t> b(f.frame_len());
     f.copy_to(b.data());
     q.push_back(std::move(b));
@@ -757,6 +762,99 @@ TEST_F(Loopback, UdOverIpv6CarriesTheIpv6HeaderAsGrh) {
   EXPECT_EQ(std::memcmp(grh + 8, dc.gids[1], 16), 0);
   EXPECT_EQ(std::memcmp(grh + 24, dc.gids[1], 16), 0);
   EXPECT_EQ(std::memcmp(grh + kGrhSize, m, 200), 0);
+}
+
+// A payload the verbs contract lets change before the frame has left (a
+// UD send, a READ response) carries the ICRC of the bytes the frame
+// holds, whenever the memory changes: here after the engine built the
+// frame and before the PacketIo copies it. A large one is summed as it is
+// copied (TxFrame::unsealed), a small one copied by the engine; an RC
+// request's payload is neither (stable, zero-copy TX may reference it).
+TEST_F(Loopback, PayloadThatMayChangeCarriesTheIcrcOfWhatLeaves) {
+  Qp* u = make(IBV_QPT_UD);
+  Qp* v = make(IBV_QPT_UD);
+  for (Qp* q : {u, v}) {
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_INIT;
+    at.port_num = 1;
+    at.qkey = 0x1111;
+    ASSERT_EQ(eng.modify_qp(
+                  q, at,
+                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+              0);
+    at = {};
+    at.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE), 0);
+    at.qp_state = IBV_QPS_RTS;
+    at.sq_psn = 1;
+    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+  }
+  Qp* a = make(IBV_QPT_RC);
+  Qp* b = make(IBV_QPT_RC);
+  up_rc(a, b->qpn());
+  up_rc(b, a->qpn());
+  Ah* ah;
+  ASSERT_EQ(dev.create_ah(pd, ah6(), &ah), 0);
+  uint8_t* m = mem.data();
+  const auto va = [&](uint32_t off) {
+    return reinterpret_cast<uint64_t>(m) + off;
+  };
+  for (uint32_t i = 0; i < 0x4000; ++i) m[i] = static_cast<uint8_t>(i);
+  uint32_t unsealed = 0, sealed_unstable = 0, stable = 0;
+  io.before_copy = [&](const TxFrame& f) {
+    unsealed += f.unsealed != nullptr;
+    sealed_unstable += !f.stable && !f.unsealed && !f.payload.empty();
+    stable += f.stable && !f.payload.empty();
+    // Rewrite every payload byte the frame points at in our memory (the
+    // small send's points at the engine's copy).
+    for (const wire::ConstBuf& pc : f.payload)
+      if (pc.data >= m && pc.data < m + 0x4000)
+        for (uint32_t i = 0; i < pc.len; ++i)
+          const_cast<uint8_t*>(pc.data)[i] ^= 0xa5;
+  };
+  RecvWr r;
+  r.num_sge = 1;
+  for (uint32_t i = 0; i < 2; ++i) {
+    r.wr_id = 10 + i;
+    r.sg_list[0] = {va(0x8000 + i * 0x800), 0x800, mr->lkey()};
+    ASSERT_EQ(eng.post_recv(v, r), 0);
+  }
+  SendWr w;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.num_sge = 1;
+  w.ah = ah;
+  w.remote_qpn = v->qpn();
+  w.remote_qkey = 0x1111;
+  w.wr_id = 1;
+  w.sg_list[0] = {va(0), 1000, mr->lkey()};  // summed as copied
+  ASSERT_EQ(eng.post_send(u, w), 0);
+  w.wr_id = 2;
+  w.sg_list[0] = {va(0x1000), 100, mr->lkey()};  // copied by the engine
+  ASSERT_EQ(eng.post_send(u, w), 0);
+  SendWr rd;  // READ of 3000 B: three 1 KiB responses of b's memory
+  rd.wr_id = 3;
+  rd.opcode = IBV_WR_RDMA_READ;
+  rd.send_flags = IBV_SEND_SIGNALED;
+  rd.num_sge = 1;
+  rd.sg_list[0] = {va(0xc000), 3000, mr->lkey()};
+  rd.remote_addr = va(0x2000);
+  rd.rkey = mr->rkey();
+  ASSERT_EQ(eng.post_send(a, rd), 0);
+  auto wc = run(5);
+  ASSERT_EQ(wc.size(), 5u);
+  for (const ibv_wc& c : wc) EXPECT_EQ(c.status, IBV_WC_SUCCESS) << c.wr_id;
+  EXPECT_EQ(unsealed, 4u);         // the 1000 B send, 3 READ responses
+  EXPECT_EQ(sealed_unstable, 1u);  // the 100 B send
+  EXPECT_EQ(stable, 0u);           // a READ request carries no payload
+  // What arrived is what the memory held when each frame was copied: by
+  // the PacketIo (rewritten), by the engine for the small send (not).
+  for (uint32_t i = 0; i < 1000; ++i)
+    ASSERT_EQ(m[0x8000 + kGrhSize + i], static_cast<uint8_t>(i ^ 0xa5)) << i;
+  for (uint32_t i = 0; i < 100; ++i)
+    ASSERT_EQ(m[0x8800 + kGrhSize + i], static_cast<uint8_t>(0x1000 + i)) << i;
+  for (uint32_t i = 0; i < 3000; ++i)
+    ASSERT_EQ(m[0xc000 + i], static_cast<uint8_t>((0x2000 + i) ^ 0xa5)) << i;
 }
 
 // A bulk sender cannot hold a congested port: with TX accepting one frame
