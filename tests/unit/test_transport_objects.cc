@@ -633,6 +633,22 @@ struct Loopback : ::testing::Test {
                                 IBV_QP_MAX_QP_RD_ATOMIC),
               0);
   }
+  void up_ud(Qp* qp) {  // qkey 0x1111
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_INIT;
+    at.port_num = 1;
+    at.qkey = 0x1111;
+    ASSERT_EQ(eng.modify_qp(
+                  qp, at,
+                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+              0);
+    at = {};
+    at.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(eng.modify_qp(qp, at, IBV_QP_STATE), 0);
+    at.qp_state = IBV_QPS_RTS;
+    at.sq_psn = 1;
+    ASSERT_EQ(eng.modify_qp(qp, at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+  }
   // Runs the loop until `n` completions are in; returns them.
   std::vector<ibv_wc> run(size_t n) {
     std::vector<ibv_wc> out;
@@ -712,22 +728,8 @@ TEST_F(Loopback, RcOverIpv6GidsWriteReadSend) {
 TEST_F(Loopback, UdOverIpv6CarriesTheIpv6HeaderAsGrh) {
   Qp* a = make(IBV_QPT_UD);
   Qp* b = make(IBV_QPT_UD);
-  for (Qp* q : {a, b}) {
-    ibv_qp_attr at{};
-    at.qp_state = IBV_QPS_INIT;
-    at.port_num = 1;
-    at.qkey = 0x1111;
-    ASSERT_EQ(eng.modify_qp(
-                  q, at,
-                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
-              0);
-    at = {};
-    at.qp_state = IBV_QPS_RTR;
-    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE), 0);
-    at.qp_state = IBV_QPS_RTS;
-    at.sq_psn = 1;
-    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
-  }
+  up_ud(a);
+  up_ud(b);
   Ah* ah;
   ASSERT_EQ(dev.create_ah(pd, ah6(), &ah), 0);
   uint8_t* m = mem.data();
@@ -773,22 +775,8 @@ TEST_F(Loopback, UdOverIpv6CarriesTheIpv6HeaderAsGrh) {
 TEST_F(Loopback, PayloadThatMayChangeCarriesTheIcrcOfWhatLeaves) {
   Qp* u = make(IBV_QPT_UD);
   Qp* v = make(IBV_QPT_UD);
-  for (Qp* q : {u, v}) {
-    ibv_qp_attr at{};
-    at.qp_state = IBV_QPS_INIT;
-    at.port_num = 1;
-    at.qkey = 0x1111;
-    ASSERT_EQ(eng.modify_qp(
-                  q, at,
-                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
-              0);
-    at = {};
-    at.qp_state = IBV_QPS_RTR;
-    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE), 0);
-    at.qp_state = IBV_QPS_RTS;
-    at.sq_psn = 1;
-    ASSERT_EQ(eng.modify_qp(q, at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
-  }
+  up_ud(u);
+  up_ud(v);
   Qp* a = make(IBV_QPT_RC);
   Qp* b = make(IBV_QPT_RC);
   up_rc(a, b->qpn());
