@@ -37,7 +37,6 @@
 // Multi-byte numbers are little-endian.
 #include <dirent.h>
 #include <fcntl.h>
-#include <malloc.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -953,16 +952,6 @@ size_t open_fds() {
 }
 
 }  // namespace
-
-// Each input builds two engines, whose timer wheels (128 KiB each) glibc
-// would map and unmap afresh: page faults and TLB shootdowns were 70 % of
-// an empty input's time. Kept on the heap they are reused (no effect
-// under ASan, whose allocator is its own).
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t fds_before = open_fds();
