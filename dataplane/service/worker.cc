@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstring>
 #include <ctime>
-#include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "dataplane/service/engine_config.h"
 #include "dataplane/service/service.h"
@@ -43,6 +43,90 @@ uint32_t segs_of(const rte_mbuf* m, wire::ConstBuf (&segs)[kMaxSegs]) {
   return n;
 }
 constexpr uint32_t kZeroCopyMin = 512;  // bytes: below this a copy is cheaper
+
+// The view `b` may be attached from, if it is worth it and its reference
+// count has room.
+const ZeroCopyTx::View* attachable(const ZeroCopyTx& zc,
+                                   const wire::ConstBuf& b) {
+  if (b.len < kZeroCopyMin || b.len > UINT16_MAX) return nullptr;
+  const ZeroCopyTx::View* v = zc.find(b.data, b.len);
+  return v && rte_mbuf_ext_refcnt_read(v->shinfo) < ZeroCopyTx::kMaxInFlight
+             ? v
+             : nullptr;
+}
+
+// A frame built into mbufs from the pool: bytes copied into segments
+// (continuation segments get no headroom) and pieces of application
+// memory attached as external buffers. Frees what it holds unless
+// release()d.
+class MbufChain {
+ public:
+  explicit MbufChain(rte_mempool* pool)
+      : pool_(pool), head_(rte_pktmbuf_alloc(pool)), cur_(head_) {}
+  ~MbufChain() {
+    if (head_) rte_pktmbuf_free(head_);
+  }
+  MbufChain(const MbufChain&) = delete;
+  MbufChain& operator=(const MbufChain&) = delete;
+
+  rte_mbuf* head() const { return head_; }
+  rte_mbuf* release() { return std::exchange(head_, nullptr); }
+  uint64_t referenced() const { return referenced_; }
+  uint64_t attached() const { return attached_; }
+
+  // Copies `len` bytes; with `sum`, sums each piece as copied. False when
+  // the pool has no mbuf left.
+  bool put(const uint8_t* p, uint32_t len, wire::TrailerSum* sum = nullptr) {
+    while (len) {
+      uint32_t room = rte_pktmbuf_tailroom(cur_);
+      if (room == 0) {
+        rte_mbuf* seg = rte_pktmbuf_alloc(pool_);
+        if (!seg) return false;
+        seg->data_off = 0;  // continuation segments need no headroom
+        link(seg);
+        room = rte_pktmbuf_tailroom(cur_);
+      }
+      const uint32_t take = std::min(room, len);
+      uint8_t* const to =
+          rte_pktmbuf_mtod_offset(cur_, uint8_t*, cur_->data_len);
+      std::memcpy(to, p, take);
+      if (sum) sum->update(to, take);
+      cur_->data_len = static_cast<uint16_t>(cur_->data_len + take);
+      head_->pkt_len += take;
+      p += take;
+      len -= take;
+    }
+    return true;
+  }
+  // Chains `b` (at most UINT16_MAX bytes) as an external buffer, holding
+  // one reference of `shinfo` until the PMD frees the segment.
+  bool attach(const wire::ConstBuf& b, rte_mbuf_ext_shared_info* shinfo) {
+    rte_mbuf* seg = rte_pktmbuf_alloc(pool_);
+    if (!seg) return false;
+    rte_mbuf_ext_refcnt_update(shinfo, 1);
+    void* addr = const_cast<uint8_t*>(b.data);
+    rte_pktmbuf_attach_extbuf(seg, addr, reinterpret_cast<rte_iova_t>(addr),
+                              static_cast<uint16_t>(b.len), shinfo);
+    seg->data_len = static_cast<uint16_t>(b.len);
+    link(seg);  // no tailroom: the next put() starts a new segment
+    head_->pkt_len += b.len;
+    referenced_ += b.len;
+    ++attached_;
+    return true;
+  }
+
+ private:
+  void link(rte_mbuf* seg) {
+    cur_->next = seg;
+    ++head_->nb_segs;
+    cur_ = seg;
+  }
+
+  rte_mempool* pool_;
+  rte_mbuf* head_;
+  rte_mbuf* cur_;
+  uint64_t referenced_ = 0, attached_ = 0;
+};
 
 // DCQCN's line rate when rpg_max_rate is 0: the port's link speed, or
 // 100 Gb/s where the port reports none.
@@ -268,90 +352,39 @@ bool Worker::transmit(const transport::TxFrame& f) {
     tx_flush_st();
     if (tx_n_ == burst_) return false;
   }
-  rte_mbuf* head = rte_pktmbuf_alloc(port_.pool);
-  if (!head) return false;
-  rte_mbuf* cur = head;
-  // An unsealed frame's ICRC: over the payload as copied into the mbufs,
-  // each piece summed right after its copy, while it is in the cache.
-  std::optional<wire::TrailerSum> sum;
-  if (f.unsealed) sum.emplace(f.hdr, *f.unsealed);
-  wire::TrailerSum* summing = nullptr;  // set while the payload is copied
-  auto put = [&](const uint8_t* p, uint32_t len) {
-    while (len) {
-      uint32_t room = rte_pktmbuf_tailroom(cur);
-      if (room == 0) {
-        rte_mbuf* seg = rte_pktmbuf_alloc(port_.pool);
-        if (!seg) return false;
-        rte_pktmbuf_reset_headroom(seg);
-        seg->data_off = 0;  // continuation segments need no headroom
-        cur->next = seg;
-        ++head->nb_segs;
-        cur = seg;
-        room = rte_pktmbuf_tailroom(cur);
-      }
-      const uint32_t take = std::min(room, len);
-      uint8_t* const to = rte_pktmbuf_mtod_offset(cur, uint8_t*, cur->data_len);
-      std::memcpy(to, p, take);
-      if (summing) summing->update(to, take);
-      cur->data_len = static_cast<uint16_t>(cur->data_len + take);
-      head->pkt_len += take;
-      p += take;
-      len -= take;
-    }
-    return true;
-  };
-  // A payload piece of application memory is attached, not copied (small
-  // pieces are cheaper to copy than to chain), if it stays unchanged until
-  // the PMD is done with it (f.stable: an RC request's). Counted once the
-  // frame is whole: a frame that fails here is built again later.
-  uint64_t copied = 0, referenced = 0, segs = 0;
-  auto attach = [&](const wire::ConstBuf& b) {
-    const ZeroCopyTx::View* v =
-        zc_ && !loop && f.stable && b.len >= kZeroCopyMin && b.len <= UINT16_MAX
-            ? zc_->find(b.data, b.len)
-            : nullptr;
-    if (v && rte_mbuf_ext_refcnt_read(v->shinfo) >= ZeroCopyTx::kMaxInFlight)
-      v = nullptr;
-    if (!v) {
-      copied += b.len;
-      return put(b.data, b.len);
-    }
-    rte_mbuf* seg = rte_pktmbuf_alloc(port_.pool);
-    if (!seg) return false;
-    rte_mbuf_ext_refcnt_update(v->shinfo, 1);
-    void* addr = const_cast<uint8_t*>(b.data);
-    rte_pktmbuf_attach_extbuf(seg, addr, reinterpret_cast<rte_iova_t>(addr),
-                              static_cast<uint16_t>(b.len), v->shinfo);
-    seg->data_len = static_cast<uint16_t>(b.len);
-    cur->next = seg;
-    ++head->nb_segs;
-    head->pkt_len += b.len;
-    cur = seg;  // no tailroom: the next put() starts a new segment
-    ++segs;
-    referenced += b.len;
-    return true;
-  };
-  bool ok = put(f.hdr, f.hdr_len);
-  if (sum) {
-    summing = &*sum;
+  MbufChain c(port_.pool);
+  if (!c.head()) return false;
+  bool ok = c.put(f.hdr, f.hdr_len);
+  uint64_t copied = 0;  // payload bytes
+  if (f.unsealed) {
+    // The ICRC over the payload as copied into the mbufs, each piece
+    // summed right after its copy, while it is in the cache.
+    wire::TrailerSum sum(f.hdr, *f.unsealed);
     for (const wire::ConstBuf& b : f.payload) {
-      ok = ok && put(b.data, b.len);
+      ok = ok && c.put(b.data, b.len, &sum);
       copied += b.len;
     }
-    summing = nullptr;
     uint8_t trailer[8];
-    ok = ok && put(trailer, sum->finish(trailer));
+    ok = ok && c.put(trailer, sum.finish(trailer));
   } else {
-    for (const wire::ConstBuf& b : f.payload) ok = ok && attach(b);
-    ok = ok && put(f.trailer, f.trailer_len);
+    // A payload piece of application memory is attached, not copied (small
+    // pieces are cheaper to copy than to chain), if it stays unchanged
+    // until the PMD is done with it (f.stable: an RC request's).
+    for (const wire::ConstBuf& b : f.payload) {
+      const ZeroCopyTx::View* v =
+          zc_ && !loop && f.stable ? attachable(*zc_, b) : nullptr;
+      ok = ok && (v ? c.attach(b, v->shinfo) : c.put(b.data, b.len));
+      copied += v ? 0 : b.len;
+    }
+    ok = ok && c.put(f.trailer, f.trailer_len);
   }
-  if (!ok) {
-    rte_pktmbuf_free(head);
-    return false;
-  }
+  // Counted once the frame is whole: a frame that fails here is built
+  // again later.
+  rte_mbuf* head = ok ? c.release() : nullptr;
+  if (!head) return false;
   ctr_.add(Ctr::tx_copy_bytes, copied);
-  ctr_.add(Ctr::tx_zero_copy_bytes, referenced);
-  ctr_.add(Ctr::tx_zero_copy, segs);
+  ctr_.add(Ctr::tx_zero_copy_bytes, c.referenced());
+  ctr_.add(Ctr::tx_zero_copy, c.attached());
   if (loop) {
     // To one of our own GIDs: received on the next loop (whole frame, ICRC
     // checked on the way in), never put on the wire.
