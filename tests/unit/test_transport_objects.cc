@@ -815,9 +815,12 @@ TEST_F(Loopback, PayloadThatMayChangeCarriesTheIcrcOfWhatLeaves) {
   w.remote_qpn = v->qpn();
   w.remote_qkey = 0x1111;
   w.wr_id = 1;
-  w.sg_list[0] = {va(0), 1000, mr->lkey()};  // summed as copied
+  w.num_sge = 2;  // two pieces, summed as copied
+  w.sg_list[0] = {va(0), 600, mr->lkey()};
+  w.sg_list[1] = {va(600), 400, mr->lkey()};
   ASSERT_EQ(eng.post_send(u, w), 0);
   w.wr_id = 2;
+  w.num_sge = 1;
   w.sg_list[0] = {va(0x1000), 100, mr->lkey()};  // copied by the engine
   ASSERT_EQ(eng.post_send(u, w), 0);
   SendWr rd;  // READ of 3000 B: three 1 KiB responses of b's memory
