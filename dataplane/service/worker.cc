@@ -352,6 +352,7 @@ bool Worker::transmit(const transport::TxFrame& f) {
     tx_flush_st();
     if (tx_n_ == burst_) return false;
   }
+  if (loop && loop_tail_ - loop_head_ >= kLoopSize) return false;  // likewise
   MbufChain c(port_.pool);
   if (!c.head()) return false;
   bool ok = c.put(f.hdr, f.hdr_len);
@@ -388,10 +389,6 @@ bool Worker::transmit(const transport::TxFrame& f) {
   if (loop) {
     // To one of our own GIDs: received on the next loop (whole frame, ICRC
     // checked on the way in), never put on the wire.
-    if (loop_tail_ - loop_head_ >= kLoopSize) {
-      rte_pktmbuf_free(head);
-      return false;  // the engine retries on a later poll
-    }
     loop_[loop_tail_++ % kLoopSize] = head;
     ctr_.inc(Ctr::roce_loopback);
     return true;

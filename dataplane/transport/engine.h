@@ -26,9 +26,9 @@ namespace urnic::transport {
 // One frame to transmit, in three parts: `hdr` (Ethernet .. extension
 // headers, built by the engine), `payload` pieces (in registered memory, or
 // engine-owned bytes for inline data and atomics), and `trailer` (pad +
-// ICRC). An implementation may reference the payload (zero copy) until the
-// frame is on the wire: the memory stays registered while its WR is
-// outstanding.
+// ICRC). An implementation may reference a `stable` payload (zero copy)
+// until the frame is on the wire: the memory stays registered while its WR
+// is outstanding. Any other payload it copies inside transmit().
 struct TxFrame {
   const uint8_t* hdr = nullptr;
   uint32_t hdr_len = 0;

@@ -228,13 +228,16 @@ TEST(Codec, ScatteredEncodeMatchesFlat) {
 
 // A payload summed piece by piece as it is copied (TrailerSum, for
 // TxFrame::unsealed) gets the trailer encode_trailer gives, however split,
-// with and without pad, over IPv4 and IPv6.
+// with and without pad, over IPv4 and IPv6, with and without VLAN, for a
+// READ response (AETH) and a UD send (DETH).
 TEST(Codec, TrailerSumMatchesEncodeTrailer) {
   std::mt19937_64 rng(11);
-  for (const bool v6 : {false, true}) {
+  for (const int shape : {0, 1, 2, 3, 4, 5, 6, 7}) {
+    const bool v6 = shape & 1, vlan = shape & 2;
+    const uint8_t op =
+        shape & 4 ? opcode::kUdSendOnly : opcode::kRcReadRespOnly;
     for (const uint32_t len : {257u, 1000u, 1001u, 4095u, 4096u}) {
-      const RoceFields f =
-          random_fields(rng, opcode::kRcReadRespOnly, v6, true, len);
+      const RoceFields f = random_fields(rng, op, v6, vlan, len);
       std::vector<uint8_t> pl;
       const std::vector<uint8_t> flat = encode(f, &pl);
       uint8_t hdr[256], want[8], got[8];
@@ -247,7 +250,7 @@ TEST(Codec, TrailerSumMatchesEncodeTrailer) {
         sum.update(pl.data(), cut);
         sum.update(pl.data() + cut, len - cut);
         ASSERT_EQ(sum.finish(got), tl);
-        EXPECT_EQ(0, std::memcmp(want, got, tl)) << v6 << " " << len;
+        EXPECT_EQ(0, std::memcmp(want, got, tl)) << shape << " " << len;
       }
     }
   }

@@ -810,7 +810,6 @@ TEST_F(Loopback, PayloadThatMayChangeCarriesTheIcrcOfWhatLeaves) {
   SendWr w;
   w.opcode = IBV_WR_SEND;
   w.send_flags = IBV_SEND_SIGNALED;
-  w.num_sge = 1;
   w.ah = ah;
   w.remote_qpn = v->qpn();
   w.remote_qkey = 0x1111;
