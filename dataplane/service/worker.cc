@@ -356,15 +356,12 @@ bool Worker::transmit(const transport::TxFrame& f) {
   MbufChain c(port_.pool);
   if (!c.head()) return false;
   bool ok = c.put(f.hdr, f.hdr_len);
-  uint64_t copied = 0;  // payload bytes
   if (f.unsealed) {
     // The ICRC over the payload as copied into the mbufs, each piece
     // summed right after its copy, while it is in the cache.
     wire::TrailerSum sum(f.hdr, *f.unsealed);
-    for (const wire::ConstBuf& b : f.payload) {
+    for (const wire::ConstBuf& b : f.payload)
       ok = ok && c.put(b.data, b.len, &sum);
-      copied += b.len;
-    }
     uint8_t trailer[8];
     ok = ok && c.put(trailer, sum.finish(trailer));
   } else {
@@ -375,7 +372,6 @@ bool Worker::transmit(const transport::TxFrame& f) {
       const ZeroCopyTx::View* v =
           zc_ && !loop && f.stable ? attachable(*zc_, b) : nullptr;
       ok = ok && (v ? c.attach(b, v->shinfo) : c.put(b.data, b.len));
-      copied += v ? 0 : b.len;
     }
     ok = ok && c.put(f.trailer, f.trailer_len);
   }
@@ -383,7 +379,7 @@ bool Worker::transmit(const transport::TxFrame& f) {
   // again later.
   rte_mbuf* head = ok ? c.release() : nullptr;
   if (!head) return false;
-  ctr_.add(Ctr::tx_copy_bytes, copied);
+  ctr_.add(Ctr::tx_copy_bytes, f.payload_len() - c.referenced());
   ctr_.add(Ctr::tx_zero_copy_bytes, c.referenced());
   ctr_.add(Ctr::tx_zero_copy, c.attached());
   if (loop) {

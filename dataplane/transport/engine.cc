@@ -804,7 +804,7 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
   if (!stable && f.payload_len > sizeof bounce_) {
     // Summed by the PacketIo over the copy it makes anyway.
     tf.unsealed = &f;
-    tf.trailer_len = wire::pad_for(f.payload_len) + wire::kIcrcSize;
+    tf.trailer_len = wire::trailer_len(f.payload_len);
   } else {
     if (!stable && !payload.empty()) {
       uint32_t n = 0;

@@ -47,11 +47,12 @@ struct TxFrame {
   // (these fields, hdr) and writes the trailer_len bytes it gives; so the
   // ICRC covers the bytes that leave, and the payload is copied once.
   const wire::RoceFields* unsealed = nullptr;
-  uint32_t frame_len() const {
-    uint32_t n = hdr_len + trailer_len;
+  uint32_t payload_len() const {
+    uint32_t n = 0;
     for (const wire::ConstBuf& b : payload) n += b.len;
     return n;
   }
+  uint32_t frame_len() const { return hdr_len + payload_len() + trailer_len; }
   // The whole frame into `out` (frame_len() bytes): a copying PacketIo's
   // (tests, benchmarks). Returns its length.
   uint32_t copy_to(uint8_t* out) const {
@@ -63,9 +64,9 @@ struct TxFrame {
       if (b.len) std::memcpy(p, b.data, b.len);
       p += b.len;
     }
-    if (unsealed) {
+    if (unsealed) {  // never empty: only payloads over the engine's copy
       const wire::ConstBuf copy{pl, static_cast<uint32_t>(p - pl)};
-      p += wire::encode_trailer(hdr, *unsealed, {&copy, copy.len ? 1u : 0u}, p);
+      p += wire::encode_trailer(hdr, *unsealed, {&copy, 1}, p);
     } else {
       if (trailer_len) std::memcpy(p, trailer, trailer_len);
       p += trailer_len;

@@ -657,8 +657,7 @@ uint32_t encode_frame(const RoceFields& f, const uint8_t* payload, uint8_t* buf,
                       uint32_t cap) {
   const uint32_t hl = encode_headers(f, buf, cap);
   if (hl == 0) return 0;
-  const uint32_t total =
-      hl + f.payload_len + pad_for(f.payload_len) + kIcrcSize;
+  const uint32_t total = hl + f.payload_len + trailer_len(f.payload_len);
   if (total > cap) return 0;
   if (f.payload_len) std::memcpy(buf + hl, payload, f.payload_len);
   const ConstBuf pl{buf + hl, f.payload_len};

@@ -162,6 +162,10 @@ uint32_t header_len(const RoceFields& f);
 constexpr uint32_t pad_for(uint32_t len) {
   return (4 - (len & 3)) & 3;
 }
+// Trailer bytes (pad + ICRC) after a payload of `len`.
+constexpr uint32_t trailer_len(uint32_t len) {
+  return pad_for(len) + kIcrcSize;
+}
 
 // Writes Ethernet (+VLAN), IP, UDP, BTH and extension headers for a packet
 // that will carry f.payload_len bytes of payload; lengths and the IPv4
