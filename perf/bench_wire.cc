@@ -171,8 +171,12 @@ BENCHMARK(BM_EncodeHeadersPrebuiltAndTrailer)
     ->Arg(64)
     ->Arg(1024)
     ->Arg(4096);
-BENCHMARK(BM_PayloadCopiedOnceAndSummed)->Arg(1024)->Arg(4096);
-BENCHMARK(BM_PayloadCopiedTwice)->Arg(1024)->Arg(4096);
+BENCHMARK(BM_PayloadCopiedOnceAndSummed)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096);
+BENCHMARK(BM_PayloadCopiedTwice)->Arg(64)->Arg(256)->Arg(1024)->Arg(4096);
 BENCHMARK(BM_Crc32)->RangeMultiplier(4)->Range(64, 64 << 10);
 BENCHMARK(BM_Memcpy)->RangeMultiplier(4)->Range(64, 64 << 10);
 BENCHMARK_MAIN();
