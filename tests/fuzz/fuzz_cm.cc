@@ -38,6 +38,7 @@
 // Multi-byte numbers are little-endian.
 #include <arpa/inet.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -129,6 +130,64 @@ std::string bytes_of(const T& v) {
   return std::string(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
+// Event socket pairs outlive an input: creating one and tearing it down
+// was a third of this target's time (syscalls are dear in a VM). The server
+// gets a dup of the pair's service end, as ControlServer hands it the fd
+// that came with a request; the pair comes back here once the server closed
+// its dup, read empty and with its send buffer as it was. A pair whose
+// application end was closed (STALL) is closed, not reused.
+class Pairs {
+ public:
+  struct Pair {
+    int app = -1, svc = -1;
+    bool small = false;  // the service end's send buffer was shrunk
+  };
+  Pair get() {
+    if (!free_.empty()) {
+      const Pair p = free_.back();
+      free_.pop_back();
+      return p;
+    }
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+      fail("socketpair", errno);
+    if (!sndbuf_) {
+      socklen_t len = sizeof sndbuf_;
+      getsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sndbuf_, &len);
+    }
+    return {sv[0], sv[1]};
+  }
+  void shrink(Pair& p) {
+    const int small = 1;  // the kernel's minimum
+    setsockopt(p.svc, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    p.small = true;
+  }
+  void put(Pair p) {
+    if (p.app < 0) {
+      close(p.svc);
+      return;
+    }
+    shim::CmEventMsg m;
+    while (recv(p.app, &m, sizeof m, MSG_DONTWAIT | MSG_TRUNC) > 0) {
+    }
+    if (p.small) {
+      const int v = sndbuf_ / 2;  // the kernel doubles what it is given
+      setsockopt(p.svc, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+      p.small = false;
+    }
+    free_.push_back(p);
+  }
+
+ private:
+  std::vector<Pair> free_;
+  int sndbuf_ = 0;
+};
+
+Pairs& pairs() {
+  static Pairs p;
+  return p;
+}
+
 // One urnicd's CM, the frames it handed to a worker, and what the
 // application side has learnt from it.
 struct Node {
@@ -145,6 +204,7 @@ struct Node {
   // An application closed its end of an event socket while the channel
   // stayed open: events (an announcement among them) may have been lost.
   bool lossy = false;
+  uint64_t events_seen = 0;  // cm_events when the fuzzer last looked
 };
 
 // An event channel slot: a control connection with its event socket.
@@ -152,7 +212,8 @@ struct Slot {
   Node* node = nullptr;
   service::ClientInfo ci;
   bool open = false;
-  int fd = -1;  // the application's end; -1 once it closed it
+  int fd = -1;       // the application's end; -1 once it closed it
+  Pairs::Pair pair;  // fd's pair, while the channel is open
   bool stalled = false;
   uint64_t token = 0;
 };
@@ -170,14 +231,14 @@ class World {
       slots_[s].node = &nodes_[s / kSlotsPerNode];
   }
   ~World() {
-    for (auto& s : slots_)
-      if (s.fd >= 0) close(s.fd);
+    for (auto& s : slots_) close_slot(s);
   }
 
   void run(Reader& r) {
     for (int ops = 0; !r.done() && ops < kMaxOps; ++ops) {
       const uint8_t op = r.u8();
-      switch (op % 16) {
+      const int kind = op % 16;
+      switch (kind) {
         case 0:
           open(r);
           break;
@@ -219,7 +280,11 @@ class World {
           break;
         }
       }
-      after_op();
+      // MIGRATE_ID, a tick or a channel read again can put events counted
+      // before into a socket; everything else that sends one counts it in
+      // cm_events.
+      after_op(may_flush_ || kind == 9 || kind == 10 || kind == 13);
+      may_flush_ = false;
     }
     finish();
   }
@@ -286,13 +351,8 @@ class World {
   void open(Reader& r) {
     Slot& s = slots_[r.u8() % kSlots];
     const uint8_t flags = r.u8();
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-      fail("socketpair", errno);
-    if (flags & 8) {
-      const int small = 1;  // the kernel's minimum
-      setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
-    }
+    Pairs::Pair p = pairs().get();
+    if (flags & 8) pairs().shrink(p);
     const bool was_open = s.open;
     if (!was_open) {
       s.ci = {};
@@ -305,16 +365,13 @@ class World {
     std::string body = bytes_of(o);
     if (flags & 2) body.resize(1);
     std::vector<int> fds;
-    if (!(flags & 4))
-      fds.push_back(sv[1]);
-    else
-      close(sv[1]);
+    if (!(flags & 4)) fds.push_back(fcntl(p.svc, F_DUPFD_CLOEXEC, 0));
     const Res res = request(s, shim::Op::kCmOpen, body, fds);
     TRACE("%c open slot %d flags %x: %d", 'A' + s.node->index,
           static_cast<int>(&s - slots_), flags, res.status);
     if (res.status != 0 || was_open) {
       if (res.status == 0) fail("a second channel on one connection");
-      close(sv[0]);
+      pairs().put(p);
       return;
     }
     if (res.payload.size() != sizeof(shim::CmOpenRep))
@@ -323,7 +380,8 @@ class World {
     std::memcpy(&rep, res.payload.data(), sizeof rep);
     s.token = rep.token;
     s.open = true;
-    s.fd = sv[0];
+    s.fd = p.app;
+    s.pair = p;
     s.stalled = false;
     ++s.node->open;
   }
@@ -361,6 +419,7 @@ class World {
         RDMA_USER_CM_CMD_GET_EVENT,     0};
     shim::CmCommandReq q;
     q.cmd = sel == 19 ? r.u32() : kCmds[sel];
+    may_flush_ = q.cmd == RDMA_USER_CM_CMD_MIGRATE_ID;
     q.out = 512;
     std::string body, opt;
     auto id_arg = [&]() -> uint32_t {
@@ -787,6 +846,8 @@ class World {
     const uint8_t how = r.u8();
     now_ += amount * kMs * ((how & 4) ? 10 : 1);
     TRACE("time +%u%s", amount, (how & 4) ? "0" : "");
+    // urnicd asks busy() to choose how long to wait before the next tick.
+    for (Node& n : nodes_) (void)n.srv->busy();
     if (how % 4 != 2) nodes_[0].srv->tick(now_);
     if (how % 4 != 1) nodes_[1].srv->tick(now_);
   }
@@ -796,8 +857,9 @@ class World {
     TRACE("%c close slot %d", 'A' + s.node->index,
           static_cast<int>(&s - slots_));
     drain(s);
-    s.node->srv->on_close(s.ci);
-    if (s.fd >= 0) close(s.fd);
+    s.node->srv->on_close(s.ci);  // closes its dup of the service end
+    s.pair.app = s.fd;
+    pairs().put(s.pair);
     s.fd = -1;
     s.open = false;
     s.stalled = false;
@@ -885,17 +947,18 @@ class World {
 
   // After every operation, so without a strcmp per counter (libFuzzer
   // hooks strcmp and costs more than the operation): the positions of the
-  // three counters in stats() are looked up once, names checked by pointer.
+  // counters in stats() are looked up once, names checked by pointer.
+  enum Ctr { kChannels, kIds, kMadsRx, kEvents, kCtrs };
   struct StatIndex {
-    size_t pos[3] = {};
-    const char* name[3] = {};
+    size_t pos[kCtrs] = {};
+    const char* name[kCtrs] = {};
   };
   static StatIndex stat_index(const Node& n) {
-    static const char* const kNames[3] = {"cm_channels", "cm_ids",
-                                          "cm_mads_rx"};
+    static const char* const kNames[kCtrs] = {"cm_channels", "cm_ids",
+                                              "cm_mads_rx", "cm_events"};
     StatIndex ix;
     const auto all = n.srv->stats();
-    for (int j = 0; j < 3; ++j) {
+    for (int j = 0; j < kCtrs; ++j) {
       size_t i = 0;
       while (i < all.size() && std::strcmp(all[i].first, kNames[j]) != 0) ++i;
       if (i == all.size()) fail("no such counter");
@@ -905,43 +968,55 @@ class World {
     return ix;
   }
 
-  void check_stats() {
+  // Checks the counters; true when either server counted an event since the
+  // last call.
+  bool check_stats() {
+    bool evented = false;
     for (Node& n : nodes_) {
       static const StatIndex ix = stat_index(n);
       const auto all = n.srv->stats();
-      uint64_t v[3];
-      for (int j = 0; j < 3; ++j) {
+      uint64_t v[kCtrs];
+      for (int j = 0; j < kCtrs; ++j) {
         if (ix.pos[j] >= all.size() || all[ix.pos[j]].first != ix.name[j])
           fail("counters moved");
         v[j] = all[ix.pos[j]].second;
       }
-      const uint64_t ch = v[0], ids = v[1], mads = v[2];
+      const uint64_t ch = v[kChannels], ids = v[kIds], mads = v[kMadsRx];
       if (ch != static_cast<uint64_t>(n.open))
         fail("cm_channels", ch, static_cast<uint64_t>(n.open));
       if (ids > n.creates + mads)
         fail("cm_ids more than were created", ids, n.creates);
-      (void)n.srv->busy();
+      evented |= v[kEvents] != n.events_seen;
+      n.events_seen = v[kEvents];
     }
+    return evented;
   }
 
-  void after_op() {
-    // One poll() over the sockets instead of a recv() each: syscalls are
-    // most of this target's time, and most operations send no event.
-    pollfd pf[kSlots];
-    Slot* ps[kSlots];
-    nfds_t n = 0;
-    for (Slot& s : slots_)
-      if (s.open && !s.stalled && s.fd >= 0) {
-        pf[n] = {s.fd, POLLIN, 0};
-        ps[n++] = &s;
-      }
-    // EINTR (a signal, libFuzzer's timer): as if nothing was ready.
-    const int ready = n ? poll(pf, n, 0) : 0;
-    if (ready < 0 && errno != EINTR) fail("poll on the event sockets", errno);
-    for (nfds_t i = 0; ready > 0 && i < n; ++i)
-      if (pf[i].revents) drain(*ps[i]);
+  // `may_flush`: the operation may have sent events counted before.
+  void after_op(bool may_flush) {
+    // Poll only when an event can have been sent: syscalls are most of this
+    // target's time (each dear in a VM), and most operations send none.
+    // Reading the servers' counters does not depend on what the sockets
+    // hold, so checking them first finds the same.
+    if (check_stats() || may_flush || repoll_) {
+      repoll_ = false;
+      // One poll() over the sockets instead of a recv() each.
+      pollfd pf[kSlots];
+      Slot* ps[kSlots];
+      nfds_t n = 0;
+      for (Slot& s : slots_)
+        if (s.open && !s.stalled && s.fd >= 0) {
+          pf[n] = {s.fd, POLLIN, 0};
+          ps[n++] = &s;
+        }
+      // EINTR (a signal, libFuzzer's timer): nothing read, try next time.
+      const int ready = n ? poll(pf, n, 0) : 0;
+      if (ready < 0 && errno != EINTR) fail("poll on the event sockets", errno);
+      repoll_ = ready < 0;
+      for (nfds_t i = 0; ready > 0 && i < n; ++i)
+        if (pf[i].revents) drain(*ps[i]);
+    }
     recheck(false);
-    check_stats();
   }
 
   void finish() {
@@ -975,6 +1050,8 @@ class World {
   std::deque<std::array<uint8_t, cm::kMadSize>> history_;
   std::vector<Deferred> deferred_;
   uint64_t events_read_ = 0;
+  bool repoll_ = false;
+  bool may_flush_ = false;  // the last command was a MIGRATE_ID
 };
 
 }  // namespace
