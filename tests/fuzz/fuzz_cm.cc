@@ -14,7 +14,8 @@
 //     created plus one per MAD received;
 //   - once every channel is closed and the timers have run out, both servers
 //     report cm_ids 0 and cm_channels 0.
-// Every fd opened here is closed before the input ends.
+// Every fd a server holds is closed before the input ends (the event socket
+// pairs themselves are kept for the next input: Pairs).
 //
 // Program format (tests/fuzz/cm_seeds.py writes seeds in it; keep the two in
 // step). Bytes past the input's end read as 0. Each operation is one byte
