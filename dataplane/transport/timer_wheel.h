@@ -6,15 +6,20 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace urnic::transport {
 
+// The links of a circular list; a slot's sentinel head is only this.
+struct TimerLink {
+  TimerLink* prev = nullptr;
+  TimerLink* next = nullptr;
+};
+
 // Intrusive: embedded in its owner (a QP has one per timer), so arming never
 // allocates. An armed node must be cancelled before its owner is destroyed.
-struct TimerNode {
-  TimerNode* prev = nullptr;
-  TimerNode* next = nullptr;
+struct TimerNode : TimerLink {
   uint64_t expire_tick = 0;
   void* owner = nullptr;  // set by the owner, passed back untouched
   uint8_t kind = 0;       // set by the owner, passed back untouched
@@ -26,7 +31,11 @@ struct TimerNode {
 // head. A timer more than one revolution away stays in its slot and is
 // skipped until its round comes. A bit per slot says it may hold timers, so
 // advance() visits only those: after a lcore was off the CPU for
-// milliseconds it reads 512 B of bits, not the 128 KiB of 4096 sentinels.
+// milliseconds it reads 512 B of bits, not the 64 KiB of 4096 sentinels.
+// A slot whose bit is clear has a head never written or left behind: arm()
+// links it afresh. So a new wheel writes only its bits, and the sentinels'
+// pages stay untouched until timers land there (an engine is made per
+// worker, but also per input by the fuzzers and per test).
 // Used by one lcore only: not thread-safe.
 class TimerWheel {
  public:
@@ -36,9 +45,9 @@ class TimerWheel {
       : tick_ns_(std::max<uint64_t>(tick_ns, 1)),
         mask_(std::bit_ceil(std::max<uint32_t>(slots, 1)) - 1),
         now_tick_(now_ns / tick_ns_),
-        slots_(mask_ + 1),
+        // Default-initialised: no write until a slot is first armed.
+        slots_(std::make_unique_for_overwrite<TimerLink[]>(mask_ + 1)),
         occupied_((mask_ + 64) / 64) {
-    for (TimerNode& s : slots_) init(s);
     init(due_);
   }
   // Sentinels point to themselves: the wheel cannot be copied or moved.
@@ -62,8 +71,13 @@ class TimerWheel {
       push_back(due_, t);
     } else {
       const uint64_t slot = t.expire_tick & mask_;
+      uint64_t& word = occupied_[slot / 64];
+      const uint64_t bit = uint64_t{1} << slot % 64;
+      if (!(word & bit)) {
+        init(slots_[slot]);
+        word |= bit;
+      }
       push_back(slots_[slot], t);
-      occupied_[slot / 64] |= uint64_t{1} << slot % 64;
     }
   }
 
@@ -102,7 +116,7 @@ class TimerWheel {
       while (bits != 0) {
         const uint64_t k = static_cast<uint64_t>(std::countr_zero(bits));
         bits &= bits - 1;
-        TimerNode& head = slots_[pos + k];
+        TimerLink& head = slots_[pos + k];
         fired += fire(head, fn);
         if (head.next == &head) word &= ~(uint64_t{1} << (bit + k));
       }
@@ -116,9 +130,9 @@ class TimerWheel {
   uint64_t now_tick() const { return now_tick_; }
 
  private:
-  static void init(TimerNode& head) { head.prev = head.next = &head; }
+  static void init(TimerLink& head) { head.prev = head.next = &head; }
 
-  static void push_back(TimerNode& head, TimerNode& t) {
+  static void push_back(TimerLink& head, TimerNode& t) {
     t.prev = head.prev;
     t.next = &head;
     head.prev->next = &t;
@@ -137,9 +151,9 @@ class TimerWheel {
   // real head and are not seen by this walk, and fn may unlink any node still
   // pending, since each one is taken from the local head only when reached.
   template <typename Fn>
-  uint32_t fire(TimerNode& list, Fn& fn) {
+  uint32_t fire(TimerLink& list, Fn& fn) {
     if (list.next == &list) return 0;
-    TimerNode pending;
+    TimerLink pending;
     pending.next = list.next;
     pending.prev = list.prev;
     pending.next->prev = &pending;
@@ -147,7 +161,8 @@ class TimerWheel {
     init(list);
     uint32_t fired = 0;
     while (pending.next != &pending) {
-      TimerNode& t = *pending.next;
+      // Every link but a sentinel is a TimerNode's.
+      TimerNode& t = static_cast<TimerNode&>(*pending.next);
       unlink(t);
       if (t.expire_tick > now_tick_) {  // a later revolution
         push_back(list, t);
@@ -161,11 +176,11 @@ class TimerWheel {
   }
 
   uint64_t tick_ns_;
-  uint64_t mask_;                   // slots - 1
-  uint64_t now_tick_;               // every tick up to this one has been walked
-  std::vector<TimerNode> slots_;    // sentinel heads
-  std::vector<uint64_t> occupied_;  // bit per slot: may hold timers
-  TimerNode due_;                   // armed for a tick already walked
+  uint64_t mask_;      // slots - 1
+  uint64_t now_tick_;  // every tick up to this one has been walked
+  std::unique_ptr<TimerLink[]> slots_;  // sentinel heads, valid if occupied
+  std::vector<uint64_t> occupied_;      // bit per slot: may hold timers
+  TimerLink due_;                       // armed for a tick already walked
   size_t size_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -459,4 +460,37 @@ TEST(TimerWheel, HundredThousandTimers) {
 TEST(TimerWheel, RandomAgainstReferenceTinyWheels) {
   run_against_reference(8, 3);
   run_against_reference(96, 4);  // rounded up to 128: two words
+}
+
+// The sentinel heads are not written until a slot is first armed: a wheel
+// built on memory full of stale pointers (a freed block the allocator hands
+// back) must treat every slot as empty, and a slot emptied by a visit and
+// armed again must start afresh.
+TEST(TimerWheel, SlotsNeverArmedReadAsEmptyOnRecycledMemory) {
+  constexpr uint32_t kSlots = 64;
+  for (int round = 0; round < 3; ++round) {
+    {
+      // Same size as the wheel's heads: glibc gives the block back next.
+      std::unique_ptr<TimerLink[]> junk(new TimerLink[kSlots]);
+      for (uint32_t i = 0; i < kSlots; ++i)
+        junk[i].prev = junk[i].next = &junk[(i * 7 + 3) % kSlots];
+    }
+    TimerWheel w(0, kUs, kSlots);
+    std::vector<Probe> v;
+    make_probes(v, 3 * kSlots);
+    // Nothing armed: a full revolution and more fires nothing.
+    EXPECT_EQ(advance_probes(w, 2 * kSlots * kUs), 0u);
+    // Every slot, then each emptied by its visit, then every slot again with
+    // some armed a revolution out (they stay through the first visit).
+    for (uint32_t i = 0; i < kSlots; ++i)
+      w.arm(v[i].node, (2 * kSlots + 1 + i) * kUs);
+    EXPECT_EQ(advance_probes(w, (3 * kSlots + 1) * kUs), kSlots);
+    for (uint32_t i = 0; i < 2 * kSlots; ++i)
+      w.arm(v[kSlots + i].node, (3 * kSlots + 2 + i) * kUs);
+    EXPECT_EQ(advance_probes(w, (4 * kSlots + 1) * kUs), kSlots);
+    EXPECT_EQ(w.size(), kSlots);
+    EXPECT_EQ(advance_probes(w, (5 * kSlots + 1) * kUs), kSlots);
+    for (const Probe& p : v) EXPECT_EQ(p.fires, 1u);
+    EXPECT_EQ(w.size(), 0u);
+  }
 }
