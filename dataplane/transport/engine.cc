@@ -441,6 +441,7 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
   if (mask & IBV_QP_RQ_PSN) {
     s.rq_psn = attr.rq_psn;
     qp->resp_.epsn = attr.rq_psn & kPsnMask;
+    qp->resp_.sw_psn = psn_add(qp->resp_.epsn, kPsnMask);
   }
   if (mask & IBV_QP_SQ_PSN) {
     s.sq_psn = attr.sq_psn;

@@ -296,6 +296,12 @@ class Qp {
   // Responder.
   struct Resp {
     uint32_t epsn = 0;  // expected PSN
+    // The last SEND/WRITE packet executed: the PSN a duplicate SEND/WRITE is
+    // acknowledged with. Not ePSN - 1, which may be a READ's or an ATOMIC's:
+    // a plain ACK there completes that request at an rxe requester without
+    // its data (rxe_comp.c takes an ACK at a pending READ's last PSN as its
+    // completion; rxe's own responder keeps ack_psn for this).
+    uint32_t sw_psn = 0;
     uint32_t msn = 0;
     bool nak_sent = false;  // sequence NAK already sent for this gap
     enum Msg : uint8_t { kNone, kSend, kWrite } msg = kNone;

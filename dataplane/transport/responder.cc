@@ -463,8 +463,9 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
     }
     return;
   }
-  // SEND/WRITE: acknowledge again (C9-105).
-  queue_ack(e, qp, aeth::kAckUnlimited, psn_add(qp.resp_.epsn, kPsnMask));
+  // SEND/WRITE: acknowledge again (C9-105), up to the last SEND/WRITE
+  // executed (Qp::Resp::sw_psn), which is this one or later.
+  queue_ack(e, qp, aeth::kAckUnlimited, qp.resp_.sw_psn);
 }
 
 // Opcode sequence (9.7.5.1.2? C9-91): MIDDLE/LAST continue a message of
@@ -553,10 +554,13 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     if (r.ack_pending && !is_fatal_nak(r.ack_syndrome)) r.ack_pending = false;
     e.make_ready(qp);
     if (p.op.mask & wire::kAtomic) e.make_ack_ready(qp);
-  } else if (p.f.ack_req ||
-             (r.ack_pending && r.ack_syndrome == aeth::kAckUnlimited)) {
-    // Coalescing: a pending ACK grows to cover every packet executed since.
-    queue_ack(e, qp, aeth::kAckUnlimited, psn);
+  } else {
+    r.sw_psn = psn;
+    if (p.f.ack_req ||
+        (r.ack_pending && r.ack_syndrome == aeth::kAckUnlimited)) {
+      // Coalescing: a pending ACK grows to cover every packet executed since.
+      queue_ack(e, qp, aeth::kAckUnlimited, psn);
+    }
   }
 }
 

@@ -1719,6 +1719,49 @@ TEST_F(TransportTrace, DuplicateSendIsReAckedNotExecuted) {
   EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_RECV);
 }
 
+// A duplicate WRITE is acknowledged up to the last SEND/WRITE executed,
+// never with the PSN of a READ or ATOMIC executed after it: at an rxe
+// requester a plain ACK at a pending READ's PSN completes that READ without
+// its data (rxe_comp.c), and ours takes it as an implied NAK.
+TEST_F(TransportTrace, DuplicateWriteIsNotAckedWithALaterReadsPsn) {
+  ASSERT_TRUE(up());
+  put(0x60000, pattern(64, 0x21));
+  // Peer: WRITE_ONLY R (AckReq), READ R+1 (64 B), ATOMIC FETCH_ADD R+2.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, addr(0x10000), 16),
+         pattern(16, 1));
+  inject(write_req(op::kRcReadRequest, kRqPsn + 1, true, addr(0x60000), 64));
+  auto a = pkt(op::kRcFetchAdd, kRqPsn + 2, true);
+  a.atomic_va = addr(0x70000);
+  a.atomic_rkey = mr_->rkey();
+  a.atomic_swap_add = 1;
+  inject(a);
+  poll(1 * kUs);
+  sent();
+  // Peer: the READ response and the atomic ACK were lost; it goes back to
+  // R and sends the WRITE again.
+  inject(write_req(op::kRcWriteOnly, kRqPsn, true, addr(0x10000), 16),
+         pattern(16, 1));
+  poll(2 * kUs);
+  // Expect: ACK with PSN R (the WRITE), not R+2 (ePSN - 1, the atomic).
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(ctr(ECtr::rx_dup), 1u);
+  // The READ and the ATOMIC asked again are answered from their resources.
+  inject(write_req(op::kRcReadRequest, kRqPsn + 1, true, addr(0x60000), 64));
+  inject(a);
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 2u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespOnly);
+  EXPECT_EQ(p[0].f.psn, kRqPsn + 1);
+  EXPECT_EQ(p[1].f.opcode, op::kRcAtomicAck);
+  EXPECT_EQ(p[1].f.psn, kRqPsn + 2);
+  EXPECT_EQ(u64(0x70000), 1u);  // added once
+}
+
 TEST_F(TransportTrace, DuplicateReadIsReplayedIncludingSubRange) {
   ASSERT_TRUE(up());
   put(0x60000, pattern(2500, 0x11));
