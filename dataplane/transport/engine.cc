@@ -439,12 +439,12 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     qp->res_next_ = 0;
   }
   if (mask & IBV_QP_RQ_PSN) {
-    s.rq_psn = attr.rq_psn;
+    s.rq_psn = attr.rq_psn & kPsnMask;  // as query_qp reports it on rxe
     qp->resp_.epsn = attr.rq_psn & kPsnMask;
     qp->resp_.sw_psn = psn_add(qp->resp_.epsn, kPsnMask);
   }
   if (mask & IBV_QP_SQ_PSN) {
-    s.sq_psn = attr.sq_psn;
+    s.sq_psn = attr.sq_psn & kPsnMask;
     qp->req_.psn = qp->comp_.psn = attr.sq_psn & kPsnMask;
     qp->req_.max_psn = qp->req_.psn;
     qp->ackreq_psn_ = psn_add(qp->req_.psn, kPsnMask);  // none sent yet

@@ -597,7 +597,8 @@ struct Loopback : ::testing::Test {
     std::memcpy(a.grh.dgid.raw, dc.gids[1], 16);
     return a;
   }
-  void up_rc(Qp* qp, uint32_t peer, ibv_mtu mtu = IBV_MTU_1024) {
+  void up_rc(Qp* qp, uint32_t peer, ibv_mtu mtu = IBV_MTU_1024,
+             uint32_t psn = 7) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
@@ -610,7 +611,7 @@ struct Loopback : ::testing::Test {
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = mtu;
     a.dest_qp_num = peer;
-    a.rq_psn = 7;
+    a.rq_psn = psn;
     a.max_dest_rd_atomic = 4;
     a.min_rnr_timer = 1;
     a.ah_attr = ah6();
@@ -622,7 +623,7 @@ struct Loopback : ::testing::Test {
         0);
     a = {};
     a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 7;
+    a.sq_psn = psn;
     a.timeout = 10;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
@@ -723,6 +724,39 @@ TEST_F(Loopback, RcOverIpv6GidsWriteReadSend) {
   }
   EXPECT_TRUE(recv_seen);
   EXPECT_GT(ipv6_frames, 5u);
+}
+
+// A PSN wider than 24 bits (lrand48() unmasked) is taken as its low 24
+// bits, as rxe and mlx5 take it; query_qp reports those.
+TEST_F(Loopback, PsnsWiderThan24BitsUseTheirLow24) {
+  Qp* a = make(IBV_QPT_RC);
+  Qp* b = make(IBV_QPT_RC);
+  up_rc(a, b->qpn(), IBV_MTU_1024, 0x7ffffffe);
+  up_rc(b, a->qpn(), IBV_MTU_1024, 0x7ffffffe);
+  ibv_qp_attr q{};
+  QpInitAttr init{};
+  ASSERT_EQ(eng.query_qp(a, &q, &init), 0);
+  EXPECT_EQ(q.sq_psn, 0xfffffeu);
+  EXPECT_EQ(q.rq_psn, 0xfffffeu);
+  // Across the 24-bit wrap: WRITE of 3 packets from PSN 0xfffffe.
+  uint8_t* m = mem.data();
+  const auto va = [&](uint32_t off) {
+    return reinterpret_cast<uint64_t>(m) + off;
+  };
+  for (uint32_t i = 0; i < 3000; ++i) m[i] = static_cast<uint8_t>(i * 3);
+  SendWr w;
+  w.wr_id = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.num_sge = 1;
+  w.sg_list[0] = {va(0), 3000, mr->lkey()};
+  w.remote_addr = va(0x4000);
+  w.rkey = mr->rkey();
+  ASSERT_EQ(eng.post_send(a, w), 0);
+  auto wc = run(1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(m + 0x4000, m, 3000), 0);
 }
 
 TEST_F(Loopback, UdOverIpv6CarriesTheIpv6HeaderAsGrh) {
