@@ -43,7 +43,7 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(ok)              X(rnr)             X(rkey_invalid)    X(rkey_pd)        \
   X(rkey_bounds)     X(rkey_rights)     X(qp_access)       X(opcode_seq)     \
   X(opcode_length)   X(write_length)    X(rd_atomic_over)  X(atomic_misaligned) \
-  X(recv_too_small)  X(recv_bad_lkey)    X(invalidate_rkey)
+  X(recv_too_small)  X(recv_bad_lkey)    X(invalidate_rkey) X(msg_too_long)
 // clang-format on
 enum class RespResult : uint8_t {
 #define URNIC_RESP_ENUM(n) n,
@@ -327,7 +327,7 @@ class Qp {
     bool fatal_event = false;
   } resp_;
   std::vector<RespResource> res_;  // ring of max_dest_rd_atomic entries
-  uint32_t res_next_ = 0;          // next slot to use
+  uint32_t res_next_ = 0;          // next slot to use, < res_.size()
   // Set with every RespResource::pending, cleared once a pass over res_
   // finds none: with no READ or ATOMIC in progress (every WRITE or SEND
   // packet, every ACK) res_, up to 16 entries of its own cache line each,

@@ -70,6 +70,8 @@ RespError resp_error(Res r) {
               IBV_WC_LOC_LEN_ERR};
     case Res::recv_bad_lkey:
       return {aeth::kNakRemoteOp, ECtr::rx_recv_bad_lkey, IBV_WC_LOC_PROT_ERR};
+    case Res::msg_too_long:
+      return {aeth::kNakInvalidRequest, ECtr::rx_msg_too_long, IBV_WC_SUCCESS};
     case Res::invalidate_rkey:
       // SEND_WITH_INV naming no type 2 window bound through this QP: the
       // receive completes in error, as rxe does (its responder's
@@ -297,6 +299,7 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
   const bool imm = p.op.mask & wire::kImm;
   if (!length_ok(qp, p)) return Res::opcode_length;
   if (first) {
+    if (p.f.reth_len > e.dev_.limits().max_msg_sz) return Res::msg_too_long;
     uint8_t* host;
     const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, p.f.reth_len,
                                IBV_ACCESS_REMOTE_WRITE, &host);
@@ -362,17 +365,24 @@ Res do_atomic_write(Engine& e, Qp& qp, const RxPkt& p) {
 // responses to send (more outstanding than max_dest_rd_atomic, which the
 // requester promised not to exceed: an invalid request, IBTA 9.7.5.1).
 RespResource* new_resource(Qp& qp) {
-  RespResource& s = qp.res_[qp.res_next_ % qp.res_.size()];
+  RespResource& s = qp.res_[qp.res_next_];
   // A replay still queued on the oldest slot is moot: the requester has
   // completed that request, or it could not have sent this one.
   if (s.pending && !s.replay) return nullptr;
-  ++qp.res_next_;
+  // Kept below the ring's size: a free-running count taken modulo a size
+  // that does not divide 2^32 (3, 5, 6, ...) reuses a slot at once when it
+  // wraps.
+  if (++qp.res_next_ == qp.res_.size()) qp.res_next_ = 0;
   return &s;
 }
 
 Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
   uint8_t* host;
   const uint32_t len = p.f.reth_len;
+  // Longer than a message may be (2^31, IBTA 9.4.3 and the port's
+  // max_msg_sz): at MTU 256 it would take 2^23 PSNs or more, half the PSN
+  // space, and the window arithmetic breaks (rxe: check_length).
+  if (len > e.dev_.limits().max_msg_sz) return Res::msg_too_long;
   const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, len,
                              IBV_ACCESS_REMOTE_READ, &host);
   if (res != Res::ok) return res;

@@ -3270,6 +3270,39 @@ TEST_F(TransportTrace, WriteLongerThanItsRethNaksWithItsOwnCause) {
   EXPECT_EQ(bytes(0x30000, 64), std::vector<uint8_t>(64, 0));
 }
 
+// A RETH length over 2^31 (the largest message, IBTA 9.4.3) is an invalid
+// request before any rkey is looked at: a READ that long would take half
+// the PSN space or more (at MTU 256, 2^23 PSNs and up).
+TEST_F(TransportTrace, ReadLongerThanTheLargestMessageNaksInvalidRequest) {
+  ASSERT_TRUE(up());
+  inject(
+      write_req(op::kRcReadRequest, kRqPsn, true, addr(0x30000), 0x80000001u));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_EQ(ctr(ECtr::rx_msg_too_long), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_rkey_bounds), 0u);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::msg_too_long));
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(TransportTrace, WriteLongerThanTheLargestMessageNaksInvalidRequest) {
+  ASSERT_TRUE(up());
+  inject(write_req(op::kRcWriteFirst, kRqPsn, true, addr(0x30000), 0x80000001u),
+         pattern(1024, 1));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(ctr(ECtr::rx_msg_too_long), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_rkey_bounds), 0u);
+  EXPECT_EQ(bytes(0x30000, 64), std::vector<uint8_t>(64, 0));
+}
+
 TEST_F(TransportTrace, ShortMiddlePacketNaksAsAnOpcodeLengthError) {
   ASSERT_TRUE(up());
   // Peer: WRITE_FIRST of one MTU, then a MIDDLE of 100 bytes (a MIDDLE
