@@ -437,7 +437,11 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   // a completion neither polled nor notified (abi.h, CqShared::arm).
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const uint32_t arm = sh_->arm.load(std::memory_order_acquire);
-  if (arm == shim::kArmAll || (arm == shim::kArmSolicited && solicited)) {
+  // A completion in error counts as solicited (ibv_req_notify_cq(3), IBTA
+  // 11.4.2.2): an application waiting for solicited events only still
+  // hears of a failed send or a flush.
+  if (arm == shim::kArmAll || (arm == shim::kArmSolicited &&
+                               (solicited || wc.status != IBV_WC_SUCCESS))) {
     if (sh_->arm.exchange(0, std::memory_order_acq_rel) != 0) {
       bump(events_);
       // One datagram to the completion channel; never blocks the lcore (a

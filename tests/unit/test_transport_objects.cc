@@ -432,6 +432,15 @@ TEST(TransportObjects, CqPollAndNotify) {
   EXPECT_EQ(out[0].wr_id, 1u);
   EXPECT_EQ(out[2].wr_id, 3u);
   EXPECT_EQ(cq->poll(out), 0);
+  // A completion in error is solicited (ibv_req_notify_cq(3)): a failed
+  // send or a flush wakes a solicited-only waiter.
+  cq->req_notify(true);
+  wc.wr_id = 4;
+  wc.status = IBV_WC_WR_FLUSH_ERR;
+  ASSERT_TRUE(cq->push(wc, false));
+  EXPECT_EQ(cq->events(), 2u);
+  ASSERT_EQ(cq->poll(out), 1);
+  EXPECT_EQ(out[0].status, IBV_WC_WR_FLUSH_ERR);
 }
 
 TEST(TransportObjects, CqResizeKeepsUnpolledCompletionsInOrder) {
