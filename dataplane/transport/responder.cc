@@ -183,9 +183,12 @@ void complete_recv(Engine& e, Qp& qp, ibv_wc_status st, ibv_wc_opcode op,
 }
 
 // Takes the next receive WR (the QP's RQ or its SRQ) and resolves its
-// buffers. False if none is posted. A bad lkey is reported as
-// recv_bad_lkey.
-bool take_recv(Engine& e, Qp& qp, Res* res) {
+// buffers, as many as hold `need` bytes (all for a message whose length is
+// not known yet). False if none is posted. A bad lkey in a buffer the
+// message reaches is reported as recv_bad_lkey; one it does not reach (a
+// WRITE with immediate reaches none, a SEND of 100 B the first 4 KiB one
+// only) is never looked at, as rxe looks only where it copies.
+bool take_recv(Engine& e, Qp& qp, Res* res, uint32_t need) {
   Qp::Resp& r = qp.resp_;
   *res = Res::ok;
   if (r.have_recv) {
@@ -206,8 +209,8 @@ bool take_recv(Engine& e, Qp& qp, Res* res) {
   r.have_recv = true;
   r.recv_off = 0;
   r.recv_cap = 0;
-  r.recv_nsg = r.recv.num_sge;
-  for (uint32_t i = 0; i < r.recv.num_sge; ++i) {
+  uint32_t i = 0;
+  for (; i < r.recv.num_sge && r.recv_cap < need; ++i) {
     const Sge& s = r.recv.sg_list[i];
     r.recv_sg[i] = {};
     if (s.length == 0) continue;
@@ -220,6 +223,7 @@ bool take_recv(Engine& e, Qp& qp, Res* res) {
     r.recv_sg[i] = {mr->host(s.addr), s.length};
     r.recv_cap += s.length;
   }
+  r.recv_nsg = i;
   return true;
 }
 
@@ -266,7 +270,8 @@ Res do_send(Engine& e, Qp& qp, const RxPkt& p) {
   if (!length_ok(qp, p)) return Res::opcode_length;
   if (first) {
     Res res;
-    if (!take_recv(e, qp, &res)) return Res::rnr;
+    if (!take_recv(e, qp, &res, last ? p.f.payload_len : UINT32_MAX))
+      return Res::rnr;
     if (res != Res::ok) return res;
   }
   const uint32_t len = p.f.payload_len;
@@ -313,7 +318,7 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
     // WRITE with immediate consumes a receive WR (9.4.4): check it is
     // there before placing the last bytes, so an RNR retry is harmless.
     Res res;
-    if (!take_recv(e, qp, &res)) return Res::rnr;
+    if (!take_recv(e, qp, &res, 0)) return Res::rnr;
     if (res != Res::ok) return res;
   }
   if (len) {
@@ -629,11 +634,11 @@ void ud_rx(Engine& e, Qp& qp, const RxPkt& p) {
     return;
   }
   Res res;
-  if (!take_recv(e, qp, &res)) {
+  const uint32_t len = p.f.payload_len;
+  if (!take_recv(e, qp, &res, len + kGrhSize)) {
     e.ctr_.inc(ECtr::rx_no_recv);
     return;
   }
-  const uint32_t len = p.f.payload_len;
   if (res == Res::ok && len + kGrhSize > r.recv_cap) res = Res::recv_too_small;
   if (res != Res::ok) {
     count_refusal(e, qp, res);

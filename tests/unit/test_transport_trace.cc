@@ -1669,6 +1669,40 @@ TEST_F(TransportTrace, WriteWithImmConsumesRecvAndCompletesRecvRdmaWithImm) {
   EXPECT_EQ(bytes(0x10000, 64), std::vector<uint8_t>(64, 0xaa));
 }
 
+// A receive buffer is checked where the message reaches it, as rxe checks
+// where it copies: a WRITE with immediate reaches none, a 100-byte SEND only
+// the first. A bad lkey beyond is never looked at; one the SEND reaches is
+// a local protection error (remote operational NAK).
+TEST_F(TransportTrace, ReceiveBuffersAreCheckedOnlyWhereTheMessageLands) {
+  ASSERT_TRUE(up());
+  Sge bad = sge(0x11000, 64);
+  bad.lkey ^= 0x5a5a00;
+  ASSERT_EQ(post_recv(rwr(1, {bad})), 0);
+  ASSERT_EQ(post_recv(rwr(2, {sge(0x12000, 128), bad})), 0);
+  ASSERT_EQ(post_recv(rwr(3, {sge(0x13000, 64), bad})), 0);
+  // Peer: WRITE_ONLY_WITH_IMM 32 bytes (takes wr 1), SEND_ONLY 100 bytes
+  // (wr 2: its first buffer holds it), SEND_ONLY 100 bytes (wr 3: needs the
+  // bad second buffer).
+  auto f = write_req(op::kRcWriteOnlyImm, kRqPsn, true, addr(0x30000), 32);
+  f.imm = 7;
+  inject(f, pattern(32, 1));
+  inject(pkt(op::kRcSendOnly, kRqPsn + 1, true), pattern(100, 2));
+  inject(pkt(op::kRcSendOnly, kRqPsn + 2, true), pattern(100, 3));
+  poll(1 * kUs);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 3u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(bytes(0x12000, 100), pattern(100, 2));
+  EXPECT_EQ(wc[2].wr_id, 3u);
+  EXPECT_EQ(wc[2].status, IBV_WC_LOC_PROT_ERR);
+  auto p = sent();
+  ASSERT_FALSE(p.empty());
+  EXPECT_EQ(p.back().f.aeth_syndrome, 0x63);  // remote operational error
+  EXPECT_EQ(p.back().f.psn, kRqPsn + 2);
+  EXPECT_EQ(ctr(ECtr::rx_recv_bad_lkey), 1u);
+}
+
 TEST_F(TransportTrace, MultiPacketWriteLandsInMemory) {
   ASSERT_TRUE(up());
   const auto data = pattern(2500, 0x71);
