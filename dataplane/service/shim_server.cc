@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <new>
@@ -59,6 +61,29 @@ bool body_as(const CtlRequest& req, T* out) {
 template <typename T>
 void reply_with(CtlReply& rep, const T& v) {
   rep.payload.assign(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// A controlled Q_Key (bit 31 set, IBTA 10.2.5) may be set by privileged
+// processes only: Linux's uverbs refuses it with EPERM without CAP_NET_RAW.
+// Otherwise any local client could take a Q_Key that UD services use to
+// tell privileged senders apart. The client's effective capabilities, read
+// from /proc; if they cannot be read (another pid namespace), root.
+bool may_set_controlled_qkey(const ClientInfo& ci) {
+  constexpr int kCapNetRaw = 13;  // linux/capability.h
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(ci.pid));
+  FILE* f = ci.pid > 0 ? std::fopen(path, "re") : nullptr;
+  if (!f) return ci.uid == 0;
+  bool ok = false;
+  char line[256];
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "CapEff:", 7) == 0) {
+      ok = (std::strtoull(line + 7, nullptr, 16) >> kCapNetRaw) & 1;
+      break;
+    }
+  }
+  std::fclose(f);
+  return ok;
 }
 
 // Takes ownership of received fd i (the server closes the others).
@@ -869,6 +894,13 @@ int ShimServer::op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   if (bad) {
     why_ = "a QP state, path MTU or migration state out of range";
     return EINVAL;
+  }
+  if ((r.mask & IBV_QP_QKEY) && (r.attr.qkey & 0x80000000u) &&
+      !may_set_controlled_qkey(c.info)) {
+    why_ =
+        "a Q_Key with bit 31 set (a controlled Q_Key) needs CAP_NET_RAW, as "
+        "on Linux";
+    return EPERM;
   }
   QpObj& q = *c.qps[r.handle];
   // Resolve the peer's MAC before parking the lcore that answers ARP.
