@@ -39,11 +39,12 @@ int check_length(const Qp& q, ibv_wr_opcode op, uint64_t len, bool inl,
   // ATOMIC_WRITE carries its 8 bytes in the WQE, no SGE or inline data.
   if (op == IBV_WR_ATOMIC_WRITE && (inl || num_sge || len)) return EINVAL;
   if (inl && (op == IBV_WR_RDMA_READ || len > q.max_inline)) return EINVAL;
-  if (q.type == IBV_QPT_UD) {
-    if (len > q.ctx().active_mtu.load(std::memory_order_relaxed)) return EINVAL;
-  } else if (const uint32_t mtu = q.path_mtu.load(std::memory_order_relaxed);
-             mtu && len / mtu >= kMaxPackets) {
-    return EINVAL;
+  // A UD message over the port MTU is not refused: the service sends
+  // nothing and completes it (IBTA C10-93.1.1, as rxe).
+  if (q.type != IBV_QPT_UD) {
+    if (const uint32_t mtu = q.path_mtu.load(std::memory_order_relaxed);
+        mtu && len / mtu >= kMaxPackets)
+      return EINVAL;
   }
   return 0;
 }

@@ -170,8 +170,6 @@ int query_port_full(ibv_context* c, uint8_t port, ibv_port_attr* out) {
   const int rc = ctx.call(Op::kQueryPort, "ibv_query_port", nullptr, 0, nullptr,
                           0, &pa, sizeof pa);
   if (rc) return rc;
-  if (pa.active_mtu >= IBV_MTU_256 && pa.active_mtu <= IBV_MTU_4096)
-    ctx.active_mtu.store(128u << pa.active_mtu, std::memory_order_relaxed);
   *out = pa;
   return 0;
 }
@@ -414,8 +412,6 @@ ibv_context* ours::ibv_open_device(ibv_device* device) {
   d->lost_reported = false;
   ctx->dev = d;
   ctx->ctl_fd = fd;
-  const ibv_mtu mtu = ctx->info.port.active_mtu;
-  if (mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096) ctx->active_mtu = 128u << mtu;
 
   ctx->box.self = ctx;
   verbs_context& v = ctx->box.vctx;

@@ -158,7 +158,6 @@ struct Context {
   DoorbellPage* db = nullptr;
   size_t db_len = 0;
   OpenRep info;
-  std::atomic<uint32_t> active_mtu{1024};  // bytes; UD sends are checked
   std::atomic<bool> async_eof{false};
   std::mutex obj_mu;  // the handle maps (events look objects up)
   HandleTable<Qp> qps;
