@@ -188,7 +188,11 @@ ibv_wc_status Device::bind_mw(const Pd* pd, uint32_t qpn, const MwBind& b) {
   constexpr uint32_t kRemote = IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ |
                                IBV_ACCESS_REMOTE_ATOMIC;
-  if (b.access & ~kRemote) return IBV_WC_MW_BIND_ERR;  // zero-based: no
+  // Local write and MW bind mean nothing for a window and are taken, as
+  // rxe takes them (RXE_ACCESS_SUPPORTED_MW) and mlx5 passes them on;
+  // zero-based and anything else: refused.
+  constexpr uint32_t kIgnored = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+  if (b.access & ~(kRemote | kIgnored)) return IBV_WC_MW_BIND_ERR;
   if (b.length == 0) {  // type 1 unbind (10.6.7.2.1)
     if (mw->type_ != IBV_MW_TYPE_1) return IBV_WC_MW_BIND_ERR;
     if (mw->mr_) unbind(*mw);
@@ -210,7 +214,7 @@ ibv_wc_status Device::bind_mw(const Pd* pd, uint32_t qpn, const MwBind& b) {
   ++mr->mw_binds_;
   mw->va_ = b.addr;
   mw->length_ = b.length;
-  mw->access_ = b.access;
+  mw->access_ = b.access & kRemote;
   mw->qpn_ = mw->type_ == IBV_MW_TYPE_2 ? qpn : 0;
   mw->rkey_ = b.new_rkey;
   return IBV_WC_SUCCESS;

@@ -3568,6 +3568,31 @@ TEST_F(TransportTraceMw, BindWaitsForEarlierWrsAndLocalInvalidate) {
   EXPECT_EQ(dev_->dereg_mr(mr), 0);
 }
 
+// Local write and MW bind in a bind's access flags mean nothing for a
+// window: taken, as rxe takes them; zero-based is refused.
+TEST_F(TransportTraceMw, BindTakesLocalFlagsAndRefusesZeroBased) {
+  ASSERT_TRUE(up());
+  Mr* mr = bindable();
+  Mw* mw = nullptr;
+  ASSERT_EQ(dev_->alloc_mw(pd_, IBV_MW_TYPE_1, &mw), 0);
+  const uint32_t rkey = inc(mw->rkey());
+  EXPECT_EQ(dev_->bind_mw(pd_, qp_->qpn(),
+                          {mw->rkey(), inc(rkey), mr->lkey(),
+                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_ZERO_BASED,
+                           addr(0x90000), 64}),
+            IBV_WC_MW_BIND_ERR);
+  EXPECT_FALSE(mw->bound());
+  EXPECT_EQ(dev_->bind_mw(pd_, qp_->qpn(),
+                          {mw->rkey(), rkey, mr->lkey(),
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND |
+                               IBV_ACCESS_REMOTE_WRITE,
+                           addr(0x90000), 64}),
+            IBV_WC_SUCCESS);
+  EXPECT_TRUE(mw->bound());
+  ASSERT_EQ(dev_->dealloc_mw(mw), 0);
+  EXPECT_EQ(dev_->dereg_mr(mr), 0);
+}
+
 TEST_F(TransportTraceMw, SendWithInvalidateCarriesItsRkeyInTheIeth) {
   ASSERT_TRUE(up());
   SendWr w = wr(1, IBV_WR_SEND_WITH_INV, {sge(0, 16)});
