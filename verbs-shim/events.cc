@@ -272,18 +272,21 @@ int ours::ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
         Cq* q = c.cqs.find(m.handle);
         if (!q) continue;  // destroyed since
         event->element.cq = ibv_cq_ex_to_cq(&q->cqx);
+        ++q->async_reported;
         return 0;
       }
       case Element::kQp: {
         Qp* q = c.qps.find(m.handle);
         if (!q) continue;
         event->element.qp = q->ibv();
+        ++q->events_reported;
         return 0;
       }
       case Element::kSrq: {
         Srq* q = c.srqs.find(m.handle);
         if (!q) continue;
         event->element.srq = &q->srq;
+        ++q->events_reported;
         return 0;
       }
       case Element::kDevice:
@@ -300,24 +303,39 @@ int ours::ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
   }
 }
 
+// Counted as libibverbs counts them (ibv_get_async_event(3)): the
+// object's destroy waits until every event handed out for it has been
+// acknowledged, so that a thread still reading the event's element does
+// not read freed memory.
 URNIC_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
-  // Our objects do not wait for acknowledgements; real ones are counted by
-  // libibverbs.
-  ibv_context* ctx = nullptr;
+  auto counted = [](pthread_mutex_t* mu, pthread_cond_t* cv, uint32_t* n) {
+    pthread_mutex_lock(mu);
+    ++*n;
+    pthread_cond_signal(cv);
+    pthread_mutex_unlock(mu);
+  };
   switch (element_of(event->event_type)) {
-    case Element::kCq:
-      ctx = event->element.cq ? event->element.cq->context : nullptr;
-      break;
-    case Element::kSrq:
-      ctx = event->element.srq ? event->element.srq->context : nullptr;
-      break;
-    case Element::kQp:
-      ctx = event->element.qp ? event->element.qp->context : nullptr;
-      break;
+    case Element::kCq: {
+      ibv_cq* cq = event->element.cq;
+      if (!cq || !is_urnic(cq->context)) break;
+      counted(&cq->mutex, &cq->cond, &cq->async_events_completed);
+      return;
+    }
+    case Element::kSrq: {
+      ibv_srq* srq = event->element.srq;
+      if (!srq || !is_urnic(srq->context)) break;
+      counted(&srq->mutex, &srq->cond, &srq->events_completed);
+      return;
+    }
+    case Element::kQp: {
+      ibv_qp* qp = event->element.qp;
+      if (!qp || !is_urnic(qp->context)) break;
+      counted(&qp->mutex, &qp->cond, &qp->events_completed);
+      return;
+    }
     case Element::kDevice:
     case Element::kPort:
       return;  // nothing to count
   }
-  if (ctx && is_urnic(ctx)) return;
   if (auto f = URNIC_REAL(ibv_ack_async_event, "IBVERBS_1.1")) f(event);
 }

@@ -403,14 +403,18 @@ int ours::ibv_destroy_cq(ibv_cq* cq) {
   const int rc = c.call(Op::kDestroyCq, "ibv_destroy_cq", &h, sizeof h, nullptr,
                         0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
+  uint32_t reported;
   {
     std::lock_guard g(c.obj_mu);
     c.cqs.erase(q.handle);
+    reported = q.async_reported;
   }
   purge_async_events(c);
-  // As rdma-core: every completion event handed out must be acknowledged.
+  // As rdma-core: every completion event and async event handed out must
+  // be acknowledged.
   pthread_mutex_lock(&cq->mutex);
-  while (cq->comp_events_completed != q.events)
+  while (cq->comp_events_completed != q.events ||
+         cq->async_events_completed != reported)
     pthread_cond_wait(&cq->cond, &cq->mutex);
   pthread_mutex_unlock(&cq->mutex);
   if (cq->channel) {
@@ -547,11 +551,18 @@ int ours::ibv_destroy_srq(ibv_srq* srq) {
   const int rc = c.call(Op::kDestroySrq, "ibv_destroy_srq", &h, sizeof h,
                         nullptr, 0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
+  uint32_t reported;
   {
     std::lock_guard g(c.obj_mu);
     c.srqs.erase(s.handle);
+    reported = s.events_reported;
   }
   purge_async_events(c);
+  // As rdma-core: every async event handed out must be acknowledged.
+  pthread_mutex_lock(&srq->mutex);
+  while (srq->events_completed != reported)
+    pthread_cond_wait(&srq->cond, &srq->mutex);
+  pthread_mutex_unlock(&srq->mutex);
   munmap(s.map, s.map_len);
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
@@ -776,11 +787,18 @@ int ours::ibv_destroy_qp(ibv_qp* qp) {
   const int rc = c.call(Op::kDestroyQp, "ibv_destroy_qp", &h, sizeof h, nullptr,
                         0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
+  uint32_t reported;
   {
     std::lock_guard g(c.obj_mu);
     c.qps.erase(q.handle);
+    reported = q.events_reported;  // no more from here on
   }
   purge_async_events(c);
+  // As rdma-core: every async event handed out must be acknowledged.
+  pthread_mutex_lock(&qp->mutex);
+  while (qp->events_completed != reported)
+    pthread_cond_wait(&qp->cond, &qp->mutex);
+  pthread_mutex_unlock(&qp->mutex);
   munmap(q.sh, q.map_len);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);

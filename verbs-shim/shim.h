@@ -213,6 +213,9 @@ struct Cq {
   void* map = nullptr;
   size_t map_len = 0;
   uint32_t events = 0;  // completion events delivered (ibv_get_cq_event)
+  // Async events handed out (ibv_get_async_event, under Context::obj_mu):
+  // destroy waits until the application acknowledged as many.
+  uint32_t async_reported = 0;
   SpinLock lock;
 };
 static_assert(std::is_standard_layout_v<Cq>);
@@ -229,6 +232,7 @@ struct Srq {
   uint32_t doorbell = 0;
   void* map = nullptr;
   size_t map_len = 0;
+  uint32_t events_reported = 0;  // as Cq::async_reported
   SpinLock lock;
 };
 static_assert(std::is_standard_layout_v<Srq>);
@@ -256,6 +260,7 @@ struct Qp {
   bool has_srq = false;
   bool ex = false;  // created with send_ops_flags (ibv_qp_to_qp_ex)
   SpinLock sq_lock, rq_lock;
+  uint32_t events_reported = 0;  // as Cq::async_reported
 
   ibv_qp* ibv();
   const ibv_qp* ibv() const;
