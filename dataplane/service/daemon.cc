@@ -390,6 +390,7 @@ void Daemon::check_link() {
     printf("urnicd: port %u link %s", port_.port_id, link_up_ ? "up" : "down");
     if (link_up_) printf(" %u Mb/s", ps.link_speed_mbps);
     printf("\n");
+    shim_->port_event(link_up_);
   }
   next_link_check_ = now_ns() + 500'000'000;
 }

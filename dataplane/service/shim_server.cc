@@ -1055,6 +1055,17 @@ void ShimServer::pump_events() {
   }
 }
 
+void ShimServer::port_event(bool up) {
+  const AsyncMsg m{up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, 1};
+  for (auto& [id, cp] : clients_) {
+    const bool sent =
+        cp->async_fd >= 0 && send(cp->async_fd, &m, sizeof m,
+                                  MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m;
+    (sent ? ctr_.async_events : ctr_.async_dropped)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 void ShimServer::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;

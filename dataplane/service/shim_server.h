@@ -103,6 +103,10 @@ class ShimServer {
   void handle(CtlRequest& req, CtlReply& rep);
   void on_close(const ClientInfo& ci);
   void pump_events();  // the Device's async events -> clients' sockets
+  // The port's link went down or up: IBV_EVENT_PORT_ERR / PORT_ACTIVE for
+  // port 1 to every client (as rxe raises them; query_device says the
+  // device does, IBV_DEVICE_PORT_ACTIVE_EVENT).
+  void port_event(bool up);
   // Service shutdown, after the lcores stopped and before the control
   // connections close: every QP goes to error (its outstanding WRs complete
   // with IBV_WC_WR_FLUSH_ERR in the application's CQ, armed completion

@@ -493,6 +493,22 @@ TEST_F(ShimServerTest, ModifyToResetKeepsTheApplicationsIndices) {
   EXPECT_EQ(a.sh->sq_done.load(), 2u);
 }
 
+// A link change reaches every client as IBV_EVENT_PORT_ERR / PORT_ACTIVE
+// for port 1 (rxe raises them; UCX listens for PORT_ERR).
+TEST_F(ShimServerTest, LinkChangesAreAsyncPortEvents) {
+  open();
+  srv.port_event(false);
+  srv.port_event(true);
+  AsyncMsg m[2];
+  for (AsyncMsg& x : m)
+    ASSERT_EQ(recv(async_fd, &x, sizeof x, MSG_DONTWAIT),
+              static_cast<ssize_t>(sizeof x));
+  EXPECT_EQ(m[0].type, static_cast<uint32_t>(IBV_EVENT_PORT_ERR));
+  EXPECT_EQ(m[0].handle, 1u);
+  EXPECT_EQ(m[1].type, static_cast<uint32_t>(IBV_EVENT_PORT_ACTIVE));
+  EXPECT_EQ(m[1].handle, 1u);
+}
+
 TEST_F(ShimServerTest, CompletionChannelIsSignalledOnlyWhenArmed) {
   open();
   int sv[2];
