@@ -553,6 +553,7 @@ int Engine::post_send(Qp* qp, const SendWrHead& wr, const Sge* sges) {
 
   SendWqe& w = qp->sqe(qp->sq_tail_);
   w.wr = wr;  // the head; the SGEs into the QP's array
+  if (qp->type_ == IBV_QPT_UD) w.wr.ah_gen = wr.ah->gen();
   if (!inl) std::copy_n(sges, wr.num_sge, w.sge);
   w.length = static_cast<uint32_t>(len);
   w.started = w.resolved = w.rd_counted = w.done = false;

@@ -251,6 +251,16 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       // Fence (IBTA 10.8.3.3): wait for earlier READ/ATOMIC to complete.
       if ((w.wr.send_flags & IBV_SEND_FENCE) && qp.req_.rd_atomic) break;
       if (qp.type_ == IBV_QPT_UD &&
+          (!w.wr.ah->live() || w.wr.ah->gen() != w.wr.ah_gen)) {
+        // Its AH was destroyed after the post (the slot may hold another
+        // by now): an error, as rxe's rxe_get_av fails, never a send to
+        // whatever address the slot holds.
+        w.local_err = IBV_WC_LOC_QP_OP_ERR;
+        e.ctr_.inc(ECtr::local_errors);
+        Completer::check_head_st(e, qp);
+        break;
+      }
+      if (qp.type_ == IBV_QPT_UD &&
           w.length > mtu_bytes(e.dev_.config().active_mtu)) {
         // C10-93.1.1: a UD message longer than the port MTU emits no
         // packet and no error (as rxe fakes its send); counted.

@@ -3800,6 +3800,31 @@ TEST_F(TransportTrace, UdSendLongerThanPortMtuSendsNothingAndCompletes) {
   EXPECT_EQ(post(w), EINVAL);
 }
 
+// A UD send whose AH was destroyed after the post (its slot reused by a
+// new AH at once) completes LOC_QP_OP_ERR, as rxe's rxe_get_av fails; it
+// never goes to the address the slot holds now.
+TEST_F(TransportTrace, UdSendWhoseAhWasDestroyedFailsAndSendsNothing) {
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  Ah* ah = nullptr;
+  ASSERT_EQ(dev_->create_ah(pd_, peer_ah_attr(), &ah), 0);
+  SendWr w = wr(1, IBV_WR_SEND, {sge(0, 64)});
+  w.ah = ah;
+  w.remote_qpn = 0x77;
+  w.remote_qkey = 1;
+  ASSERT_EQ(post(w), 0);
+  ASSERT_EQ(dev_->destroy_ah(ah), 0);
+  Ah* again = nullptr;
+  ASSERT_EQ(dev_->create_ah(pd_, peer_ah_attr(), &again), 0);
+  ASSERT_EQ(again, ah);  // the same slot, as the test means it
+  poll(1 * kUs);
+  EXPECT_TRUE(sent().empty());
+  auto wc = cq_poll(scq_);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_LOC_QP_OP_ERR, IBV_WC_SEND);
+  // A send posted with the new AH would go; this QP is in error now.
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
 // ===========================================================================
 // UC
 // ===========================================================================
