@@ -14,6 +14,7 @@
 #include <cstring>
 #include <new>
 
+#include "dataplane/hostif/verbs.h"
 #include "verbs-shim/mr_share.h"
 #include "verbs-shim/shim.h"
 
@@ -93,6 +94,13 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   if (c.dead) return fail<ibv_mr>(EIO);
   // Optional flags (relaxed ordering, ...) may be ignored by definition.
   access &= ~static_cast<unsigned>(IBV_ACCESS_OPTIONAL_RANGE);
+  // Refused before any page is shared (turned into memfd memory): a
+  // registration the service would refuse must leave the process's memory
+  // as it was, as the kernel checks before it pins anything.
+  if (!urnic::hostif::mr_access_valid(access) ||
+      !urnic::hostif::mr_iova_valid(reinterpret_cast<uint64_t>(addr), iova) ||
+      length > c.info.device.max_mr_size)
+    return fail<ibv_mr>(EINVAL);
   MrShare::Result shared;
   std::string why;
   int rc = MrShare::instance().share(addr, length, access & kWriteAccess,

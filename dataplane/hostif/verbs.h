@@ -57,4 +57,25 @@ constexpr bool is_local_op(ibv_wr_opcode op) {
   return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV;
 }
 
+// The access flags an MR may have (the optional range is dropped before).
+constexpr uint32_t kMrAccessKnown =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+
+// Whether an MR's access flags are ones verbs take: no unknown flag;
+// remote write or atomic only with local write (ibv_reg_mr(3)). The shim
+// checks before it touches any page, the device again.
+constexpr bool mr_access_valid(uint32_t access) {
+  if (access & ~kMrAccessKnown) return false;
+  return !(access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) ||
+         (access & IBV_ACCESS_LOCAL_WRITE);
+}
+
+// An application's iova sits where its address sits within a page (the
+// kernel's ib_uverbs_reg_mr refuses start and hca_va with different page
+// offsets; so do rxe and mlx5 under it).
+constexpr bool mr_iova_valid(uint64_t addr, uint64_t iova) {
+  return (addr & 4095) == (iova & 4095);
+}
+
 }  // namespace urnic::hostif

@@ -541,6 +541,10 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
     return EINVAL;
   }
   if (r.length > env_.dev->limits().max_mr_size) return EINVAL;
+  if (!hostif::mr_iova_valid(r.addr, r.iova)) {
+    why_ = "reg_mr: the iova and the address differ within their page";
+    return EINVAL;
+  }
   if (over_limit("max_mr", c.mrs.size() + c.mws.size(), 1,
                  env_.client_limits.max_mr) ||
       over_limit("max_mr_bytes", c.mr_bytes, r.length,

@@ -13,9 +13,6 @@
 namespace urnic::transport {
 namespace {
 
-constexpr uint32_t kAccessKnown =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
 constexpr uint32_t kEventRing = 1024;
 
 // Finds a free slot (or appends one) in an object table.
@@ -97,11 +94,7 @@ uint32_t Device::new_key(uint32_t index, uint32_t old) {
 int Device::reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
                    uint32_t access, Mr** out) {
   if (!pd || !pd->live_) return EINVAL;
-  if (access & ~kAccessKnown) return EINVAL;
-  // verbs: remote write/atomic need local write (ibv_reg_mr(3)).
-  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
-      !(access & IBV_ACCESS_LOCAL_WRITE))
-    return EINVAL;
+  if (!hostif::mr_access_valid(access)) return EINVAL;
   if (length > cfg_.limits.max_mr_size) return EINVAL;
   if (!host && length) return EINVAL;
   if (iova + length < iova) return EINVAL;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cinttypes>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -894,6 +895,71 @@ void sub_file_mapping(Dev& d) {
   munmap(p, len);
 }
 
+// Whether the page at `p` is still private anonymous memory (not turned
+// into the shared memfd pages a registration makes of it).
+bool still_private(const void* p) {
+  FILE* f = fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  char line[512];
+  bool priv = false;
+  while (fgets(line, sizeof line, f)) {
+    uintptr_t lo, hi;
+    char perms[8];
+    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s", &lo, &hi, perms) != 3)
+      continue;
+    if (a < lo || a >= hi) continue;
+    priv = perms[3] == 'p' && !strstr(line, "memfd:");
+    break;
+  }
+  fclose(f);
+  return priv;
+}
+
+// A registration verbs refuse (bad access flags, an iova off the address's
+// place in its page) fails with EINVAL before any page is touched: the
+// memory stays the program's private memory, as the kernel checks first.
+void sub_refused_leaves_memory(Dev& d) {
+  const size_t len = 3 * 4096;
+  void* map = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) throw SetupError("mmap: " + err_text(errno));
+  auto* p = static_cast<uint8_t*>(map);
+  fill(p, len, 67);
+  struct Bad {
+    const char* what;
+    int access;
+    uint64_t iova;
+  } bad[] = {
+      {"REMOTE_WRITE without LOCAL_WRITE", IBV_ACCESS_REMOTE_WRITE, 0},
+      {"REMOTE_ATOMIC without LOCAL_WRITE", IBV_ACCESS_REMOTE_ATOMIC, 0},
+      {"an unknown access bit", IBV_ACCESS_LOCAL_WRITE | (1 << 14), 0},
+      {"an iova 8 bytes off the address's page offset", kAccess,
+       addr_of(p) + 8},
+  };
+  for (const Bad& b : bad) {
+    errno = 0;
+    ibv_mr* mr = b.iova ? ibv_reg_mr_iova(d.pd, p, len, b.iova, b.access)
+                        : ibv_reg_mr(d.pd, p, len, b.access);
+    const int e = errno;
+    check(!mr && e == EINVAL && still_private(p) && still_private(p + 4096),
+          fmt("e) ibv_reg_mr with %s fails with EINVAL and leaves the memory "
+              "private",
+              b.what),
+          mr ? std::string("it succeeded") : "errno " + err_text(e));
+    if (mr) ibv_dereg_mr(mr);
+  }
+  // The same page offset, another page: fine, and reachable at the iova.
+  ibv_mr* mr = ibv_reg_mr_iova(d.pd, p, len, 0x7000000000ull, kAccess);
+  check(mr != nullptr,
+        "e) ibv_reg_mr_iova with a page-aligned iova for a page-aligned "
+        "address succeeds",
+        err_text(errno));
+  if (mr) ibv_dereg_mr(mr);
+  check(same_as_pattern(p, len, 67), "e) ... the program's data is intact");
+  munmap(map, len);
+}
+
 void sub_huge_mr(Dev& d, End& e) {
   const size_t len = kGiB + kGiB / 2;
   const size_t off_read = kGiB + kGiB / 4;
@@ -949,6 +1015,7 @@ void section_mrs(Dev& d) {
     sub_fork(d, sp.p.a);
   }
   sub_file_mapping(d);
+  sub_refused_leaves_memory(d);
   {
     ScopedPair sp(d);
     sub_huge_mr(d, sp.p.a);
