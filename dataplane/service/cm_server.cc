@@ -50,6 +50,13 @@ enum Event : uint32_t {
 
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY (cma.c)
 constexpr uint8_t kPacketLife = 16;        // CMA_IBOE_PACKET_LIFETIME (cma.c)
+
+// The path's packet life time: RDMA_OPTION_ID_ACK_TIMEOUT - 1 once set (cma.c
+// builds a RoCE route so), else kPacketLife. The REQ's local ACK timeout,
+// the REQ's wait and the timewait follow from it, as in Linux's cm.c.
+uint8_t packet_life(uint8_t ack_timeout_option) {
+  return ack_timeout_option ? ack_timeout_option - 1 : kPacketLife;
+}
 constexpr uint32_t kMaxBacklog = 1024;
 constexpr uint16_t kEphemeralLo = 32768, kEphemeralHi = 60999;
 
@@ -623,7 +630,7 @@ int CmServer::cmd_query_route(const Id& id, std::string& out) {
     p.numb_path = 1;
     p.mtu_selector = p.rate_selector = p.packet_life_time_selector = 2;
     p.rate = 0;
-    p.packet_life_time = id.ack_timeout ? id.ack_timeout - 1 : kPacketLife;
+    p.packet_life_time = packet_life(id.ack_timeout);
   }
   put_addr(reinterpret_cast<uint8_t*>(&r.src_addr), id.family, id.src_ip,
            id.src_port);
@@ -722,10 +729,10 @@ cm::MadHdr CmServer::hdr_for(const Id& id) const {
   return h;
 }
 
-uint64_t CmServer::req_wait_ns() const {
+uint64_t CmServer::req_wait_ns(uint8_t life) const {
   // The active side waits 2 * packet life + the remote CM response timeout
   // it asks for (cm.c ib_send_cm_req): 4.6 s with Linux's values.
-  return ms_ns(2ull * cm::timeout_ms(kPacketLife) +
+  return ms_ns(2ull * cm::timeout_ms(life) +
                cm::timeout_ms(env_.cm_response_timeout));
 }
 
@@ -746,7 +753,7 @@ int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
   id.flow_control = p.flow_control;
   id.srq = p.srq;
   id.mtu = env_.active_mtu;
-  id.qp_timeout = ack_timeout(env_.ca_ack_delay, kPacketLife);
+  id.qp_timeout = ack_timeout(env_.ca_ack_delay, packet_life(id.ack_timeout));
   id.flow_label = (uint32_t{id.src_port} * 31 + id.dst_port) & 0xfffff;
   alloc_comm(id);
   id.tid = uint64_t{0x75726e69} << 32 | id.local_comm_id;  // "urni"
@@ -781,7 +788,7 @@ int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
               p.private_data_len);
   cm::encode(hdr_for(id), r, id.mad.data());
   id.st = St::kReqSent;
-  id.cm_wait_ns = req_wait_ns();
+  id.cm_wait_ns = req_wait_ns(packet_life(id.ack_timeout));
   id.cm_retries = env_.max_cm_retries;
   id.retries_left = id.cm_retries;
   id.retry_every = id.cm_wait_ns;
@@ -898,8 +905,16 @@ int CmServer::cmd_disconnect(Id& id, uint64_t now) {
       return 0;
     case St::kDreqSent:
       return 0;  // already under way
+    case St::kReqSent:
+    case St::kReqRcvd:
+    case St::kTimewait:
+    case St::kDisconnected:
+      // The id has its IB CM id: Linux's rdma_disconnect tries a DREQ,
+      // then a DREP, ignores that neither can go in this state and returns
+      // 0 (an application may disconnect on every DISCONNECTED event).
+      return 0;
     default:
-      return -EINVAL;  // not connected (Linux: ib_send_cm_dreq/drep fail)
+      return -EINVAL;  // never connecting: no IB CM id (Linux's EINVAL)
   }
 }
 
@@ -1182,7 +1197,8 @@ void CmServer::send_dreq(Id& id, uint64_t now) {
   cm::encode(hdr_for(id), d, id.mad.data());
   id.st = St::kDreqSent;
   id.retries_left = id.cm_retries;
-  id.retry_every = id.cm_wait_ns ? id.cm_wait_ns : req_wait_ns();
+  id.retry_every =
+      id.cm_wait_ns ? id.cm_wait_ns : req_wait_ns(packet_life(id.ack_timeout));
   send_tracked(id, now);
 }
 

@@ -246,7 +246,7 @@ class CmServer {
   void cma_hdr(const Id& id, uint8_t out[wire::cm::kCmaHdrSize]) const;
   void enter_timewait(Id& id, uint64_t now);
   void stop_timer(Id& id);
-  uint64_t req_wait_ns() const;
+  uint64_t req_wait_ns(uint8_t packet_life) const;
 
   CmEnv env_;
   std::map<uint64_t, Channel> channels_;  // by control client id

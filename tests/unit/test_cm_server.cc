@@ -764,6 +764,11 @@ TEST_F(CmServerTest, DisconnectAndTimewait) {
   ev = event(b, RDMA_CM_EVENT_DISCONNECTED);
   EXPECT_EQ(ev.resp.id, bid);
   EXPECT_EQ(ev.resp.status, 0u);
+  // B: rdma_disconnect again, as applications do on every DISCONNECTED
+  // event. Expect: 0 (Linux ignores the DREQ/DREP it cannot send), and
+  // nothing sent.
+  EXPECT_EQ(disconnect(b, bid), 0);
+  EXPECT_TRUE(B.tx.empty());
   // Expect: TIMEWAIT_EXIT on both after conv(17) = 512 ms, not before; the
   // DREQ is not sent again.
   advance(kTimewaitMs - 1);
@@ -777,6 +782,9 @@ TEST_F(CmServerTest, DisconnectAndTimewait) {
   advance(kReqWaitMs * 2);
   EXPECT_TRUE(A.tx.empty());
   EXPECT_TRUE(B.tx.empty());
+  // Once the timewait is over too: 0, nothing sent.
+  EXPECT_EQ(disconnect(a, aid), 0);
+  EXPECT_TRUE(A.tx.empty());
   EXPECT_EQ(destroy_id(b, bid), 0);
   EXPECT_EQ(destroy_id(a, aid), 0);
   EXPECT_TRUE(A.tx.empty());
@@ -868,6 +876,32 @@ TEST_F(CmServerTest, ReqRetransmittedThenUnreachable) {
   EXPECT_TRUE(B.tx.empty());
   EXPECT_TRUE(events(b).empty());
   EXPECT_TRUE(events(a).empty());
+}
+
+// 4b. RDMA_OPTION_ID_ACK_TIMEOUT set before rdma_connect is the path's
+// packet life + 1, as cma.c builds a RoCE route: the REQ asks the peer for
+// that local ACK timeout (cm_ack_timeout(15, 20 - 1) = 20), and the REQ's
+// wait is 2 * conv(19) + the response timeout (cm.c).
+TEST_F(CmServerTest, AckTimeoutOptionReachesTheReq) {
+  lis = create_id(a, kUidListen);
+  ASSERT_EQ(bind_ip(a, lis, kIpA, kPort), 0);
+  ASSERT_EQ(listen(a, lis), 0);
+  bid = create_id(b, kUidB);
+  ASSERT_EQ(set_option(b, bid, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT,
+                       std::string(1, '\x14')),
+            0);
+  ASSERT_EQ(resolve_ip(b, bid, kIpA, kPort), 0);
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_ADDR_RESOLVED).resp.id, bid);
+  ASSERT_EQ(resolve_route(b, bid), 0);
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_ROUTE_RESOLVED).resp.id, bid);
+  ASSERT_EQ(connect(b, bid, {0x123, 1, 1, "hello A"}), 0);
+  req = take(B, Attr::kReq);  // lost
+  EXPECT_EQ(req.as<cm::Req>().primary.local_ack_timeout, 20);
+  const uint64_t wait_ms = 2 * 2048 + 4096;  // conv(19) = 2^11 ms (cm.c)
+  advance(wait_ms - 1);
+  EXPECT_TRUE(B.tx.empty());
+  advance(1);
+  EXPECT_EQ(take(B, Attr::kReq).b, req.b);
 }
 
 // 5a. The REP is lost: B's REQ comes again and A answers it with the same
@@ -1135,8 +1169,10 @@ TEST_F(CmServerTest, HostileCommands) {
   EXPECT_EQ(listen(other, id), -EINVAL);
   EXPECT_EQ(destroy_id(other, id), -EINVAL);
   EXPECT_EQ(bind_ip(a, id, kIpA, kPort), 0);
-  // An id number never given out: EINVAL.
+  // An id number never given out: EINVAL. So is one never connecting (no
+  // IB CM id behind it, Linux's rdma_disconnect).
   EXPECT_EQ(disconnect(a, 0xdead), -EINVAL);
+  EXPECT_EQ(disconnect(a, id), -EINVAL);
 
   // A command librdmacm never sends (GET_OPTION has no kernel handler
   // either) and one past the table: ENOSYS.
