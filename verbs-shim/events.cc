@@ -22,8 +22,6 @@ void fork_child_contexts();
 
 namespace {
 
-std::atomic<bool> g_fork_safe{false};
-
 // The child keeps no way to speak for its parent: its urnic contexts are
 // dead (calls fail with EIO) and their control sockets closed. (Rings and
 // doorbells are MADV_DONTFORK: the child does not even map them.)
@@ -43,10 +41,6 @@ void atfork_child() {
 
 }  // namespace
 
-bool fork_safe() {
-  return g_fork_safe.load();
-}
-
 void install_fork_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -54,33 +48,26 @@ void install_fork_handlers() {
   });
 }
 
-// rdma-core's environment switches for ibv_fork_init().
-__attribute__((constructor)) static void read_fork_env() {
-  if (getenv("RDMAV_FORK_SAFE") || getenv("IBV_FORK_SAFE")) {
-    g_fork_safe = true;
-    MrShare::instance().set_dontfork();
-  }
-}
-
 }  // namespace urnic::shim
 
 using namespace urnic::shim;
 
+// Registered memory needs nothing at fork: the fork handler gives the child
+// private copies (MrShare::privatize_in_child), as a kernel >= 5.13 copies
+// pinned pages; so, as libibverbs there, ibv_fork_init changes nothing for
+// urnic memory (it used to MADV_DONTFORK every registration for good, so a
+// child died on heap pages once registered) and the status is UNNEEDED.
+// Another provider's devices still get the real call.
 URNIC_EXPORT int ibv_fork_init(void) {
-  // Registered pages are MAP_SHARED: with this the child does not get them
-  // at all (as with rdma-core); without it the child gets private copies
-  // (MrShare::privatize_in_child).
-  g_fork_safe = true;
-  MrShare::instance().set_dontfork();
   auto f = URNIC_REAL(ibv_fork_init, "IBVERBS_1.1");
   const int rc = f ? f() : 0;
   return rc == ENOSYS ? 0 : rc;
 }
 
 URNIC_EXPORT ibv_fork_status ibv_is_fork_initialized(void) {
-  if (fork_safe()) return IBV_FORK_ENABLED;
   auto f = URNIC_REAL(ibv_is_fork_initialized, "IBVERBS_1.13");
-  return f ? f() : IBV_FORK_DISABLED;
+  const ibv_fork_status st = f ? f() : IBV_FORK_DISABLED;
+  return st == IBV_FORK_ENABLED ? st : IBV_FORK_UNNEEDED;
 }
 
 // --- completion channels

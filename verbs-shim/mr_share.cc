@@ -97,13 +97,6 @@ size_t MrShare::segments() {
   return segs_.size();
 }
 
-void MrShare::set_dontfork() {
-  std::lock_guard g(mu_);
-  dontfork_ = true;
-  for (const auto& [start, s] : segs_)
-    madvise(reinterpret_cast<void*>(start), s.len, MADV_DONTFORK);
-}
-
 namespace {
 
 // Parses one /proc/self/maps line: a MAP_SHARED mapping of one of our MR
@@ -136,7 +129,6 @@ __attribute__((no_sanitize("address"))) void copy_page(void* dst,
 }  // namespace
 
 void MrShare::privatize_in_child() {
-  if (dontfork_) return;  // the child has no such pages at all
   // The registry may describe memory the application has since unmapped;
   // the kernel's view is the truth: privatize what is mapped from our
   // memfds right now.
@@ -396,8 +388,6 @@ int MrShare::make_run(Run& run, uint64_t stack_lo, uint64_t stack_hi,
     file->size = len;
     segs_[run.start] = {len, file, 0};
   }
-  if (dontfork_)
-    madvise(reinterpret_cast<void*>(run.start), len, MADV_DONTFORK);
   return 0;
 }
 

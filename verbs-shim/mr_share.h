@@ -46,13 +46,11 @@ class MrShare {
   int share(const void* addr, size_t len, bool writable, size_t max_pieces,
             Result* out, std::string* why);
 
-  // MADV_DONTFORK on every segment, now and from now on (ibv_fork_init).
-  void set_dontfork();
   // In a forked child (fork handler, lock held): every shared segment the
   // child inherited becomes a private copy at the same address, so the
   // child's writes (heap metadata next to a buffer, say) cannot reach the
   // parent or the service -- the copy-on-write semantics fork() promises.
-  // Allocates nothing. No-op after set_dontfork().
+  // Allocates nothing.
   void privatize_in_child();
   size_t segments();  // registry entries (tests)
 
@@ -84,7 +82,6 @@ class MrShare {
 
   std::mutex mu_;
   std::map<uint64_t, Segment> segs_;  // by start, non-overlapping
-  bool dontfork_ = false;
 };
 
 }  // namespace urnic::shim

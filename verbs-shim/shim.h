@@ -377,7 +377,6 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 
 // Fork safety (events.cc).
-bool fork_safe();
 // After an object is destroyed: its unread async events leave the socket
 // (abi.h, kAsyncRequeue). Call with the object gone from the handle maps.
 void purge_async_events(Context& c);

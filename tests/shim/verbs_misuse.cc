@@ -867,6 +867,38 @@ void sub_fork(Dev& d, End& e) {
         why);
 }
 
+// ibv_fork_init (UCX calls it by default) changes nothing for urnic memory:
+// a child still gets the registered pages (copies), also once they are
+// deregistered and the heap reuses them (it used to MADV_DONTFORK them for
+// good, and such a child died on its heap).
+void sub_fork_init(Dev& d, End& e) {
+  const int rc = ibv_fork_init();
+  const ibv_fork_status st = ibv_is_fork_initialized();
+  check(rc == 0 && (st == IBV_FORK_UNNEEDED || st == IBV_FORK_ENABLED),
+        "e) ibv_fork_init returns 0; ibv_is_fork_initialized says UNNEEDED "
+        "(or ENABLED, for another provider's devices)",
+        fmt("rc %d status %d", rc, st));
+  auto* buf = static_cast<uint8_t*>(aligned_alloc(4096, 8192));
+  if (!buf) throw SetupError("aligned_alloc");
+  fill(buf, 8192, 68);
+  {
+    ScopedMr m(must_reg(d.pd, buf, 8192));
+    std::string why = write_read_scratch(d, e, buf, m.mr->rkey, 8192);
+    check(why.empty(), "e) ... RDMA on an MR registered after it", why);
+  }
+  fill(buf, 8192, 69);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) _exit(same_as_pattern(buf, 8192, 69) ? 0 : 1);
+  int status = 0;
+  const bool reaped = pid > 0 && waitpid(pid, &status, 0) == pid;
+  check(reaped && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "e) ... fork() after ibv_dereg_mr: the child reads what the parent "
+        "wrote there, and exits 0",
+        fmt("pid %d status %#x", pid, status));
+  free(buf);
+}
+
 void sub_file_mapping(Dev& d) {
   char path[] = "/tmp/verbs_misuse.XXXXXX";
   int fd = mkstemp(path);
@@ -1013,6 +1045,7 @@ void section_mrs(Dev& d) {
   {
     ScopedPair sp(d);
     sub_fork(d, sp.p.a);
+    sub_fork_init(d, sp.p.a);
   }
   sub_file_mapping(d);
   sub_refused_leaves_memory(d);
