@@ -102,12 +102,19 @@ namespace {
 // Parses one /proc/self/maps line: a MAP_SHARED mapping of one of our MR
 // memfds ("/memfd:urnic-mr (deleted)")? No allocation: the child may not
 // touch its heap before the heap's pages are private again.
-bool is_mr_mapping(const char* line, size_t n, uint64_t* s, uint64_t* e) {
+bool is_mr_mapping(const char* line, size_t n, uint64_t* s, uint64_t* e,
+                   uint64_t* off, uint64_t* ino) {
   char* end = nullptr;
   *s = strtoull(line, &end, 16);
   if (!end || *end != '-') return false;
   *e = strtoull(end + 1, &end, 16);
   if (!end || *end != ' ' || end + 5 > line + n || end[4] != 's') return false;
+  // "rw-s OFFSET MAJ:MIN INODE path"
+  *off = strtoull(end + 6, &end, 16);
+  if (!end || *end != ' ') return false;
+  while (end < line + n && *end == ' ') ++end;
+  while (end < line + n && *end != ' ') ++end;  // the device
+  *ino = strtoull(end, nullptr, 10);
   static constexpr char kTag[] = "/memfd:urnic-mr";
   for (size_t i = 0; i + sizeof kTag - 1 <= n; ++i)
     if (std::memcmp(line + i, kTag, sizeof kTag - 1) == 0) return true;
@@ -133,7 +140,7 @@ void MrShare::privatize_in_child() {
   // the kernel's view is the truth: privatize what is mapped from our
   // memfds right now.
   static char buf[1 << 16];
-  static uint64_t ranges[4096][2];
+  static uint64_t ranges[4096][4];  // start, end, file offset, inode
   size_t nr = 0, have = 0;
   const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
@@ -147,10 +154,13 @@ void MrShare::privatize_in_child() {
           static_cast<const char*>(std::memchr(buf + pos, '\n', have - pos));
       if (!nl) break;
       const size_t n = static_cast<size_t>(nl - (buf + pos));
-      uint64_t s0, e0;
-      if (nr < std::size(ranges) && is_mr_mapping(buf + pos, n, &s0, &e0)) {
+      uint64_t s0, e0, off, ino;
+      if (nr < std::size(ranges) &&
+          is_mr_mapping(buf + pos, n, &s0, &e0, &off, &ino)) {
         ranges[nr][0] = s0;
         ranges[nr][1] = e0;
+        ranges[nr][2] = off;
+        ranges[nr][3] = ino;
         ++nr;
       }
       pos += n + 1;
@@ -167,8 +177,42 @@ void MrShare::privatize_in_child() {
     void* tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (tmp == MAP_FAILED) continue;  // the child keeps the shared view
-    // Only pages present in the memfd hold data; the rest read as zero,
-    // which the fresh anonymous mapping already is.
+    auto* dst = static_cast<uint8_t*>(tmp);
+    const auto* src = static_cast<const uint8_t*>(at);
+    // Only pages the memfd holds have data; the rest read as zero, which
+    // the fresh anonymous mapping already is. The memfd says which
+    // (SEEK_DATA counts pages in swap as data, where mincore() calls them
+    // absent and the child would read zeros); a memfd no longer in the
+    // registry: what mincore() says is resident.
+    int mfd = -1;
+    for (const auto& [start, seg] : segs_)
+      if (seg.file && static_cast<uint64_t>(seg.file->ino) == ranges[r][3])
+        mfd = seg.file->fd;
+    if (mfd >= 0) {
+      const off_t base = static_cast<off_t>(ranges[r][2]);
+      const off_t end = base + static_cast<off_t>(len);
+      bool ok = true;
+      for (off_t pos = base; pos < end;) {
+        off_t d = lseek(mfd, pos, SEEK_DATA);
+        if (d < 0) {
+          ok = errno == ENXIO;  // no data past pos
+          break;
+        }
+        if (d >= end) break;
+        off_t h = lseek(mfd, d, SEEK_HOLE);
+        if (h < 0 || h > end) h = end;
+        d -= d % static_cast<off_t>(page);
+        for (off_t o = d; o < h; o += static_cast<off_t>(page))
+          copy_page(dst + (o - base), src + (o - base), page);
+        pos = h;
+      }
+      if (ok) {
+        if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
+            MAP_FAILED)
+          munmap(tmp, len);
+        continue;
+      }
+    }
     for (size_t off = 0; off < len; off += page * sizeof resident) {
       const size_t chunk = std::min(len - off, page * sizeof resident);
       if (mincore(static_cast<uint8_t*>(at) + off, chunk, resident) != 0)
