@@ -881,10 +881,15 @@ int CmServer::cmd_reject(Id& id, const uint8_t* b) {
   // cma accepts only 28 (consumer defined) and 35 (ECE); 0 means 28.
   uint16_t reason = static_cast<uint16_t>(cm::RejReason::kConsumerDefined);
   if (c.reason == 35) reason = 35;
-  send_rej(id.dst_ip, id.tid, id.st == St::kReqRcvd ? 0 : id.local_comm_id,
-           id.remote_comm_id, id.st == St::kReqRcvd ? 0 : 1, reason,
-           c.private_data, c.private_data_len);
+  const bool req_rcvd = id.st == St::kReqRcvd;
   stop_timer(id);
+  // The REJ of a REQ is kept: should it be lost, the REQ comes again and
+  // gets it again (on_req), where silence left the peer retrying its REQ
+  // for a minute and more.
+  send_rej(id.dst_ip, id.tid, req_rcvd ? 0 : id.local_comm_id,
+           id.remote_comm_id, req_rcvd ? 0 : 1, reason, c.private_data,
+           c.private_data_len, req_rcvd ? id.mad.data() : nullptr);
+  id.mad_valid = req_rcvd;
   comm_.erase(id.local_comm_id);
   id.local_comm_id = 0;
   id.st = St::kDisconnected;
@@ -1151,7 +1156,8 @@ void CmServer::stop_timer(Id& id) {
 
 void CmServer::send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
                         uint32_t remote_comm, uint8_t msg_rejected,
-                        uint16_t reason, const uint8_t* pdata, size_t plen) {
+                        uint16_t reason, const uint8_t* pdata, size_t plen,
+                        uint8_t* keep) {
   cm::MadHdr h;
   h.tid = tid;
   cm::Rej r;
@@ -1170,6 +1176,7 @@ void CmServer::send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
                 std::min<size_t>(plen, sizeof r.private_data));
   uint8_t mad[cm::kMadSize];
   cm::encode(h, r, mad);
+  if (keep) std::memcpy(keep, mad, cm::kMadSize);
   ctr_.rej_tx.fetch_add(1, std::memory_order_relaxed);
   send(peer_ip, mad, 0xc000);
 }
@@ -1277,6 +1284,8 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
         send(o.dst_ip, o.mad.data(), o.udp_sport);
       else if (o.st == St::kReqRcvd)
         send_mra(o, 0);  // our user has not answered yet: wait longer
+      else if (o.st == St::kDisconnected && o.mad_valid)
+        send(o.dst_ip, o.mad.data(), 0xc000);  // the REJ, lost
       return;
     }
   }

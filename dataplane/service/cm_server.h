@@ -217,9 +217,10 @@ class CmServer {
   void send(const uint32_t peer_ip, const uint8_t mad[wire::cm::kMadSize],
             uint16_t sport);
   void send_tracked(Id& id, uint64_t now);  // id.mad, with retransmission
+  // keep: where to copy the REJ sent (for a duplicate REQ), or null.
   void send_rej(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,
                 uint32_t remote_comm, uint8_t msg_rejected, uint16_t reason,
-                const uint8_t* pdata, size_t plen);
+                const uint8_t* pdata, size_t plen, uint8_t* keep = nullptr);
   void send_dreq(Id& id, uint64_t now);
   void send_mra(const Id& id, uint8_t mraed);
   void send_drep(uint32_t peer_ip, uint64_t tid, uint32_t local_comm,

@@ -1029,6 +1029,12 @@ TEST_F(CmServerTest, RejectCarriesPrivateData) {
   EXPECT_EQ(r.message_rejected, 0);
   EXPECT_EQ(r.remote_comm_id, q.local_comm_id);
   EXPECT_EQ(std::memcmp(r.private_data, "go away", 8), 0);
+  // The REJ is lost, B's REQ comes again: the same REJ again, at once (not
+  // silence until B gives up a minute later), and no second
+  // CONNECT_REQUEST.
+  deliver(req, A);
+  EXPECT_EQ(take(A, Attr::kRej).b, rej.b);
+  EXPECT_TRUE(events(a).empty());
   deliver(rej, B);
   // Expect: REJECTED (28) on B with the REJ's 148 bytes of private data.
   const auto ev = event(b, RDMA_CM_EVENT_REJECTED);
