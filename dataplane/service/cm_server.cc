@@ -1232,9 +1232,10 @@ void CmServer::rx(const wire::RoceFields& f, const uint8_t* mad, uint32_t len,
   now_ = now;
   ctr_.mads_rx.fetch_add(1, std::memory_order_relaxed);
   cm::MadHdr h;
-  // The GSI takes UD sends with its Q_Key only (IBTA 10.2.4; rxe check_keys).
+  // The GSI takes UD sends with its Q_Key and a P_Key of the table only
+  // (IBTA 10.2.4; rxe check_keys).
   if (f.opcode != wire::opcode::kUdSendOnly || f.deth_qkey != cm::kQp1Qkey ||
-      !wire::gid_is_ipv4(f.sgid) ||
+      !wire::pkey_ok(f.pkey) || !wire::gid_is_ipv4(f.sgid) ||
       cm::decode_hdr(mad, len, h) != cm::DecodeError::kOk) {
     ctr_.mads_bad.fetch_add(1, std::memory_order_relaxed);
     return;

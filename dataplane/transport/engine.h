@@ -100,7 +100,7 @@ class PacketIo {
   X(rx_rkey_rights)  X(rx_qp_access)    X(rx_write_length) X(rx_rd_atomic_over) \
   X(rx_atomic_misaligned) X(rx_recv_too_small) X(rx_recv_bad_lkey)     \
   X(rx_invalidate_rkey) X(atomic_writes) X(cc_grant_waits)                \
-  X(rx_msg_too_long) X(ud_too_long)
+  X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr)
 // clang-format on
 
 enum class ECtr : uint16_t {

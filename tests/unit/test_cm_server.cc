@@ -1237,6 +1237,11 @@ TEST_F(CmServerTest, BadMadsChangeNothing) {
   // The REQ cut to 255 bytes.
   A.srv->rx(req.f, req.b.data(), cm::kMadSize - 1, now);
   EXPECT_EQ(stat(A, "cm_mads_bad"), 3u);
+  // The REQ with a P_Key outside the table (rxe check_keys drops it).
+  wire::RoceFields other = req.f;
+  other.pkey = 0x1234;
+  A.srv->rx(other, req.b.data(), cm::kMadSize, now);
+  EXPECT_EQ(stat(A, "cm_mads_bad"), 4u);
   // Expect: no event, no answer, no new id.
   EXPECT_TRUE(events(a).empty());
   EXPECT_TRUE(A.tx.empty());
@@ -1244,7 +1249,7 @@ TEST_F(CmServerTest, BadMadsChangeNothing) {
   // The REQ itself still connects.
   deliver(req, A);
   EXPECT_EQ(event(a, RDMA_CM_EVENT_CONNECT_REQUEST).resp.uid, kUidListen);
-  EXPECT_EQ(stat(A, "cm_mads_bad"), 3u);
+  EXPECT_EQ(stat(A, "cm_mads_bad"), 4u);
 }
 
 // 9c. A DREQ for a connection A does not know still gets a DREP (Linux

@@ -360,7 +360,7 @@ class TransportTrace : public ::testing::Test {
   void inject(wire::RoceFields f, std::span<const uint8_t> payload = {}) {
     f.dst_mac = kOurMac;
     f.src_mac = kPeerMac;
-    wire::gid_from_ipv4(kPeerIp, f.sgid);
+    wire::gid_from_ipv4(inject_from_, f.sgid);
     wire::gid_from_ipv4(kOurIp, f.dgid);
     if (f.dqpn == 0) f.dqpn = qp_->qpn();
     f.payload_len = static_cast<uint32_t>(payload.size());
@@ -439,6 +439,7 @@ class TransportTrace : public ::testing::Test {
     return out;
   }
   std::vector<ibv_wc> rcq_poll() { return cq_poll(rcq_); }
+  uint32_t inject_from_ = kPeerIp;  // the IPv4 source inject() puts
   // The asynchronous events raised for qp_ since the last call.
   std::vector<ibv_event_type> qp_events() {
     std::vector<ibv_event_type> out;
@@ -1096,9 +1097,21 @@ TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
   auto p = sent();
   ASSERT_EQ(p.size(), 16u);
   for (const auto& x : p) EXPECT_EQ(x.f.tclass & 0x3, 0x2) << "ECT(0)";
-  // Peer: two CNPs (its path marked CE twice within one window).
+  // A CNP from another address, and one with a P_Key outside the table:
+  // dropped, counted, nothing cut.
   wire::RoceFields cnp = pkt(op::kCnp, 0);
   cnp.becn = true;
+  inject_from_ = kPeerIp + 7;
+  inject(cnp);
+  inject_from_ = kPeerIp;
+  wire::RoceFields foreign = cnp;
+  foreign.pkey = 0x1234;
+  inject(foreign);
+  poll(5 * kUs);
+  EXPECT_EQ(ctr(ECtr::rx_bad_addr), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_pkey), 1u);
+  EXPECT_EQ(ctr(ECtr::cnps_rx), 0u);
+  // Peer: two CNPs (its path marked CE twice within one window).
   inject(cnp);
   inject(cnp);
   poll(10 * kUs);
@@ -1751,6 +1764,27 @@ TEST_F(TransportTrace, DuplicateSendIsReAckedNotExecuted) {
   auto wc = rcq_poll();
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_RECV);
+}
+
+// Only the peer an RC QP is connected to may speak to it (rxe check_addr):
+// a packet from another address, right QPN and PSN, is dropped and counted,
+// and the peer's own is taken.
+TEST_F(TransportTrace, RcPacketFromAnotherAddressIsDropped) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 256)})), 0);
+  inject_from_ = kPeerIp + 7;
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
+  inject_from_ = kPeerIp;
+  poll(1 * kUs);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_bad_addr), 1u);
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
+  poll(2 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
+  EXPECT_EQ(rcq_poll().size(), 1u);
 }
 
 // A duplicate WRITE is acknowledged up to the last SEND/WRITE executed,
