@@ -555,20 +555,15 @@ TEST(QpAttr, ValueBounds) {
 // 24 bits; the engine's side: test_transport_objects).
 TEST(QpAttr, PsnsWiderThan24BitsAreTaken) {
   const Limits lim = test_limits();
-  ibv_qp_attr a = good_attr(IBV_QPS_INIT, IBV_QPS_RTR);
-  a.rq_psn = 0x7f123456;
-  const std::optional<Masks> rtr =
-      expected(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR);
-  ASSERT_TRUE(rtr.has_value());
-  expect_accepted(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, a,
-                  rtr->req | IBV_QP_STATE, lim);
-  a = good_attr(IBV_QPS_RTR, IBV_QPS_RTS);
-  a.sq_psn = 0xffffffff;
-  const std::optional<Masks> rts =
-      expected(IBV_QPT_RC, IBV_QPS_RTR, IBV_QPS_RTS);
-  ASSERT_TRUE(rts.has_value());
-  expect_accepted(IBV_QPT_RC, IBV_QPS_RTR, IBV_QPS_RTS, a,
-                  rts->req | IBV_QP_STATE, lim);
+  for (const ibv_qp_state from : {IBV_QPS_INIT, IBV_QPS_RTR}) {
+    const ibv_qp_state to = from == IBV_QPS_INIT ? IBV_QPS_RTR : IBV_QPS_RTS;
+    ibv_qp_attr a = good_attr(from, to);
+    a.rq_psn = 0x7f123456;  // RTR takes rq_psn, RTS sq_psn
+    a.sq_psn = 0xffffffff;
+    const std::optional<Masks> exp = expected(IBV_QPT_RC, from, to);
+    ASSERT_TRUE(exp.has_value());
+    expect_accepted(IBV_QPT_RC, from, to, a, exp->req | IBV_QP_STATE, lim);
+  }
 }
 
 // A port whose MTU carries 1 KiB packets (1500 B, rxe's and urnicd's

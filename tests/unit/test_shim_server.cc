@@ -567,40 +567,39 @@ TEST_F(ShimServerTest, ModifyQpRefusalSaysWhy) {
 // A controlled Q_Key (bit 31) needs CAP_NET_RAW, as Linux's uverbs asks:
 // a client whose capabilities cannot be read and that is not root gets
 // EPERM and the reason; an ordinary Q_Key is fine; root may.
-TEST_F(ShimServerTest, AControlledQkeyNeedsCapNetRaw) {
-  ci.uid = 1000;
-  ci.pid = 0;  // no /proc entry to read
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(16);
-  Qp u = create_qp(pd, cq.h, IBV_QPT_UD);
-  ModifyQpReq m;
-  m.handle = u.h;
-  m.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
-  m.attr.qp_state = IBV_QPS_INIT;
-  m.attr.port_num = 1;
-  m.attr.qkey = 0x80010000;
-  Reply r = call(Op::kModifyQp, m);
+class ShimServerQkeyTest : public ShimServerTest {
+ protected:
+  // Opens as `uid` (pid 0: no /proc entry to read) and moves a new UD QP
+  // to INIT with `qkey`.
+  Reply init_ud(uid_t uid, uint32_t qkey) {
+    ci.uid = uid;
+    ci.pid = 0;
+    open();
+    const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+    Cq cq = create_cq(16);
+    Qp u = create_qp(pd, cq.h, IBV_QPT_UD);
+    ModifyQpReq m;
+    m.handle = u.h;
+    m.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+    m.attr.qp_state = IBV_QPS_INIT;
+    m.attr.port_num = 1;
+    m.attr.qkey = qkey;
+    return call(Op::kModifyQp, m);
+  }
+};
+
+TEST_F(ShimServerQkeyTest, AControlledQkeyNeedsCapNetRaw) {
+  const Reply r = init_ud(1000, 0x80010000);
   EXPECT_EQ(r.status, -EPERM);
   EXPECT_NE(r.payload.find("CAP_NET_RAW"), std::string::npos) << r.payload;
-  m.attr.qkey = 0x11111111;
-  EXPECT_EQ(call(Op::kModifyQp, m).status, 0);
 }
 
-TEST_F(ShimServerTest, RootMaySetAControlledQkey) {
-  ci.uid = 0;
-  ci.pid = 0;
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(16);
-  Qp u = create_qp(pd, cq.h, IBV_QPT_UD);
-  ModifyQpReq m;
-  m.handle = u.h;
-  m.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
-  m.attr.qp_state = IBV_QPS_INIT;
-  m.attr.port_num = 1;
-  m.attr.qkey = 0x80010000;
-  EXPECT_EQ(call(Op::kModifyQp, m).status, 0);
+TEST_F(ShimServerQkeyTest, AnOrdinaryQkeyNeedsNothing) {
+  EXPECT_EQ(init_ud(1000, 0x11111111).status, 0);
+}
+
+TEST_F(ShimServerQkeyTest, RootMaySetAControlledQkey) {
+  EXPECT_EQ(init_ud(0, 0x80010000).status, 0);
 }
 
 TEST_F(ShimServerTest, RefusesForeignHandlesAndUnsealedMemory) {
