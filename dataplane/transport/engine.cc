@@ -50,8 +50,6 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   }
 }
 
-// P_Key check (IBTA 9.6.1.1, C9-42): one default partition, full or
-// limited membership.
 }  // namespace
 
 Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
@@ -639,25 +637,28 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
     ctr_.inc(ECtr::rx_no_qp);
     return;
   }
-  const wire::OpcodeInfo& op = *fi.op;
+  if (!wire::pkey_ok(f.pkey)) {
+    ctr_.inc(ECtr::rx_bad_pkey);
+    return;
+  }
   // A connected QP hears its peer only: the packet's source GID is the QP's
   // destination and its destination the QP's source (rxe's check_addr;
   // IBTA 9.6.1's source check). Anyone else on the link who guessed a QPN
   // and a PSN is dropped and counted. Set from RTR on; before, the state
   // checks below drop the packet.
-  const auto from_peer = [&] {
-    return std::memcmp(f.sgid, qp->tmpl_.dgid, 16) == 0 &&
-           std::memcmp(f.dgid, qp->tmpl_.sgid, 16) == 0;
-  };
+  if (qp->type_ != IBV_QPT_UD && qp->state_ != IBV_QPS_RESET &&
+      qp->state_ != IBV_QPS_INIT &&
+      (std::memcmp(f.sgid, qp->tmpl_.dgid, 16) != 0 ||
+       std::memcmp(f.dgid, qp->tmpl_.sgid, 16) != 0)) {
+    ctr_.inc(ECtr::rx_bad_addr);
+    return;
+  }
+  const wire::OpcodeInfo& op = *fi.op;
   if (op.mask & wire::kCnpOp) {  // for our requester (Annex A17.9.3)
     if (qp->type_ != IBV_QPT_RC) {
       ctr_.inc(ECtr::rx_bad_type);
     } else if (qp->state_ != IBV_QPS_RTS && qp->state_ != IBV_QPS_SQD) {
       ctr_.inc(ECtr::rx_bad_state);
-    } else if (!wire::pkey_ok(f.pkey)) {
-      ctr_.inc(ECtr::rx_bad_pkey);
-    } else if (!from_peer()) {
-      ctr_.inc(ECtr::rx_bad_addr);
     } else {
       ++qp->ctr_.rx_packets;
       Completer::cnp_st(*this, *qp);
@@ -669,15 +670,6 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
                                                   : wire::kUd;
   if (!(op.mask & want)) {
     ctr_.inc(ECtr::rx_bad_type);
-    return;
-  }
-  if (!wire::pkey_ok(f.pkey)) {
-    ctr_.inc(ECtr::rx_bad_pkey);
-    return;
-  }
-  if (qp->type_ != IBV_QPT_UD && qp->state_ != IBV_QPS_RESET &&
-      qp->state_ != IBV_QPS_INIT && !from_peer()) {
-    ctr_.inc(ECtr::rx_bad_addr);
     return;
   }
   const RxPkt p{fi, f, op, segs};

@@ -58,7 +58,7 @@ enum class FrameKind : uint8_t {
 
 // urnic's P_Key table is the default partition alone (0xFFFF): a packet's
 // P_Key matches it as a full (0xFFFF) or limited (0x7FFF) member (IBTA
-// 10.9.3; rxe's pkey_match against its default entry).
+// 9.6.1.1, C9-42; rxe's pkey_match against its default entry).
 constexpr bool pkey_ok(uint16_t pkey) {
   return (pkey & 0x7fff) == 0x7fff;
 }

@@ -361,7 +361,7 @@ class TransportTrace : public ::testing::Test {
     f.dst_mac = kOurMac;
     f.src_mac = kPeerMac;
     wire::gid_from_ipv4(inject_from_, f.sgid);
-    wire::gid_from_ipv4(kOurIp, f.dgid);
+    wire::gid_from_ipv4(inject_to_, f.dgid);
     if (f.dqpn == 0) f.dqpn = qp_->qpn();
     f.payload_len = static_cast<uint32_t>(payload.size());
     last_frame_.assign(16384, 0);
@@ -440,6 +440,7 @@ class TransportTrace : public ::testing::Test {
   }
   std::vector<ibv_wc> rcq_poll() { return cq_poll(rcq_); }
   uint32_t inject_from_ = kPeerIp;  // the IPv4 source inject() puts
+  uint32_t inject_to_ = kOurIp;     // and its destination
   // The asynchronous events raised for qp_ since the last call.
   std::vector<ibv_event_type> qp_events() {
     std::vector<ibv_event_type> out;
@@ -1767,18 +1768,21 @@ TEST_F(TransportTrace, DuplicateSendIsReAckedNotExecuted) {
 }
 
 // Only the peer an RC QP is connected to may speak to it (rxe check_addr):
-// a packet from another address, right QPN and PSN, is dropped and counted,
-// and the peer's own is taken.
+// a packet from another address, or to an address that is not the QP's
+// own, right QPN and PSN, is dropped and counted, and the peer's is taken.
 TEST_F(TransportTrace, RcPacketFromAnotherAddressIsDropped) {
   ASSERT_TRUE(up());
   ASSERT_EQ(post_recv(rwr(1, {sge(0x10000, 256)})), 0);
   inject_from_ = kPeerIp + 7;
   inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
   inject_from_ = kPeerIp;
+  inject_to_ = kOurIp + 7;
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
+  inject_to_ = kOurIp;
   poll(1 * kUs);
   EXPECT_TRUE(sent().empty());
   EXPECT_TRUE(rcq_poll().empty());
-  EXPECT_EQ(ctr(ECtr::rx_bad_addr), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_addr), 2u);
   inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(32, 1));
   poll(2 * kUs);
   auto p = sent();
