@@ -250,24 +250,24 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       if (w.local_err != IBV_WC_SUCCESS) break;  // completer reports it
       // Fence (IBTA 10.8.3.3): wait for earlier READ/ATOMIC to complete.
       if ((w.wr.send_flags & IBV_SEND_FENCE) && qp.req_.rd_atomic) break;
-      if (qp.type_ == IBV_QPT_UD &&
-          (!w.wr.ah->live() || w.wr.ah->gen() != w.wr.ah_gen)) {
-        // Its AH was destroyed after the post (the slot may hold another
-        // by now): an error, as rxe's rxe_get_av fails, never a send to
-        // whatever address the slot holds.
-        w.local_err = IBV_WC_LOC_QP_OP_ERR;
-        e.ctr_.inc(ECtr::local_errors);
-        Completer::check_head_st(e, qp);
-        break;
-      }
-      if (qp.type_ == IBV_QPT_UD &&
-          w.length > mtu_bytes(e.dev_.config().active_mtu)) {
-        // C10-93.1.1: a UD message longer than the port MTU emits no
-        // packet and no error (as rxe fakes its send); counted.
-        e.ctr_.inc(ECtr::ud_too_long);
-        ++qp.sq_next_;
-        e.complete_head(qp, IBV_WC_SUCCESS);
-        continue;
+      if (qp.type_ == IBV_QPT_UD) {
+        // Its AH was destroyed after the post (a destroy moves the
+        // generation on; the slot may hold another AH by now): an error,
+        // as rxe's rxe_get_av fails, never a send to whatever it holds.
+        if (w.wr.ah->gen() != w.wr.ah_gen) {
+          w.local_err = IBV_WC_LOC_QP_OP_ERR;
+          e.ctr_.inc(ECtr::local_errors);
+          Completer::check_head_st(e, qp);
+          break;
+        }
+        // C10-93.1.1: a message longer than the port MTU emits no packet
+        // and no error (as rxe fakes its send); counted.
+        if (w.length > mtu_bytes(e.dev_.config().active_mtu)) {
+          e.ctr_.inc(ECtr::ud_too_long);
+          ++qp.sq_next_;
+          e.complete_head(qp, IBV_WC_SUCCESS);
+          continue;
+        }
       }
       if (!w.resolved && !resolve(qp, w, e.device())) {
         w.local_err = IBV_WC_LOC_PROT_ERR;
