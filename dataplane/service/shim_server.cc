@@ -1000,10 +1000,20 @@ bool ShimServer::send_async(const transport::AsyncEvent& ev) {
         if (q->qp->qpn() == ev.qpn) m.handle = h, found = true;
     }
     if (!found) continue;
-    return c.async_fd >= 0 && send(c.async_fd, &m, sizeof m,
-                                   MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m;
+    return send_to(c, m);
   }
   return false;
+}
+
+bool ShimServer::send_to(const Client& c, const AsyncMsg& m) {
+  return c.async_fd >= 0 && send(c.async_fd, &m, sizeof m,
+                                 MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m;
+}
+
+void ShimServer::broadcast(const AsyncMsg& m) {
+  for (auto& [id, cp] : clients_)
+    (send_to(*cp, m) ? ctr_.async_events : ctr_.async_dropped)
+        .fetch_add(1, std::memory_order_relaxed);
 }
 
 void ShimServer::retire_view(Mapping& m) {
@@ -1060,14 +1070,7 @@ void ShimServer::pump_events() {
 }
 
 void ShimServer::port_event(bool up) {
-  const AsyncMsg m{up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, 1};
-  for (auto& [id, cp] : clients_) {
-    const bool sent =
-        cp->async_fd >= 0 && send(cp->async_fd, &m, sizeof m,
-                                  MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m;
-    (sent ? ctr_.async_events : ctr_.async_dropped)
-        .fetch_add(1, std::memory_order_relaxed);
-  }
+  broadcast({up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, 1});
 }
 
 void ShimServer::shutdown() {
@@ -1086,11 +1089,7 @@ void ShimServer::shutdown() {
   pump_events();
   // Completions are all written: an empty CQ now means "never more".
   for (Client* c : live_) c->db->closed.store(1, std::memory_order_release);
-  const AsyncMsg m{IBV_EVENT_DEVICE_FATAL, 0};
-  for (auto& [id, cp] : clients_)
-    if (cp->async_fd >= 0 && send(cp->async_fd, &m, sizeof m,
-                                  MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m)
-      ctr_.async_events.fetch_add(1, std::memory_order_relaxed);
+  broadcast({IBV_EVENT_DEVICE_FATAL, 0});
 }
 
 std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {

@@ -254,6 +254,9 @@ class ShimServer {
   bool drain_qp_st(Client& c, QpObj& q, uint32_t* taken);
   bool drain_srq_st(SrqObj& s, uint32_t* taken);
   bool send_async(const transport::AsyncEvent& ev);
+  static bool send_to(const Client& c,
+                      const shim::AsyncMsg& m);  // never blocks
+  void broadcast(const shim::AsyncMsg& m);       // to every client, counted
   // MR views leave the lcore's table under the park; unmapped once no
   // mbuf refers to them (checked again by pump_events()).
   void retire_view(Mapping& m);
