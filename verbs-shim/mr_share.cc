@@ -135,12 +135,52 @@ __attribute__((no_sanitize("address"))) void copy_page(void* dst,
 
 }  // namespace
 
+namespace {
+
+// Copies the pages memfd `mfd` holds in [base, base + len) from src to dst
+// (their mappings of it): SEEK_DATA counts pages in swap as data, where
+// mincore() calls them absent. False if the memfd cannot say.
+bool copy_data_pages(int mfd, off_t base, size_t len, uint8_t* dst,
+                     const uint8_t* src) {
+  const off_t end = base + static_cast<off_t>(len);
+  for (off_t pos = base; pos < end;) {
+    off_t d = lseek(mfd, pos, SEEK_DATA);
+    if (d < 0) return errno == ENXIO;  // no data past pos
+    if (d >= end) break;
+    off_t h = lseek(mfd, d, SEEK_HOLE);
+    if (h < 0 || h > end) h = end;
+    d -= d % static_cast<off_t>(kPage);
+    for (off_t o = d; o < h; o += static_cast<off_t>(kPage))
+      copy_page(dst + (o - base), src + (o - base), kPage);
+    pos = h;
+  }
+  return true;
+}
+
+// Copies the pages of src that mincore() says are resident.
+void copy_resident_pages(uint8_t* dst, const uint8_t* src, size_t len) {
+  static unsigned char resident[1 << 16];
+  for (size_t off = 0; off < len; off += kPage * sizeof resident) {
+    const size_t chunk = std::min(len - off, kPage * sizeof resident);
+    if (mincore(const_cast<uint8_t*>(src) + off, chunk, resident) != 0)
+      std::memset(resident, 1, sizeof resident);
+    for (size_t i = 0; i * kPage < chunk; ++i)
+      if (resident[i] & 1)
+        copy_page(dst + off + i * kPage, src + off + i * kPage, kPage);
+  }
+}
+
+}  // namespace
+
 void MrShare::privatize_in_child() {
   // The registry may describe memory the application has since unmapped;
   // the kernel's view is the truth: privatize what is mapped from our
   // memfds right now.
   static char buf[1 << 16];
-  static uint64_t ranges[4096][4];  // start, end, file offset, inode
+  struct Range {
+    uint64_t start, end, off, ino;  // as /proc/self/maps gives them
+  };
+  static Range ranges[4096];
   size_t nr = 0, have = 0;
   const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
@@ -154,14 +194,9 @@ void MrShare::privatize_in_child() {
           static_cast<const char*>(std::memchr(buf + pos, '\n', have - pos));
       if (!nl) break;
       const size_t n = static_cast<size_t>(nl - (buf + pos));
-      uint64_t s0, e0, off, ino;
-      if (nr < std::size(ranges) &&
-          is_mr_mapping(buf + pos, n, &s0, &e0, &off, &ino)) {
-        ranges[nr][0] = s0;
-        ranges[nr][1] = e0;
-        ranges[nr][2] = off;
-        ranges[nr][3] = ino;
-        ++nr;
+      if (nr < std::size(ranges)) {
+        Range& g = ranges[nr];
+        if (is_mr_mapping(buf + pos, n, &g.start, &g.end, &g.off, &g.ino)) ++nr;
       }
       pos += n + 1;
     }
@@ -169,59 +204,28 @@ void MrShare::privatize_in_child() {
     have -= pos;
   }
   close(fd);
-  const size_t page = 4096;
-  static unsigned char resident[1 << 16];
   for (size_t r = 0; r < nr; ++r) {
-    const size_t len = ranges[r][1] - ranges[r][0];
-    void* at = reinterpret_cast<void*>(ranges[r][0]);
+    const Range& g = ranges[r];
+    const size_t len = g.end - g.start;
+    void* at = reinterpret_cast<void*>(g.start);
     void* tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (tmp == MAP_FAILED) continue;  // the child keeps the shared view
     auto* dst = static_cast<uint8_t*>(tmp);
     const auto* src = static_cast<const uint8_t*>(at);
     // Only pages the memfd holds have data; the rest read as zero, which
-    // the fresh anonymous mapping already is. The memfd says which
-    // (SEEK_DATA counts pages in swap as data, where mincore() calls them
-    // absent and the child would read zeros); a memfd no longer in the
-    // registry: what mincore() says is resident.
+    // the fresh anonymous mapping already is. The memfd says which; for
+    // one no longer in the registry, mincore() does.
     int mfd = -1;
-    for (const auto& [start, seg] : segs_)
-      if (seg.file && static_cast<uint64_t>(seg.file->ino) == ranges[r][3])
+    for (const auto& [start, seg] : segs_) {
+      if (seg.file && static_cast<uint64_t>(seg.file->ino) == g.ino) {
         mfd = seg.file->fd;
-    if (mfd >= 0) {
-      const off_t base = static_cast<off_t>(ranges[r][2]);
-      const off_t end = base + static_cast<off_t>(len);
-      bool ok = true;
-      for (off_t pos = base; pos < end;) {
-        off_t d = lseek(mfd, pos, SEEK_DATA);
-        if (d < 0) {
-          ok = errno == ENXIO;  // no data past pos
-          break;
-        }
-        if (d >= end) break;
-        off_t h = lseek(mfd, d, SEEK_HOLE);
-        if (h < 0 || h > end) h = end;
-        d -= d % static_cast<off_t>(page);
-        for (off_t o = d; o < h; o += static_cast<off_t>(page))
-          copy_page(dst + (o - base), src + (o - base), page);
-        pos = h;
-      }
-      if (ok) {
-        if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
-            MAP_FAILED)
-          munmap(tmp, len);
-        continue;
+        break;
       }
     }
-    for (size_t off = 0; off < len; off += page * sizeof resident) {
-      const size_t chunk = std::min(len - off, page * sizeof resident);
-      if (mincore(static_cast<uint8_t*>(at) + off, chunk, resident) != 0)
-        std::memset(resident, 1, sizeof resident);
-      for (size_t i = 0; i * page < chunk; ++i)
-        if (resident[i] & 1)
-          copy_page(static_cast<uint8_t*>(tmp) + off + i * page,
-                    static_cast<const uint8_t*>(at) + off + i * page, page);
-    }
+    if (mfd < 0 ||
+        !copy_data_pages(mfd, static_cast<off_t>(g.off), len, dst, src))
+      copy_resident_pages(dst, src, len);
     if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
       munmap(tmp, len);
   }

@@ -22,6 +22,15 @@ using namespace urnic::shim;
 
 namespace {
 
+// As rdma-core's destroy verbs: waits on the object's mutex and condvar
+// until `acked()` (ibv_ack_async_event / ibv_ack_cq_events signal them).
+template <typename Acked>
+void wait_for_acks(pthread_mutex_t* mu, pthread_cond_t* cv, Acked acked) {
+  pthread_mutex_lock(mu);
+  while (!acked()) pthread_cond_wait(cv, mu);
+  pthread_mutex_unlock(mu);
+}
+
 // Fails a call on a context whose service is gone. Destroy calls succeed
 // instead (the service released everything): the application can clean up.
 bool destroy_locally(const Context& c) {
@@ -418,13 +427,11 @@ int ours::ibv_destroy_cq(ibv_cq* cq) {
     reported = q.async_reported;
   }
   purge_async_events(c);
-  // As rdma-core: every completion event and async event handed out must
-  // be acknowledged.
-  pthread_mutex_lock(&cq->mutex);
-  while (cq->comp_events_completed != q.events ||
-         cq->async_events_completed != reported)
-    pthread_cond_wait(&cq->cond, &cq->mutex);
-  pthread_mutex_unlock(&cq->mutex);
+  // Every completion event and async event handed out, acknowledged.
+  wait_for_acks(&cq->mutex, &cq->cond, [&] {
+    return cq->comp_events_completed == q.events &&
+           cq->async_events_completed == reported;
+  });
   if (cq->channel) {
     pthread_mutex_lock(&c.ibv()->mutex);
     --cq->channel->refcnt;
@@ -566,11 +573,8 @@ int ours::ibv_destroy_srq(ibv_srq* srq) {
     reported = s.events_reported;
   }
   purge_async_events(c);
-  // As rdma-core: every async event handed out must be acknowledged.
-  pthread_mutex_lock(&srq->mutex);
-  while (srq->events_completed != reported)
-    pthread_cond_wait(&srq->cond, &srq->mutex);
-  pthread_mutex_unlock(&srq->mutex);
+  wait_for_acks(&srq->mutex, &srq->cond,
+                [&] { return srq->events_completed == reported; });
   munmap(s.map, s.map_len);
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
@@ -802,11 +806,8 @@ int ours::ibv_destroy_qp(ibv_qp* qp) {
     reported = q.events_reported;  // no more from here on
   }
   purge_async_events(c);
-  // As rdma-core: every async event handed out must be acknowledged.
-  pthread_mutex_lock(&qp->mutex);
-  while (qp->events_completed != reported)
-    pthread_cond_wait(&qp->cond, &qp->mutex);
-  pthread_mutex_unlock(&qp->mutex);
+  wait_for_acks(&qp->mutex, &qp->cond,
+                [&] { return qp->events_completed == reported; });
   munmap(q.sh, q.map_len);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);

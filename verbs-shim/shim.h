@@ -376,11 +376,10 @@ ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 ibv_srq* create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
 
-// Fork safety (events.cc).
 // After an object is destroyed: its unread async events leave the socket
 // (abi.h, kAsyncRequeue). Call with the object gone from the handle maps.
 void purge_async_events(Context& c);
-void install_fork_handlers();
+void install_fork_handlers();  // events.cc
 
 // urnic's side of each verb in verbs.def (forward.cc exports the verbs and
 // sends calls here when the object is urnic's).
