@@ -213,8 +213,9 @@ struct Slot {
   Node* node = nullptr;
   service::ClientInfo ci;
   bool open = false;
-  int fd = -1;       // the application's end; -1 once it closed it
-  Pairs::Pair pair;  // fd's pair, while the channel is open
+  // The event socket pair while the channel is open; pair.app is the
+  // application's end, -1 once it closed it.
+  Pairs::Pair pair;
   bool stalled = false;
   uint64_t token = 0;
 };
@@ -238,8 +239,7 @@ class World {
   void run(Reader& r) {
     for (int ops = 0; !r.done() && ops < kMaxOps; ++ops) {
       const uint8_t op = r.u8();
-      const int kind = op % 16;
-      switch (kind) {
+      switch (op % 16) {
         case 0:
           open(r);
           break;
@@ -281,11 +281,7 @@ class World {
           break;
         }
       }
-      // MIGRATE_ID, a tick or a channel read again can put events counted
-      // before into a socket; everything else that sends one counts it in
-      // cm_events.
-      after_op(may_flush_ || kind == 9 || kind == 10 || kind == 13);
-      may_flush_ = false;
+      after_op();
     }
     finish();
   }
@@ -381,7 +377,6 @@ class World {
     std::memcpy(&rep, res.payload.data(), sizeof rep);
     s.token = rep.token;
     s.open = true;
-    s.fd = p.app;
     s.pair = p;
     s.stalled = false;
     ++s.node->open;
@@ -420,7 +415,8 @@ class World {
         RDMA_USER_CM_CMD_GET_EVENT,     0};
     shim::CmCommandReq q;
     q.cmd = sel == 19 ? r.u32() : kCmds[sel];
-    may_flush_ = q.cmd == RDMA_USER_CM_CMD_MIGRATE_ID;
+    // MIGRATE_ID moves events counted before into another socket.
+    poll_due_ |= q.cmd == RDMA_USER_CM_CMD_MIGRATE_ID;
     q.out = 512;
     std::string body, opt;
     auto id_arg = [&]() -> uint32_t {
@@ -847,6 +843,7 @@ class World {
     const uint8_t how = r.u8();
     now_ += amount * kMs * ((how & 4) ? 10 : 1);
     TRACE("time +%u%s", amount, (how & 4) ? "0" : "");
+    poll_due_ = true;  // a tick sends what waited in a backlog
     // urnicd asks busy() to choose how long to wait before the next tick.
     for (Node& n : nodes_) (void)n.srv->busy();
     if (how % 4 != 2) nodes_[0].srv->tick(now_);
@@ -859,9 +856,8 @@ class World {
           static_cast<int>(&s - slots_));
     drain(s);
     s.node->srv->on_close(s.ci);  // closes its dup of the service end
-    s.pair.app = s.fd;
     pairs().put(s.pair);
-    s.fd = -1;
+    s.pair = {};
     s.open = false;
     s.stalled = false;
     s.ci.id = 0;  // the next open is another connection
@@ -869,15 +865,16 @@ class World {
   }
 
   void stall(Reader& r) {
+    poll_due_ = true;  // a channel read again has its events waiting
     Slot& s = slots_[r.u8() % kSlots];
     const uint8_t what = r.u8() % 3;
-    if (!s.open || s.fd < 0) return;
+    if (!s.open || s.pair.app < 0) return;
     if (what == 0) s.stalled = true;
     if (what == 1) s.stalled = false;
     if (what == 2) {
       drain(s);
-      close(s.fd);
-      s.fd = -1;
+      close(s.pair.app);
+      s.pair.app = -1;
       s.node->lossy = true;
     }
   }
@@ -886,10 +883,11 @@ class World {
   static bool valid_event(uint32_t e) { return e <= 11 || e == 15; }
 
   void drain(Slot& s) {
-    if (s.fd < 0) return;
+    if (s.pair.app < 0) return;
     for (;;) {
       shim::CmEventMsg m;
-      const ssize_t got = recv(s.fd, &m, sizeof m, MSG_DONTWAIT | MSG_TRUNC);
+      const ssize_t got =
+          recv(s.pair.app, &m, sizeof m, MSG_DONTWAIT | MSG_TRUNC);
       if (got < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
         fail("recv on an event socket", errno);
@@ -993,27 +991,26 @@ class World {
     return evented;
   }
 
-  // `may_flush`: the operation may have sent events counted before.
-  void after_op(bool may_flush) {
+  void after_op() {
     // Poll only when an event can have been sent: syscalls are most of this
     // target's time (each dear in a VM), and most operations send none.
     // Reading the servers' counters does not depend on what the sockets
     // hold, so checking them first finds the same.
-    if (check_stats() || may_flush || repoll_) {
-      repoll_ = false;
+    if (check_stats() || poll_due_) {
+      poll_due_ = false;
       // One poll() over the sockets instead of a recv() each.
       pollfd pf[kSlots];
       Slot* ps[kSlots];
       nfds_t n = 0;
       for (Slot& s : slots_)
-        if (s.open && !s.stalled && s.fd >= 0) {
-          pf[n] = {s.fd, POLLIN, 0};
+        if (s.open && !s.stalled && s.pair.app >= 0) {
+          pf[n] = {s.pair.app, POLLIN, 0};
           ps[n++] = &s;
         }
       // EINTR (a signal, libFuzzer's timer): nothing read, try next time.
       const int ready = n ? poll(pf, n, 0) : 0;
       if (ready < 0 && errno != EINTR) fail("poll on the event sockets", errno);
-      repoll_ = ready < 0;
+      poll_due_ = ready < 0;
       for (nfds_t i = 0; ready > 0 && i < n; ++i)
         if (pf[i].revents) drain(*ps[i]);
     }
@@ -1051,8 +1048,10 @@ class World {
   std::deque<std::array<uint8_t, cm::kMadSize>> history_;
   std::vector<Deferred> deferred_;
   uint64_t events_read_ = 0;
-  bool repoll_ = false;
-  bool may_flush_ = false;  // the last command was a MIGRATE_ID
+  // The sockets may hold events no counter moved for (a MIGRATE_ID, a tick,
+  // a channel read again, a poll() cut short by a signal): poll after this
+  // operation whatever cm_events says.
+  bool poll_due_ = false;
 };
 
 }  // namespace
