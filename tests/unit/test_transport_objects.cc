@@ -606,6 +606,22 @@ struct Loopback : ::testing::Test {
     std::memcpy(a.grh.dgid.raw, dc.gids[1], 16);
     return a;
   }
+  uint64_t va(uint32_t off) {
+    return reinterpret_cast<uint64_t>(mem.data()) + off;
+  }
+  // A signaled WRITE or READ of `len` bytes between offsets of mem.
+  SendWr rdma(uint64_t id, ibv_wr_opcode op, uint32_t local, uint32_t len,
+              uint32_t remote) {
+    SendWr w;
+    w.wr_id = id;
+    w.opcode = op;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.num_sge = 1;
+    w.sg_list[0] = {va(local), len, mr->lkey()};
+    w.remote_addr = va(remote);
+    w.rkey = mr->rkey();
+    return w;
+  }
   void up_rc(Qp* qp, uint32_t peer, ibv_mtu mtu = IBV_MTU_1024,
              uint32_t psn = 7) {
     ibv_qp_attr a{};
@@ -689,23 +705,13 @@ TEST_F(Loopback, RcOverIpv6GidsWriteReadSend) {
   up_rc(a, b->qpn());
   up_rc(b, a->qpn());
   uint8_t* m = mem.data();
-  const auto va = [&](uint32_t off) {
-    return reinterpret_cast<uint64_t>(m) + off;
-  };
   for (uint32_t i = 0; i < 3000; ++i) m[i] = static_cast<uint8_t>(i * 7);
   RecvWr r;
   r.wr_id = 9;
   r.num_sge = 1;
   r.sg_list[0] = {va(0x8000), 4096, mr->lkey()};
   ASSERT_EQ(eng.post_recv(b, r), 0);
-  SendWr w;
-  w.wr_id = 1;
-  w.opcode = IBV_WR_RDMA_WRITE;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.num_sge = 1;
-  w.sg_list[0] = {va(0), 3000, mr->lkey()};
-  w.remote_addr = va(0x4000);
-  w.rkey = mr->rkey();
+  SendWr w = rdma(1, IBV_WR_RDMA_WRITE, 0, 3000, 0x4000);
   ASSERT_EQ(eng.post_send(a, w), 0);
   w.wr_id = 2;
   w.opcode = IBV_WR_RDMA_READ;
@@ -749,19 +755,8 @@ TEST_F(Loopback, PsnsWiderThan24BitsUseTheirLow24) {
   EXPECT_EQ(q.rq_psn, 0xfffffeu);
   // Across the 24-bit wrap: WRITE of 3 packets from PSN 0xfffffe.
   uint8_t* m = mem.data();
-  const auto va = [&](uint32_t off) {
-    return reinterpret_cast<uint64_t>(m) + off;
-  };
   for (uint32_t i = 0; i < 3000; ++i) m[i] = static_cast<uint8_t>(i * 3);
-  SendWr w;
-  w.wr_id = 1;
-  w.opcode = IBV_WR_RDMA_WRITE;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.num_sge = 1;
-  w.sg_list[0] = {va(0), 3000, mr->lkey()};
-  w.remote_addr = va(0x4000);
-  w.rkey = mr->rkey();
-  ASSERT_EQ(eng.post_send(a, w), 0);
+  ASSERT_EQ(eng.post_send(a, rdma(1, IBV_WR_RDMA_WRITE, 0, 3000, 0x4000)), 0);
   auto wc = run(1);
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
@@ -828,9 +823,6 @@ TEST_F(Loopback, PayloadThatMayChangeCarriesTheIcrcOfWhatLeaves) {
   Ah* ah;
   ASSERT_EQ(dev.create_ah(pd, ah6(), &ah), 0);
   uint8_t* m = mem.data();
-  const auto va = [&](uint32_t off) {
-    return reinterpret_cast<uint64_t>(m) + off;
-  };
   for (uint32_t i = 0; i < 0x4000; ++i) m[i] = static_cast<uint8_t>(i);
   uint32_t unsealed = 0, sealed_unstable = 0, stable = 0;
   io.before_copy = [&](const TxFrame& f) {
@@ -867,20 +859,12 @@ TEST_F(Loopback, PayloadThatMayChangeCarriesTheIcrcOfWhatLeaves) {
   w.num_sge = 1;
   w.sg_list[0] = {va(0x1000), 100, mr->lkey()};  // copied by the engine
   ASSERT_EQ(eng.post_send(u, w), 0);
-  SendWr rd;  // READ of 3000 B: three 1 KiB responses of b's memory
-  rd.wr_id = 3;
-  rd.opcode = IBV_WR_RDMA_READ;
-  rd.send_flags = IBV_SEND_SIGNALED;
-  rd.num_sge = 1;
-  rd.sg_list[0] = {va(0xc000), 3000, mr->lkey()};
-  rd.remote_addr = va(0x2000);
-  rd.rkey = mr->rkey();
-  ASSERT_EQ(eng.post_send(a, rd), 0);
-  rd.wr_id = 4;  // WRITE of 2000 B: two 1 KiB requests, stable
-  rd.opcode = IBV_WR_RDMA_WRITE;
-  rd.sg_list[0] = {va(0x3000), 2000, mr->lkey()};
-  rd.remote_addr = va(0x5000);
-  ASSERT_EQ(eng.post_send(a, rd), 0);
+  // READ of 3000 B: three 1 KiB responses of b's memory; WRITE of 2000 B:
+  // two 1 KiB requests, stable.
+  ASSERT_EQ(eng.post_send(a, rdma(3, IBV_WR_RDMA_READ, 0xc000, 3000, 0x2000)),
+            0);
+  ASSERT_EQ(eng.post_send(a, rdma(4, IBV_WR_RDMA_WRITE, 0x3000, 2000, 0x5000)),
+            0);
   auto wc = run(6);
   ASSERT_EQ(wc.size(), 6u);
   for (const ibv_wc& c : wc) EXPECT_EQ(c.status, IBV_WC_SUCCESS) << c.wr_id;
