@@ -50,6 +50,8 @@ enum Event : uint32_t {
 
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY (cma.c)
 constexpr uint8_t kPacketLife = 16;        // CMA_IBOE_PACKET_LIFETIME (cma.c)
+constexpr uint32_t kMaxBacklog = 1024;
+constexpr uint16_t kEphemeralLo = 32768, kEphemeralHi = 60999;
 
 // The path's packet life time: RDMA_OPTION_ID_ACK_TIMEOUT - 1 once set (cma.c
 // builds a RoCE route so), else kPacketLife. The REQ's local ACK timeout,
@@ -57,8 +59,6 @@ constexpr uint8_t kPacketLife = 16;        // CMA_IBOE_PACKET_LIFETIME (cma.c)
 uint8_t packet_life(uint8_t ack_timeout_option) {
   return ack_timeout_option ? ack_timeout_option - 1 : kPacketLife;
 }
-constexpr uint32_t kMaxBacklog = 1024;
-constexpr uint16_t kEphemeralLo = 32768, kEphemeralHi = 60999;
 
 template <typename T>
 T load(const uint8_t* p) {
