@@ -663,7 +663,10 @@ int ShimServer::op_create_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   {
     ParkAll park(all_gates());
     rc = env_.dev->create_cq(r.cqe, &cq, m.base);
-    if (!rc) cq->set_notify(notify, h);
+    if (!rc) {
+      cq->set_notify(notify, h);
+      cq->set_owner({c.info.id, h});
+    }
   }
   if (rc) {
     if (notify >= 0) close(notify);
@@ -735,6 +738,7 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
     rc = env_.dev->create_srq(c.pds[r.pd], slots, r.max_sge, &s->srq);
     if (!rc) {
       s->srq->set_publish(&s->sh->done);
+      s->srq->set_owner({c.info.id, c.next_handle});
       s->home = pick_home();
       s->doorbell = alloc_doorbell(c, s->home);
       if (s->doorbell == UINT32_MAX) {
@@ -848,6 +852,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
         q->qp->pub_sq_done_ = &q->sh->sq_done;
         q->qp->pub_rq_done_ = &q->sh->rq_done;
         q->qp->pub_state_ = &q->sh->state;
+        q->qp->set_owner({c.info.id, c.next_handle});
         target(c, q->doorbell) = {q.get(), nullptr};
       }
     }
@@ -983,26 +988,26 @@ int ShimServer::destroy_qp(Client& c, uint32_t h) {
   return 0;
 }
 
+// The event names its object's owner: one lookup, whatever the number of
+// clients and objects (a mass flush raises one per QP). The object must
+// still be the client's: an event raised just before a destroy is dropped.
 bool ShimServer::send_async(const transport::AsyncEvent& ev) {
-  for (auto& [id, cp] : clients_) {
-    Client& c = *cp;
-    AsyncMsg m;
-    m.type = ev.type;
-    bool found = false;
-    if (ev.cq) {
-      for (auto& [h, q] : c.cqs)
-        if (q.cq == ev.cq) m.handle = h, found = true;
-    } else if (ev.srq) {
-      for (auto& [h, s] : c.srqs)
-        if (s->srq == ev.srq) m.handle = h, found = true;
-    } else {
-      for (auto& [h, q] : c.qps)
-        if (q->qp->qpn() == ev.qpn) m.handle = h, found = true;
-    }
-    if (!found) continue;
-    return send_to(c, m);
+  const auto it = clients_.find(ev.owner.client);
+  if (it == clients_.end()) return false;
+  const Client& c = *it->second;
+  const uint32_t h = ev.owner.handle;
+  bool live;
+  if (ev.cq) {
+    const auto q = c.cqs.find(h);
+    live = q != c.cqs.end() && q->second.cq == ev.cq;
+  } else if (ev.srq) {
+    const auto s = c.srqs.find(h);
+    live = s != c.srqs.end() && s->second->srq == ev.srq;
+  } else {
+    const auto q = c.qps.find(h);
+    live = q != c.qps.end() && q->second->qp->qpn() == ev.qpn;
   }
-  return false;
+  return live && send_to(c, {ev.type, h});
 }
 
 bool ShimServer::send_to(const Client& c, const AsyncMsg& m) {

@@ -408,7 +408,7 @@ void Completer::check_head_st(Engine& e, Qp& qp) {
   if (qp.state_ == IBV_QPS_SQD && qp.sq_head_ == qp.sq_next_ &&
       qp.req_.offset == 0 && qp.sqd_notify_ && !qp.comp_.drained_sent) {
     qp.comp_.drained_sent = true;
-    e.dev_.raise({IBV_EVENT_SQ_DRAINED, qp.qpn_, nullptr, nullptr});
+    e.dev_.raise({IBV_EVENT_SQ_DRAINED, qp.qpn_, nullptr, nullptr, qp.owner_});
   }
 }
 

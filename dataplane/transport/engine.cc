@@ -937,7 +937,8 @@ void Engine::to_error(Qp& qp) {
   qp.res_any_pending_ = false;
   // IBTA 11.6.3: a QP on an SRQ reports its last WQE when it enters error.
   if (qp.srq_)
-    dev_.raise({IBV_EVENT_QP_LAST_WQE_REACHED, qp.qpn_, nullptr, nullptr});
+    dev_.raise(
+        {IBV_EVENT_QP_LAST_WQE_REACHED, qp.qpn_, nullptr, nullptr, qp.owner_});
 }
 
 void Engine::arm_retrans(Qp& qp) {

@@ -407,7 +407,7 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
       if (!std::atomic_ref<bool>(error_).exchange(true,
                                                   std::memory_order_relaxed)) {
         sh_->error.store(1, std::memory_order_release);
-        dev_->raise({IBV_EVENT_CQ_ERR, 0, this, nullptr});
+        dev_->raise({IBV_EVENT_CQ_ERR, 0, this, nullptr, owner_});
       }
       return false;
     }
@@ -510,7 +510,7 @@ bool Srq::pop(RecvWr& out) {
   // the armed limit, then the limit disarms.
   if (limit_ && tail_ - head_ < limit_) {
     limit_ = 0;
-    dev_->raise({IBV_EVENT_SRQ_LIMIT_REACHED, 0, nullptr, this});
+    dev_->raise({IBV_EVENT_SRQ_LIMIT_REACHED, 0, nullptr, this, owner_});
   }
   return true;
 }

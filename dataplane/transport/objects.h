@@ -19,6 +19,15 @@ namespace urnic::transport {
 
 class Device;
 
+// Who the control plane says owns a QP, CQ or SRQ (the service: a client
+// and its handle; opaque here). Set before any lcore can reach the object
+// and copied into the object's async events, so that routing an event is a
+// lookup, not a search through every client's objects.
+struct Owner {
+  uint64_t client = 0;
+  uint32_t handle = 0;
+};
+
 class Pd {
  public:
   uint32_t handle() const { return handle_; }
@@ -119,6 +128,7 @@ class Cq {
     notify_cookie_ = cookie;
   }
   uint64_t notify_failures() const { return relaxed(notify_failures_); }
+  void set_owner(const Owner& o) { owner_ = o; }
 
   // Engine side. False if the CQ is full (or already in error).
   bool push(const ibv_wc& wc, bool solicited);
@@ -151,6 +161,7 @@ class Cq {
   uint64_t notify_failures_ = 0;
   int notify_fd_ = -1;
   uint64_t notify_cookie_ = 0;
+  Owner owner_;
   bool error_ = false;
   uint32_t users_ = 0;  // QPs completing into it
   Device* dev_ = nullptr;
@@ -168,6 +179,7 @@ class Srq {
   // The consumer index is also stored (release) here when set: the shim's
   // shared SRQ ring frees a slot for each WQE taken.
   void set_publish(std::atomic<uint32_t>* done) { pub_done_ = done; }
+  void set_owner(const Owner& o) { owner_ = o; }
   // ibv_post_srq_recv: 0, ENOMEM (full) or EINVAL (too many SGEs).
   int post(const RecvWr& wr);
   // Engine side: takes the oldest WQE; raises the limit event when the
@@ -184,6 +196,7 @@ class Srq {
   uint32_t max_sge_ = 0;
   uint32_t limit_ = 0;  // armed when non-zero (ibv_modify_srq IBV_SRQ_LIMIT)
   std::atomic<uint32_t>* pub_done_ = nullptr;
+  Owner owner_;
   Pd* pd_ = nullptr;
   Device* dev_ = nullptr;
   uint32_t users_ = 0;
@@ -224,6 +237,7 @@ struct AsyncEvent {
   uint32_t qpn = 0;    // QP events
   Cq* cq = nullptr;    // IBV_EVENT_CQ_ERR
   Srq* srq = nullptr;  // IBV_EVENT_SRQ_LIMIT_REACHED / SRQ_ERR
+  Owner owner;         // the object's, when raised
 };
 
 // GID -> MAC for a destination (the service asks its neighbour cache; tests

@@ -182,8 +182,11 @@ class Qp {
   ibv_qp_type type() const { return type_; }
   const QpCounters& counters() const { return ctr_; }
 
+  void set_owner(const Owner& o) { owner_ = o; }
+
   // --- everything below is engine-internal ---
   uint32_t qpn_ = 0;
+  Owner owner_;
   uint32_t index_ = 0;
   ibv_qp_type type_ = IBV_QPT_RC;
   ibv_qp_state state_ = IBV_QPS_RESET;

@@ -780,7 +780,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       const bool raise = std::exchange(r.fatal_event, false);
       const ibv_event_type ev = fatal_event(r.ack_syndrome);
       e.to_error(qp);
-      if (raise) e.dev_.raise({ev, qp.qpn_, nullptr, nullptr});
+      if (raise) e.dev_.raise({ev, qp.qpn_, nullptr, nullptr, qp.owner_});
     }
   }
   return sent;

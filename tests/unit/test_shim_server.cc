@@ -509,6 +509,76 @@ TEST_F(ShimServerTest, LinkChangesAreAsyncPortEvents) {
   EXPECT_EQ(m[1].handle, 1u);
 }
 
+// An async event reaches the client that owns its object, with that
+// client's handle, and no other client (both clients' handles start at 1);
+// one raised just before its QP is destroyed is dropped, and counted.
+TEST_F(ShimServerTest, AsyncEventsReachTheObjectsOwnerOnly) {
+  // Per client: a QP on an SRQ (entering error, it raises LAST_WQE_REACHED).
+  auto srq_qp = [&](uint32_t pd, uint32_t cq, uint32_t srq) {
+    CreateQpReq q;
+    q.pd = pd;
+    q.send_cq = q.recv_cq = cq;
+    q.srq = srq;
+    q.cap.max_send_wr = 4;
+    q.cap.max_send_sge = 1;
+    Reply r = call(Op::kCreateQp, q);
+    EXPECT_EQ(r.status, 0) << r.payload;
+    for (int fd : r.fds) close(fd);
+    return Qp{r.as<CreateQpRep>().handle, 0, 0, nullptr, nullptr, nullptr};
+  };
+  auto make = [&](Qp* qps, int n) {
+    open();
+    const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+    const uint32_t cq = create_cq(16).h;
+    Reply r = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
+    ASSERT_EQ(r.status, 0) << r.payload;
+    for (int fd : r.fds) close(fd);
+    for (int i = 0; i < n; ++i) {
+      qps[i] = srq_qp(pd, cq, r.as<CreateSrqRep>().handle);
+      ASSERT_EQ(modify(qps[i], IBV_QPS_INIT), 0);
+    }
+  };
+  auto next = [](int fd, AsyncMsg* m) {
+    return recv(fd, m, sizeof *m, MSG_DONTWAIT) == sizeof *m;
+  };
+  const ClientInfo a = ci;
+  Qp qa[2], qb[1];
+  make(qa, 2);
+  const int a_fd = async_fd;
+  ci.id = 8;
+  const ClientInfo b = ci;
+  make(qb, 1);
+  const int b_fd = async_fd;
+  ASSERT_EQ(qa[0].h, qb[0].h);
+
+  AsyncMsg m;
+  ASSERT_EQ(modify(qb[0], IBV_QPS_ERR), 0);
+  srv.pump_events();
+  ASSERT_TRUE(next(b_fd, &m));
+  EXPECT_EQ(m.type, static_cast<uint32_t>(IBV_EVENT_QP_LAST_WQE_REACHED));
+  EXPECT_EQ(m.handle, qb[0].h);
+  EXPECT_FALSE(next(a_fd, &m));
+
+  ci = a;
+  ASSERT_EQ(modify(qa[1], IBV_QPS_ERR), 0);
+  srv.pump_events();
+  ASSERT_TRUE(next(a_fd, &m));
+  EXPECT_EQ(m.handle, qa[1].h);
+  EXPECT_FALSE(next(a_fd, &m));
+  EXPECT_FALSE(next(b_fd, &m));
+
+  const uint64_t dropped = srv.counters().async_dropped.load();
+  ASSERT_EQ(modify(qa[0], IBV_QPS_ERR), 0);
+  ASSERT_EQ(call(Op::kDestroyQp, HandleReq{qa[0].h}).status, 0);
+  srv.pump_events();
+  EXPECT_FALSE(next(a_fd, &m));
+  EXPECT_FALSE(next(b_fd, &m));
+  EXPECT_EQ(srv.counters().async_dropped.load(), dropped + 1);
+  srv.on_close(b);
+  close(a_fd);
+  close(b_fd);
+}
+
 TEST_F(ShimServerTest, CompletionChannelIsSignalledOnlyWhenArmed) {
   open();
   int sv[2];
