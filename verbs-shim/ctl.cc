@@ -4,6 +4,7 @@
 #include "verbs-shim/ctl.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -46,6 +47,8 @@ bool quiet() {
 
 namespace {
 thread_local uint32_t t_empty_polls = 0;
+// Generous: creating an AH or moving a QP to RTR waits for ARP.
+constexpr int kCallTimeoutMs = 60000;
 }  // namespace
 
 void empty_poll() {
@@ -64,15 +67,25 @@ int connect_service(const std::string& path, int* fd_out) {
   sa.sun_family = AF_UNIX;
   if (path.size() >= sizeof sa.sun_path) return ENAMETOOLONG;
   std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // Non-blocking: a service that is stopped or wedged accepts nothing, and
+  // once its listen backlog is full a blocking connect would wait forever.
+  // EAGAIN (backlog full) is tried again for as long as a call may take.
+  const int fd =
+      socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
-  for (;;) {
+  for (int waited_ms = 0;;) {
     if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) break;
     if (errno == EINTR) continue;
-    const int e = errno;
+    if (errno == EAGAIN && waited_ms < kCallTimeoutMs) {
+      poll(nullptr, 0, 10);
+      waited_ms += 10;
+      continue;
+    }
+    const int e = errno == EAGAIN ? ETIMEDOUT : errno;
     close(fd);
     return e;
   }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   *fd_out = fd;
   return 0;
 }
@@ -188,19 +201,25 @@ int hello(const std::string& path, std::string* text, HelloFail* how) {
 // --- Context
 // ------------------------------------------------------------------
 
-namespace {
-
-// Generous: creating an AH or moving a QP to RTR waits for ARP.
-constexpr int kCallTimeoutMs = 60000;
-
-}  // namespace
-
 void Context::lost(const char* why) {
   if (dead.exchange(true)) return;
   if (!dev->lost_reported.exchange(true))
     say("lost the connection to urnicd at %s (%s): its contexts are unusable "
         "(the service exited or was restarted?)",
         dev->path.c_str(), why);
+}
+
+bool Context::hung_up(int wait_ms) const {
+  if (ctl_fd < 0) return true;
+  pollfd p{ctl_fd, POLLRDHUP, 0};
+  return poll(&p, 1, wait_ms) > 0 &&
+         (p.revents & (POLLHUP | POLLRDHUP | POLLERR));
+}
+
+int Context::full_or_gone() {
+  if (!hung_up()) return ENOMEM;
+  lost("its control connection hung up");
+  return EIO;
 }
 
 int Context::call(Op op, const char* what, const void* req, size_t req_len,

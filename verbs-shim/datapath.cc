@@ -189,7 +189,7 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (prod - done >= q.sq_size()) {
       done = q.sh->sq_done.load(std::memory_order_acquire);
       if (prod - done >= q.sq_size()) {
-        rc = ENOMEM;
+        rc = q.ctx().full_or_gone();
         break;
       }
     }
@@ -218,6 +218,7 @@ int fill_recv(ShmRecvWqe& w, const ibv_recv_wr* wr, uint32_t max_sge) {
 
 // Writes the WRs into a receive ring (a QP's RQ or an SRQ) while there is
 // room, then publishes the producer index once and rings the doorbell.
+// ENOMEM: full (the caller asks whether the service is gone).
 // `prod` is the caller's copy of its own index; the caller holds the lock.
 int post_recv_ring(ShmRecvWqe* ring, uint32_t size, uint32_t max_sge,
                    uint32_t& prod, std::atomic<uint32_t>& shared_prod,
@@ -264,9 +265,10 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     *bad = wr;
     return EINVAL;
   }
-  return post_recv_ring(q.rq(), q.rq_size(), q.max_recv_sge, q.rq_prod,
-                        q.sh->rq_prod, q.sh->rq_done, *q.ctx().db, q.doorbell,
-                        wr, bad);
+  const int rc = post_recv_ring(q.rq(), q.rq_size(), q.max_recv_sge, q.rq_prod,
+                                q.sh->rq_prod, q.sh->rq_done, *q.ctx().db,
+                                q.doorbell, wr, bad);
+  return rc == ENOMEM ? q.ctx().full_or_gone() : rc;
 }
 
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -276,8 +278,9 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EIO;
   }
   std::lock_guard g(s.lock);
-  return post_recv_ring(s.ring, s.size, s.max_sge, s.prod, s.sh->prod,
-                        s.sh->done, *s.ctx->db, s.doorbell, wr, bad);
+  const int rc = post_recv_ring(s.ring, s.size, s.max_sge, s.prod, s.sh->prod,
+                                s.sh->done, *s.ctx->db, s.doorbell, wr, bad);
+  return rc == ENOMEM ? s.ctx->full_or_gone() : rc;
 }
 
 // --- completion queues
@@ -285,20 +288,35 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 
 namespace {
 
+// Empty polls between two looks at the control connection (a poll(2)
+// each): a program that only polls a CQ hears of a killed service within a
+// few milliseconds of spinning, at a small fraction of an empty poll's cost.
+constexpr uint32_t kHangupCheckPolls = 4096;
+
 // An empty CQ of a context whose service is gone (the connection failed,
-// or the service flushed everything and closed the doorbell page): polling
-// fails, as on a device in its fatal state. Completions already in the ring
-// (the flushed WRs among them) are still returned first; the ring stays
-// mapped after the service exits.
+// the service flushed everything and closed the doorbell page, or it was
+// killed and its end of the control connection hung up): polling fails, as
+// on a device in its fatal state. Completions already in the ring (the
+// flushed WRs among them) are still returned first; the ring stays mapped
+// after the service exits.
 bool service_gone(Cq& q) {
-  if (q.ctx->dead.load(std::memory_order_relaxed)) return true;
-  if (!q.ctx->db->closed.load(std::memory_order_acquire)) return false;
-  q.ctx->lost("urnicd is shutting down");
+  Context& c = *q.ctx;
+  if (c.dead.load(std::memory_order_relaxed)) return true;
+  if (c.db->closed.load(std::memory_order_acquire)) {
+    c.lost("urnicd is shutting down");
+    return true;
+  }
+  if (++q.empty_polls % kHangupCheckPolls || !c.hung_up()) return false;
+  c.lost("its control connection hung up");
   return true;
 }
 
 int poll_cq_locked(ibv_cq* cq, int n, ibv_wc* wc) {
   Cq& q = cq_of(cq);
+  if (q.ctx->in_child.load(std::memory_order_relaxed)) {
+    errno = EIO;
+    return -1;
+  }
   std::lock_guard g(q.lock);
   const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
   if (prod - q.cons > q.mask + 1) {  // not something the service writes
@@ -363,6 +381,7 @@ void load_current(Cq& q) {
 int cq_start_poll(ibv_cq_ex* cq, ibv_poll_cq_attr* attr) {
   Cq& q = cq_of(cq);
   if (attr && attr->comp_mask) return EINVAL;
+  if (q.ctx->in_child.load(std::memory_order_relaxed)) return EIO;
   q.lock.lock();
   const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
   if (q.cons == prod || prod - q.cons > q.mask + 1) {
@@ -487,9 +506,13 @@ ShmSendWqe* wr_begin(ibv_qp_ex* qx, ibv_wr_opcode op) {
   wr_finish(q);
   WrBatch& b = wr_batch(q);
   if (b.err) return nullptr;
+  if (q.ctx().dead.load(std::memory_order_relaxed)) {
+    wr_error(q, EIO);  // (a forked child has no ring to read)
+    return nullptr;
+  }
   const uint32_t prod = q.sq_prod + b.n;
   if (prod - q.sh->sq_done.load(std::memory_order_acquire) >= q.sq_size()) {
-    wr_error(q, ENOMEM);
+    wr_error(q, q.ctx().full_or_gone());
     return nullptr;
   }
   ShmSendWqe& w = q.sq()[prod & (q.sq_size() - 1)];

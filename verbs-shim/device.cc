@@ -76,7 +76,16 @@ void init_paths() {
 void report_unreachable(Device& d, int err, HelloFail how,
                         const std::string& text) {
   if (d.down_reported.exchange(true)) return;
-  if (how == HelloFail::kConnect)
+  if (how == HelloFail::kConnect && (err == EACCES || err == EPERM))
+    say("no permission to connect to urnicd at %s (%s): the socket's mode "
+        "is urnicd's control.mode, its owner and group those of the user "
+        "that started urnicd",
+        d.path.c_str(), strerror(err));
+  else if (how == HelloFail::kConnect && err == ETIMEDOUT)
+    say("urnicd at %s accepts no connections (its backlog stayed full for "
+        "60 s: stopped or wedged?)",
+        d.path.c_str());
+  else if (how == HelloFail::kConnect)
     say("service not running at %s (connect: %s); set URNIC_SOCKET",
         d.path.c_str(), strerror(err));
   else if (how == HelloFail::kRefused)
@@ -268,6 +277,7 @@ void fork_child_contexts() {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) == 0)
     close(sp[1]);
   for (Context* c : reg().contexts) {
+    c->in_child.store(true);
     c->dead.store(true);
     if (c->ctl_fd >= 0) close(c->ctl_fd);
     c->ctl_fd = -1;

@@ -153,6 +153,9 @@ struct Context {
   // Set when the service connection failed (or in a forked child): every
   // later call fails with EIO without touching the socket.
   std::atomic<bool> dead{false};
+  // A forked child: its rings and doorbell page are not mapped here
+  // (MADV_DONTFORK), so nothing may even read them.
+  std::atomic<bool> in_child{false};
   std::mutex ctl_mu;           // one request, one reply
   std::unique_ptr<char[]> rx;  // reply buffer, ctl::kMaxMsg bytes
   DoorbellPage* db = nullptr;
@@ -176,6 +179,13 @@ struct Context {
            int* rep_fds = nullptr, int nrep_fds = 0);
   // Marks the context unusable and says so once.
   void lost(const char* why);
+  // Whether the service's end of the control connection is gone (killed:
+  // a SIGTERM'd service says so in the doorbell page instead), waiting up
+  // to `wait_ms` for it. One poll(2); the connection is not read.
+  bool hung_up(int wait_ms = 0) const;
+  // A queue that stays full: ENOMEM, or EIO (and lost()) when the service
+  // is gone, so that a program posting in a loop hears why.
+  int full_or_gone();
 };
 
 // The Context of an ibv_context we made (its CtxBox).
@@ -209,6 +219,7 @@ struct Cq {
   ibv_wc* ring = nullptr;
   uint32_t mask = 0;
   uint32_t cons = 0;            // our consumer index (published to sh->cons)
+  uint32_t empty_polls = 0;     // service_gone() counts them (under lock)
   const ibv_wc* cur = nullptr;  // ibv_cq_ex polling: the current entry
   void* map = nullptr;
   size_t map_len = 0;

@@ -81,32 +81,34 @@ for _ in $(seq 100); do memif_listening "$TMP/memif.sock" && break; sleep 0.1; d
 start_b
 wait_sock "$SA" && wait_sock "$SB"
 
+# stream N PORT: a urnic-perf pair streaming WRITEs on N QPs from B to A
+# until stopped (16384 QPs: two 1 KiB WRITEs in flight each); sp and cp
+# are its server and client, checked connected and moving data.
+stream() {
+  local n=$1 port=$2 up=0 args=(-q "$1" -s 4096 -D 600 --warmup 0)
+  [ "$n" -gt 1024 ] && args=(-q "$n" -s 1024 --depth 2 -D 600 --warmup 0)
+  "${ON_A[@]}" "$UPERF" --server -p "$port" -q "$n" >"$TMP/n$n-s.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  sleep 0.5
+  "${ON_B[@]}" "$UPERF" -p "$port" "${args[@]}" --period 500 127.0.0.1 \
+    >"$TMP/n$n-c.out" 2>&1 &
+  cp=$!
+  PIDS+=("$cp")
+  for _ in $(seq 1200); do
+    grep -q "QPs up\|Mops\|Gb/s" "$TMP/n$n-c.out" 2>/dev/null && { up=1; break; }
+    kill -0 "$cp" 2>/dev/null || break
+    sleep 0.1
+  done
+  check "$n QPs: the application is connected and moving data" \
+    bash -c "[ $up = 1 ] && [ \$(counter_b tx_packets) -gt 0 ]"
+  sleep 1
+}
+
 port=18700
 for n in $QPS_LIST; do
   port=$((port + 1))
-  if [ "$n" -gt 0 ]; then
-    # Streaming until stopped (16384 QPs: two 1 KiB WRITEs in flight each).
-    args=(-q "$n" -s 4096 -D 600 --warmup 0)
-    [ "$n" -gt 1024 ] && args=(-q "$n" -s 1024 --depth 2 -D 600 --warmup 0)
-    "${ON_A[@]}" "$UPERF" --server -p $port -q "$n" >"$TMP/n$n-s.out" 2>&1 &
-    sp=$!
-    PIDS+=("$sp")
-    sleep 0.5
-    "${ON_B[@]}" "$UPERF" -p $port "${args[@]}" --period 500 127.0.0.1 \
-      >"$TMP/n$n-c.out" 2>&1 &
-    cp=$!
-    PIDS+=("$cp")
-    # Connected (and for streaming runs, moving data) before the stop.
-    up=0
-    for _ in $(seq 1200); do
-      grep -q "QPs up\|Mops\|Gb/s" "$TMP/n$n-c.out" 2>/dev/null && { up=1; break; }
-      kill -0 "$cp" 2>/dev/null || break
-      sleep 0.1
-    done
-    check "$n QPs: the application is connected and moving data" \
-      bash -c "[ $up = 1 ] && [ \$(counter_b tx_packets) -gt 0 ]"
-    sleep 1
-  fi
+  [ "$n" -gt 0 ] && stream "$n" "$port"
   kill -TERM "$PB"
   exits_within 60 "$PB" || true
   check "$n QPs: urnicd exits 0 on SIGTERM, no crash (status $RC)" \
@@ -127,9 +129,19 @@ for n in $QPS_LIST; do
   check "$n QPs: and serves a verified urnic-perf run" verified_run $((port + 100))
 done
 
-# kill -9: the stale socket file is removed by the next start.
+# kill -9 under traffic: B's application, which only polls its CQs and
+# posts (no event thread, no control call), hears it from the shim's look
+# at the control connection, and ends by itself; the stale socket file is
+# removed by the next start.
+stream 4 18800
 kill -KILL "$PB"
 wait "$PB" 2>/dev/null || true
+exits_within 15 "$cp" || kill -KILL "$cp" 2>/dev/null || true
+check "kill -9 of urnicd: the polling application ended by itself (status $RC) and said why" \
+  bash -c "[ '$RC' != hung ] && [ '$RC' != 0 ] &&
+    grep -q 'lost the connection' '$TMP/n4-c.out'"
+stop_pid "$sp"
+check "... and service A released every object of the pair" objects_zero "$SA"
 check "after kill -9 the socket file is left behind" test -S "$SB"
 mv "$TMP/urnicd-client.log" "$TMP/urnicd-client-kill9.log"
 start_b

@@ -850,13 +850,24 @@ void sub_fork(Dev& d, End& e) {
     void* junk = malloc(100000);
     if (junk) std::memset(junk, 0xdd, 100000);
     free(junk);
-    _exit(g_child_var == 42 && saw_parent_data ? 0 : 1);
+    // The parent's queues are not the child's (nor even mapped here):
+    // polling and posting fail with EIO instead of touching them.
+    ibv_wc wc;
+    const int polled = ibv_poll_cq(e.scq, 1, &wc);
+    const int poll_err = errno;
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    const int posted = ibv_post_send(e.qp, &wr, &bad);
+    _exit(g_child_var == 42 && saw_parent_data && polled == -1 &&
+                  poll_err == EIO && posted == EIO
+              ? 0
+              : 1);
   }
   int status = 0;
   bool reaped = pid > 0 && waitpid(pid, &status, 0) == pid;
   check(reaped && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-        "e) fork() after ibv_reg_mr: the child runs, sees the MR's data and "
-        "exits 0",
+        "e) fork() after ibv_reg_mr: the child runs, sees the MR's data, "
+        "gets EIO from ibv_poll_cq and ibv_post_send, and exits 0",
         fmt("pid %d status %#x", pid, status));
   check(g_child_var == 0 && same_as_pattern(buf, 8192, 60),
         "e) ... the parent's memory is its own (the child's writes to a "
