@@ -127,21 +127,27 @@ int ours::ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
   Context& c = ctx_of(channel->context);
   for (;;) {
     uint64_t handle;
-    // Blocking unless the application made the fd O_NONBLOCK (EAGAIN).
+    // Blocking unless the application made the fd O_NONBLOCK (EAGAIN). A
+    // signal ends the wait with EINTR, as libibverbs' read() does.
     const ssize_t n = recv(channel->fd, &handle, sizeof handle, 0);
-    if (n < 0 && errno == EINTR) continue;
     if (n < 0) return -1;
-    if (n == 0) {  // the service closed its end: it is gone
+    if (n == 0) {
+      // The service closed its end: it is gone (its other sockets close
+      // as it exits), or the channel was destroyed while this thread
+      // waited on it, which does not make the context unusable.
+      if (!c.dead.load() && !c.hung_up(100)) {
+        errno = EBADF;
+        return -1;
+      }
       c.lost("completion channel closed");
       errno = EIO;
       return -1;
     }
     if (n != sizeof handle) continue;
-    Cq* q = nullptr;
-    {
-      std::lock_guard g(c.obj_mu);
-      q = c.cqs.find(static_cast<uint32_t>(handle));
-    }
+    // The count goes up before obj_mu is let go: ibv_destroy_cq, once it
+    // has removed the CQ under obj_mu, sees every event handed out.
+    std::lock_guard g(c.obj_mu);
+    Cq* q = c.cqs.find(static_cast<uint32_t>(handle));
     if (!q) continue;  // an event for a CQ destroyed since
     ibv_cq* x = ibv_cq_ex_to_cq(&q->cqx);
     pthread_mutex_lock(&x->mutex);
@@ -240,8 +246,7 @@ int ours::ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
     }
     AsyncMsg m;
     const ssize_t n = recv(context->async_fd, &m, sizeof m, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -1;
+    if (n < 0) return -1;  // EINTR too, as libibverbs' read()
     if (n == 0) {
       // The service is gone: reported once as a fatal device event.
       c.async_eof = true;

@@ -46,6 +46,8 @@
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +63,7 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -1321,6 +1324,44 @@ void section_channels(Dev& d) {
     if (!why.empty()) return "receive: " + why;
     return std::string();
   };
+
+  // A signal whose handler has no SA_RESTART ends a blocked
+  // ibv_get_cq_event with -1, errno EINTR, as libibverbs' read() does: an
+  // event loop a signal handler stops must not hang.
+  {
+    struct sigaction sa {
+    }, old{};
+    sa.sa_handler = [](int) {};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &old);
+    struct Wait {
+      std::atomic<bool> done{false};
+      int rc = 0, err = 0;
+    };
+    auto w = std::make_shared<Wait>();
+    std::thread t([w, c = ch.get()] {
+      ibv_cq* q = nullptr;
+      void* x = nullptr;
+      w->rc = ibv_get_cq_event(c, &q, &x);
+      w->err = errno;
+      w->done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    pthread_kill(t.native_handle(), SIGUSR1);
+    for (int i = 0; i < 50 && !w->done; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const bool ended = w->done;
+    if (ended)
+      t.join();
+    else
+      t.detach();  // blocked for good: the check below fails
+    sigaction(SIGUSR1, &old, nullptr);
+    check(ended && w->rc == -1 && w->err == EINTR,
+          "d) a signal without SA_RESTART ends a blocked ibv_get_cq_event: "
+          "-1, errno EINTR",
+          ended ? fmt("rc %d errno %s", w->rc, err_text(w->err).c_str())
+                : "still blocked 5 s after the signal");
+  }
 
   const int fl = fcntl(ch->fd, F_GETFL);
   const bool nb = fl >= 0 && fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0;
