@@ -290,11 +290,16 @@ constexpr uint32_t lowest_bit(uint32_t m) {
 
 constexpr uint32_t kMaxPsn = 0xffffff;  // 24-bit PSNs and QPNs
 constexpr uint8_t kPort1 = 1;           // urnic exposes one port
-// Remote access rights a QP can grant; MW binding, zero-based and ODM are
-// memory-region properties, not QP ones.
+// The access flags a QP takes, as rxe's RXE_ACCESS_SUPPORTED_QP: local
+// write and the remote rights it grants, and MR properties an application
+// passes along with them, which mean nothing for a QP and are ignored (MW
+// bind, on-demand paging, the two flush rights: bits 8 and 9 as the kernel
+// numbers them, and the optional range, relaxed ordering among them).
+// Zero-based and huge-page flags stay refused, as there.
 constexpr unsigned kQpAccessFlags =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-    IBV_ACCESS_REMOTE_ATOMIC;
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND |
+    (3u << 8) | IBV_ACCESS_OPTIONAL_RANGE;
 
 bool gid_is_zero(const ibv_gid& g) {
   for (uint8_t b : g.raw) {
@@ -338,7 +343,8 @@ const char* check_values(const ibv_qp_attr& a, uint32_t mask,
   }
   // A packet of a larger MTU would not fit the port's frames: every one
   // would be dropped on the way out and the QP would retry into error.
-  // Refused, as rxe refuses a path MTU above its netdev's (max_mtu).
+  // Refused (stricter than rxe, whose max_mtu is always 4096 and which
+  // takes any path MTU; its oversized frames are dropped by the netdev).
   if ((mask & kPathMtu) && a.path_mtu > lim.max_path_mtu) {
     return "path_mtu above the port's max_mtu (the port's MTU does not carry "
            "it; ibv_query_port)";
@@ -368,8 +374,8 @@ const char* check_values(const ibv_qp_attr& a, uint32_t mask,
   // One P_Key table entry, the default P_Key (RoCE has no partitions).
   if ((mask & kPkey) && a.pkey_index != 0) return "pkey_index must be 0";
   if ((mask & kAccess) && (a.qp_access_flags & ~kQpAccessFlags) != 0) {
-    return "qp_access_flags has bits other than local write and remote "
-           "read/write/atomic";
+    return "qp_access_flags has a bit a QP does not take (zero-based, "
+           "huge pages, or unknown)";
   }
   if (mask & kAv) {
     if (const char* w = check_av(a.ah_attr, lim)) return w;
@@ -382,19 +388,24 @@ const char* check_values(const ibv_qp_attr& a, uint32_t mask,
 
 int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr& attr,
                     int mask, const Limits& lim, const char** why) {
-  auto fail = [why](const char* w) {
+  auto fail = [why](const char* w, int err = EINVAL) {
     if (why != nullptr) *why = w;
-    return EINVAL;
+    return err;
   };
   const int t = type_index(type);
   if (t < 0) return fail("QP type is not RC, UC or UD");
   if (!valid_state(cur)) return fail("current QP state out of range");
   const auto m = static_cast<uint32_t>(mask);
-  if ((m & ~kKnownBits) != 0) return fail("unknown attribute mask bit");
+  // EOPNOTSUPP, as rdma-core's ibv_cmd_modify_qp and rxe say for a bit
+  // past the standard ones (code that probes for a feature tests it).
+  if ((m & ~kKnownBits) != 0) {
+    return fail("unknown attribute mask bit", EOPNOTSUPP);
+  }
   // The table never allows it for RC/UC/UD, but say why: there is no
   // per-QP rate limiter.
   if (m & IBV_QP_RATE_LIMIT) {
-    return fail("IBV_QP_RATE_LIMIT not supported (no rate limiter)");
+    return fail("IBV_QP_RATE_LIMIT not supported (no rate limiter)",
+                EOPNOTSUPP);
   }
 
   ibv_qp_state next = cur;

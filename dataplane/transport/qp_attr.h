@@ -15,7 +15,9 @@ namespace urnic::transport {
 // cur) is in the table; every required mask bit is present and no bit is
 // neither required nor optional; IBV_QP_CUR_STATE matches `cur`; the values
 // of the attributes in the mask are in range for `lim` and supported.
-// Returns 0 or EINVAL (positive errno). On failure, if `why` is non-null,
+// Returns 0, EOPNOTSUPP (a mask bit past the standard ones, or
+// IBV_QP_RATE_LIMIT, as rdma-core and rxe) or EINVAL (positive errno).
+// On failure, if `why` is non-null,
 // *why points at a static string naming the problem; on success it is left
 // untouched. Reads only the attr fields the mask selects.
 int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr& attr,

@@ -170,10 +170,11 @@ std::string describe(ibv_qp_type type, ibv_qp_state from, ibv_qp_state to,
 
 // Expects EINVAL with a non-empty reason.
 void expect_rejected(ibv_qp_type type, ibv_qp_state from, ibv_qp_state to,
-                     const ibv_qp_attr& a, uint32_t mask, const Limits& lim) {
+                     const ibv_qp_attr& a, uint32_t mask, const Limits& lim,
+                     int err = EINVAL) {
   const char* why = nullptr;
   EXPECT_EQ(check_modify_qp(type, from, a, static_cast<int>(mask), lim, &why),
-            EINVAL)
+            err)
       << describe(type, from, to, mask);
   ASSERT_NE(why, nullptr) << describe(type, from, to, mask);
   EXPECT_GT(std::strlen(why), 0u);
@@ -199,7 +200,12 @@ void check_transition(ibv_qp_type type, ibv_qp_state from, ibv_qp_state to,
     expect_rejected(type, from, to, a, state_bit, lim);
     uint32_t all = 0;
     for (uint32_t bit : kDefinedBits) all |= bit;
-    expect_rejected(type, from, to, a, (all & ~IBV_QP_STATE) | state_bit, lim);
+    // IBV_QP_RATE_LIMIT among them: EOPNOTSUPP before the table is read.
+    expect_rejected(type, from, to, a, (all & ~IBV_QP_STATE) | state_bit, lim,
+                    EOPNOTSUPP);
+    expect_rejected(type, from, to, a,
+                    (all & ~(IBV_QP_STATE | IBV_QP_RATE_LIMIT)) | state_bit,
+                    lim);
     return;
   }
   const uint32_t base = exp->req | state_bit;
@@ -216,12 +222,13 @@ void check_transition(ibv_qp_type type, ibv_qp_state from, ibv_qp_state to,
         expect_accepted(type, from, to, a, base | bit, lim);
       }
     } else {
-      expect_rejected(type, from, to, a, base | bit, lim);
+      expect_rejected(type, from, to, a, base | bit, lim,
+                      bit == IBV_QP_RATE_LIMIT ? EOPNOTSUPP : EINVAL);
     }
   }
-  // Bits verbs.h does not define.
-  expect_rejected(type, from, to, a, base | (1u << 21), lim);
-  expect_rejected(type, from, to, a, base | (1u << 30), lim);
+  // Bits verbs.h does not define: EOPNOTSUPP, as rdma-core and rxe.
+  expect_rejected(type, from, to, a, base | (1u << 21), lim, EOPNOTSUPP);
+  expect_rejected(type, from, to, a, base | (1u << 30), lim, EOPNOTSUPP);
   // All optional bits at once (less the unsupported alternate path).
   expect_accepted(type, from, to, a, base | (exp->opt & ~IBV_QP_ALT_PATH), lim);
 }
@@ -403,8 +410,10 @@ TEST(QpAttr, UnsupportedFeatures) {
   a = good_attr(IBV_QPS_RTS, IBV_QPS_RTS);
   for (ibv_qp_type type : kTypes) {
     expect_rejected(type, IBV_QPS_RTR, IBV_QPS_RTS, a,
-                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RATE_LIMIT, lim);
-    expect_rejected(type, IBV_QPS_RTS, IBV_QPS_RTS, a, IBV_QP_RATE_LIMIT, lim);
+                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RATE_LIMIT, lim,
+                    EOPNOTSUPP);
+    expect_rejected(type, IBV_QPS_RTS, IBV_QPS_RTS, a, IBV_QP_RATE_LIMIT, lim,
+                    EOPNOTSUPP);
     expect_rejected(type, IBV_QPS_RTS, IBV_QPS_RTS, a, IBV_QP_CAP, lim);
   }
 }
@@ -496,9 +505,13 @@ TEST(QpAttr, ValueBounds) {
       {"qp_access_flags", IBV_QPT_RC, IBV_QPS_RESET, IBV_QPS_INIT,
        IBV_QP_ACCESS_FLAGS,
        [](ibv_qp_attr& a, uint32_t v) { a.qp_access_flags = v; },
+       // rxe takes (and ignores) MR flags an application passes along:
+       // MW bind, on-demand paging, the flush rights, relaxed ordering.
        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC,
-       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND},
+           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+           IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | (3u << 8) |
+           IBV_ACCESS_RELAXED_ORDERING,
+       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_HUGETLB},
       {"qp_access_flags zero", IBV_QPT_UC, IBV_QPS_SQE, IBV_QPS_RTS,
        IBV_QP_ACCESS_FLAGS,
        [](ibv_qp_attr& a, uint32_t v) { a.qp_access_flags = v; }, 0,
