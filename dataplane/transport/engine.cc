@@ -427,9 +427,11 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
   }
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
     s.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-    qp->max_dest_rd_atomic_ =
-        attr.max_dest_rd_atomic ? attr.max_dest_rd_atomic : 1;
-    qp->res_.assign(qp->max_dest_rd_atomic_, RespResource{});
+    // 0: no READ or ATOMIC may come; one that does is an invalid request
+    // (as rxe's check_resource). The ring keeps a slot for its arithmetic.
+    qp->max_dest_rd_atomic_ = attr.max_dest_rd_atomic;
+    qp->res_.assign(std::max<uint32_t>(attr.max_dest_rd_atomic, 1),
+                    RespResource{});
     qp->res_next_ = 0;
   }
   if (mask & IBV_QP_RQ_PSN) {
@@ -539,7 +541,9 @@ int Engine::post_send(Qp* qp, const SendWrHead& wr, const Sge* sges) {
   // A UD message over the port MTU is taken and never sent (Requester,
   // C10-93.1.1).
   if (qp->type_ == IBV_QPT_UD && !wr.ah) return EINVAL;
-  if (is_atomic(wr.opcode) && len != 8) return EINVAL;
+  // An atomic's target must be 8-byte aligned (IBTA 9.4.5): refused at post,
+  // as rxe does, instead of costing both QPs a NAK and the error state.
+  if (is_atomic(wr.opcode) && (len != 8 || wr.remote_addr % 8)) return EINVAL;
   if (wr.opcode == IBV_WR_ATOMIC_WRITE && wr.num_sge) return EINVAL;
   if (inl && (is_rd_atomic(wr.opcode) || len > qp->cap_.max_inline_data))
     return EINVAL;

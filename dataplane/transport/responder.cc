@@ -367,9 +367,11 @@ Res do_atomic_write(Engine& e, Qp& qp, const RxPkt& p) {
 }
 
 // The resource slot a new READ/ATOMIC takes; null if every slot still has
-// responses to send (more outstanding than max_dest_rd_atomic, which the
-// requester promised not to exceed: an invalid request, IBTA 9.7.5.1).
+// responses to send, or none was granted (more outstanding than
+// max_dest_rd_atomic, which the requester promised not to exceed: an
+// invalid request, IBTA 9.7.5.1).
 RespResource* new_resource(Qp& qp) {
+  if (qp.max_dest_rd_atomic_ == 0) return nullptr;
   RespResource& s = qp.res_[qp.res_next_];
   // A replay still queued on the oldest slot is moot: the requester has
   // completed that request, or it could not have sent this one.

@@ -747,6 +747,10 @@ TEST_F(TransportTrace, PostSendRejectsInvalidWrs) {
   // Atomic with a local SGE list that is not 8 bytes: EINVAL.
   SendWr a = rdma(1, IBV_WR_ATOMIC_FETCH_AND_ADD, {sge(0, 4)}, kPeerVa);
   EXPECT_EQ(post(a), EINVAL);
+  // An atomic whose remote address is not 8-byte aligned: EINVAL (rxe's
+  // validate_send_wr), not a NAK that takes both QPs to error.
+  EXPECT_EQ(post(rdma(1, IBV_WR_ATOMIC_CMP_AND_SWP, {sge(0, 8)}, kPeerVa + 4)),
+            EINVAL);
   // Inline longer than max_inline_data (kMaxInline): EINVAL.
   std::vector<uint8_t> big(kMaxInline + 1);
   EXPECT_EQ(
@@ -2306,6 +2310,42 @@ TEST_F(TransportTrace, MoreReadsThanMaxDestRdAtomicNakInvalidRequest) {
   EXPECT_EQ(ctr(ECtr::rx_bad_length), 0u);
   EXPECT_EQ(qp_->counters().nak_cause.get(),
             static_cast<uint64_t>(RespResult::rd_atomic_over));
+}
+
+// max_dest_rd_atomic 0 grants no responder resource: a READ or an ATOMIC
+// is an invalid request (rxe's check_resource), not served from a floor.
+TEST_F(TransportTrace, NoResponderResourcesNakRead) {
+  QpOpts o;
+  o.max_dest_rd_atomic = 0;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  inject(write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 8));
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(qp_->counters().nak_cause.get(),
+            static_cast<uint64_t>(RespResult::rd_atomic_over));
+}
+
+TEST_F(TransportTrace, NoResponderResourcesNakAtomic) {
+  QpOpts o;
+  o.max_dest_rd_atomic = 0;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  set_u64(0x60000, 5);
+  auto fa = pkt(op::kRcFetchAdd, kRqPsn, true);
+  fa.atomic_va = addr(0x60000);
+  fa.atomic_rkey = mr_->rkey();
+  fa.atomic_swap_add = 1;
+  inject(fa);
+  poll(1 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(u64(0x60000), 5u);  // not executed
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
 }
 
 TEST_F(TransportTrace, SolicitedOnlyNotifyWakesOnSolicitedCompletion) {
