@@ -205,17 +205,21 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
 }
 
 // A response that must come next: the head WR (after implied ACKs) must
-// be the one it answers, at the oldest unacknowledged PSN.
+// be the one it answers, at the oldest unacknowledged PSN. An atomic ACK
+// answers an atomic; a READ response a READ, or an ATOMIC WRITE (without
+// data: IBTA 1.5 A19.4, rxe's responder).
 SendWqe* expect_response(Engine& e, Qp& qp, uint32_t psn, bool atomic) {
   if (!in_window(qp, psn, e)) return nullptr;
   const bool lost = ack_through(e, qp, psn);
   if (qp.state_ == IBV_QPS_ERR) return nullptr;
   sync_comp_psn(qp);
   SendWqe* w = qp.sq_head_ != qp.sq_tail_ ? &qp.sqe(qp.sq_head_) : nullptr;
-  const bool match =
-      !lost && w && w->started &&
-      (atomic ? is_atomic(w->wr.opcode) : w->wr.opcode == IBV_WR_RDMA_READ) &&
-      psn_diff(psn, w->first_psn) >= 0 && psn_diff(psn, w->last_psn) <= 0;
+  const bool match = !lost && w && w->started &&
+                     (atomic ? is_atomic(w->wr.opcode)
+                             : w->wr.opcode == IBV_WR_RDMA_READ ||
+                                   w->wr.opcode == IBV_WR_ATOMIC_WRITE) &&
+                     psn_diff(psn, w->first_psn) >= 0 &&
+                     psn_diff(psn, w->last_psn) <= 0;
   if (match && psn == qp.comp_.psn) return w;
   // A gap in the responses (an earlier one was lost): go back once per gap.
   e.ctr_.inc(ECtr::rx_out_of_seq);
@@ -224,10 +228,33 @@ SendWqe* expect_response(Engine& e, Qp& qp, uint32_t psn, bool atomic) {
   return nullptr;
 }
 
+// A response at `psn` was taken; the head WR `done` (if not null) is
+// complete with it.
+void took_response(Engine& e, Qp& qp, uint32_t psn, SendWqe* done) {
+  qp.comp_.psn = psn_add(psn, 1);
+  if (done) {
+    done->done = true;
+    e.complete_head(qp, IBV_WC_SUCCESS);
+  }
+  if (qp.state_ == IBV_QPS_ERR) return;
+  progress(e, qp);
+  Completer::check_head_st(e, qp);
+}
+
 void on_read_response(Engine& e, Qp& qp, const RxPkt& p) {
   const uint32_t psn = p.f.psn;
   SendWqe* w = expect_response(e, qp, psn, false);
   if (!w) return;
+  if (w->wr.opcode == IBV_WR_ATOMIC_WRITE) {
+    // One response, without data. (A plain ACK completes it too: on_ack,
+    // as needs_response() says; rxe's completer takes either.)
+    if (p.f.payload_len != 0 || p.f.opcode != wire::opcode::kRcReadRespOnly) {
+      e.ctr_.inc(ECtr::rx_bad_length);
+      return;
+    }
+    took_response(e, qp, psn, w);
+    return;
+  }
   const uint32_t off =
       static_cast<uint32_t>(psn_diff(psn, w->first_psn)) * qp.mtu_;
   const uint32_t want = std::min(qp.mtu_, w->length - off);
@@ -241,14 +268,7 @@ void on_read_response(Engine& e, Qp& qp, const RxPkt& p) {
   if (!last)  // the next response's bytes
     prefetch(w->host_sg, w->wr.num_sge, off + want,
              std::min(qp.mtu_, w->length - off - want), true);
-  qp.comp_.psn = psn_add(psn, 1);
-  if (last) {
-    w->done = true;
-    e.complete_head(qp, IBV_WC_SUCCESS);
-  }
-  if (qp.state_ == IBV_QPS_ERR) return;
-  progress(e, qp);
-  Completer::check_head_st(e, qp);
+  took_response(e, qp, psn, last ? w : nullptr);
 }
 
 void on_atomic_ack(Engine& e, Qp& qp, const RxPkt& p) {
@@ -259,12 +279,7 @@ void on_atomic_ack(Engine& e, Qp& qp, const RxPkt& p) {
   const uint64_t orig = p.f.atomic_orig;
   const wire::ConstBuf src{reinterpret_cast<const uint8_t*>(&orig), 8};
   scatter(w->host_sg, w->wr.num_sge, 0, {&src, 1}, 0, 8);
-  qp.comp_.psn = psn_add(psn, 1);
-  w->done = true;
-  e.complete_head(qp, IBV_WC_SUCCESS);
-  if (qp.state_ == IBV_QPS_ERR) return;
-  progress(e, qp);
-  Completer::check_head_st(e, qp);
+  took_response(e, qp, psn, w);
 }
 
 }  // namespace

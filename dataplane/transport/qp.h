@@ -135,7 +135,7 @@ struct RecvWqe {
 // Saved state of a READ or ATOMIC request (IBTA 9.7.5.1.5 responder
 // resources): used to send the responses and to answer duplicates.
 struct RespResource {
-  enum Kind : uint8_t { kFree, kRead, kAtomic } kind = kFree;
+  enum Kind : uint8_t { kFree, kRead, kAtomic, kAtomicWrite } kind = kFree;
   uint32_t first_psn = 0;
   uint32_t last_psn = 0;
   uint64_t orig = 0;  // atomic: value before execution

@@ -341,31 +341,6 @@ Res do_write(Engine& e, Qp& qp, const RxPkt& p) {
   return Res::ok;
 }
 
-// ATOMIC WRITE (IBTA 1.5 A19.4, as rxe executes it): 8 bytes at an 8-byte
-// aligned address, stored as one release store once every earlier request
-// of the QP has executed (they have: requests execute in PSN order); the
-// R_Key must allow remote write. A duplicate is acknowledged again, not
-// executed again (duplicate(): SEND/WRITE), so a later write to the same
-// word is never undone by a retransmission. A plain ACK answers it.
-Res do_atomic_write(Engine& e, Qp& qp, const RxPkt& p) {
-  if (p.f.payload_len != 8 || p.f.reth_len != 8) return Res::opcode_length;
-  if (p.f.reth_va & 7) return Res::atomic_misaligned;
-  uint8_t* host;
-  const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, 8,
-                             IBV_ACCESS_REMOTE_WRITE, &host);
-  if (res != Res::ok) return res;
-  if (reinterpret_cast<uintptr_t>(host) & 7) return Res::atomic_misaligned;
-  uint64_t v;
-  HostSge dst{reinterpret_cast<uint8_t*>(&v), 8};
-  scatter(&dst, 1, 0, p.segs, p.fi.payload_off, 8);
-  // The application may read or CAS the word concurrently.
-  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(host))
-      .store(v, std::memory_order_release);
-  qp.resp_.msn = psn_add(qp.resp_.msn, 1);
-  e.ctr_.inc(ECtr::atomic_writes);
-  return Res::ok;
-}
-
 // The resource slot a new READ/ATOMIC takes; null if every slot still has
 // responses to send, or none was granted (more outstanding than
 // max_dest_rd_atomic, which the requester promised not to exceed: an
@@ -381,6 +356,40 @@ RespResource* new_resource(Qp& qp) {
   // wraps.
   if (++qp.res_next_ == qp.res_.size()) qp.res_next_ = 0;
   return &s;
+}
+
+// ATOMIC WRITE (IBTA 1.5 A19.4, as rxe executes it): 8 bytes at an 8-byte
+// aligned address, stored as one release store once every earlier request
+// of the QP has executed (they have: requests execute in PSN order); the
+// R_Key must allow remote write. Like a READ it takes a responder resource
+// and is answered by an RDMA READ RESPONSE ONLY without data (rxe's
+// send_read_response_ack; its completer takes that, or an ACK); a
+// duplicate replays that response from the resource, never executing
+// again, so a later write to the same word is never undone.
+Res do_atomic_write(Engine& e, Qp& qp, const RxPkt& p) {
+  if (p.f.payload_len != 8 || p.f.reth_len != 8) return Res::opcode_length;
+  if (p.f.reth_va & 7) return Res::atomic_misaligned;
+  uint8_t* host;
+  const Res res = check_rkey(e, qp, p.f.reth_rkey, p.f.reth_va, 8,
+                             IBV_ACCESS_REMOTE_WRITE, &host);
+  if (res != Res::ok) return res;
+  if (reinterpret_cast<uintptr_t>(host) & 7) return Res::atomic_misaligned;
+  RespResource* s = new_resource(qp);
+  if (!s) return Res::rd_atomic_over;
+  *s = {};
+  s->kind = RespResource::kAtomicWrite;
+  s->first_psn = s->last_psn = s->tx_psn = s->tx_first = p.f.psn;
+  s->rkey = p.f.reth_rkey;
+  s->pending = qp.res_any_pending_ = true;
+  uint64_t v;
+  HostSge dst{reinterpret_cast<uint8_t*>(&v), 8};
+  scatter(&dst, 1, 0, p.segs, p.fi.payload_off, 8);
+  // The application may read or CAS the word concurrently.
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(host))
+      .store(v, std::memory_order_release);
+  qp.resp_.msn = psn_add(qp.resp_.msn, 1);
+  e.ctr_.inc(ECtr::atomic_writes);
+  return Res::ok;
 }
 
 Res do_read(Engine& e, Qp& qp, const RxPkt& p) {
@@ -467,9 +476,11 @@ void duplicate(Engine& e, Qp& qp, const RxPkt& p) {
     }
     return;  // too old: no resource left, silently dropped
   }
-  if (p.op.mask & wire::kAtomic) {
+  if (p.op.mask & (wire::kAtomic | wire::kAtomicWrite)) {
+    const auto kind = p.op.mask & wire::kAtomic ? RespResource::kAtomic
+                                                : RespResource::kAtomicWrite;
     for (RespResource& s : qp.res_) {
-      if (s.kind != RespResource::kAtomic || s.first_psn != psn) continue;
+      if (s.kind != kind || s.first_psn != psn) continue;
       // The saved value, not a new execution.
       s.pending = s.replay = qp.res_any_pending_ = true;
       s.tx_psn = psn;
@@ -566,11 +577,11 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     }
   }
   r.epsn = psn_add(psn, used);
-  if (p.op.mask & (wire::kRead | wire::kAtomic)) {
+  if (p.op.mask & (wire::kRead | wire::kAtomic | wire::kAtomicWrite)) {
     // The response itself acknowledges everything before it.
     if (r.ack_pending && !is_fatal_nak(r.ack_syndrome)) r.ack_pending = false;
     e.make_ready(qp);
-    if (p.op.mask & wire::kAtomic) e.make_ack_ready(qp);
+    if (p.op.mask & (wire::kAtomic | wire::kAtomicWrite)) e.make_ack_ready(qp);
   } else {
     r.sw_psn = psn;
     if (p.f.ack_req ||
@@ -721,6 +732,8 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       if (s.kind == RespResource::kAtomic) {
         f.opcode = kRcAtomicAck;
         f.atomic_orig = s.orig;
+      } else if (s.kind == RespResource::kAtomicWrite) {
+        f.opcode = kRcReadRespOnly;  // ACK-sized: no data, not paced
       } else {
         len = std::min(qp.mtu_, s.tx_left);
         const bool first = s.tx_psn == s.tx_first;
@@ -748,7 +761,7 @@ uint32_t Responder::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       s.tx_p += len;
       s.tx_left -= len;
       prefetch(s.tx_p, std::min(qp.mtu_, s.tx_left), false);
-      if (s.kind == RespResource::kAtomic || s.tx_left == 0) s.pending = false;
+      if (s.kind != RespResource::kRead || s.tx_left == 0) s.pending = false;
     }
   }
   qp.res_any_pending_ = false;  // every resource drained (or none walked)

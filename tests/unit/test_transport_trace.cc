@@ -2127,7 +2127,7 @@ TEST_F(TransportTrace, AtomicWriteHoldsAReadAtomicCredit) {
   EXPECT_EQ(post(rdma(3, IBV_WR_ATOMIC_WRITE, {sge(0, 8)}, kPeerVa)), EINVAL);
 }
 
-TEST_F(TransportTrace, AtomicWriteExecutesOnceAndIsAcked) {
+TEST_F(TransportTrace, AtomicWriteExecutesOnceAndIsAnsweredAsARead) {
   ASSERT_TRUE(up());
   set_u64(0x70000, 1);
   const uint64_t v = 0x1122334455667788;
@@ -2138,25 +2138,67 @@ TEST_F(TransportTrace, AtomicWriteExecutesOnceAndIsAcked) {
   inject(aw, bytes8);
   poll(1 * kUs);
   auto p = sent();
-  // Expect: the word is v, a plain ACK R (MSN 1).
+  // Expect: the word is v, and the answer is an RDMA READ RESPONSE ONLY R
+  // without data, AETH ACK, MSN 1 (IBTA 1.5 A19.4; rxe's
+  // send_read_response_ack, which rxe's completer waits for).
   ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespOnly);
   EXPECT_EQ(p[0].f.aeth_syndrome, kAck);
   EXPECT_EQ(p[0].f.psn, kRqPsn);
   EXPECT_EQ(p[0].f.aeth_msn, 1u);
+  EXPECT_TRUE(p[0].payload.empty());
   EXPECT_EQ(u64(0x70000), v);
   EXPECT_EQ(ctr(ECtr::atomic_writes), 1u);
   // The application changes the word; the same ATOMIC_WRITE comes again
-  // (its ACK was lost). Expect: ACK again, the word not written again.
+  // (its response was lost). Expect: the response again, from the
+  // responder resource, the word not written again.
   set_u64(0x70000, 42);
   inject(aw, bytes8);
   poll(2 * kUs);
   p = sent();
   ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.opcode, op::kRcAck);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRespOnly);
   EXPECT_EQ(p[0].f.psn, kRqPsn);
+  EXPECT_TRUE(p[0].payload.empty());
   EXPECT_EQ(u64(0x70000), 42u);
   EXPECT_EQ(ctr(ECtr::atomic_writes), 1u);
+  // Without a responder resource (max_dest_rd_atomic 0) it is an invalid
+  // request, not executed (rxe's check_resource counts it as a READ).
+  QpOpts o;
+  o.max_dest_rd_atomic = 0;
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  inject(aw, bytes8);
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.aeth_syndrome, kNakInvReq);
+  EXPECT_EQ(u64(0x70000), 42u);
+}
+
+// rxe answers an ATOMIC_WRITE with a READ RESPONSE ONLY without data:
+// that completes it (an ACK does too: AtomicWriteSendsRethAndEight...).
+TEST_F(TransportTrace, AtomicWriteCompletesOnAnEmptyReadResponse) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(rdma(1, IBV_WR_ATOMIC_WRITE, {}, kPeerVa)), 0);
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 16)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 2u);
+  auto rsp = pkt(op::kRcReadRespOnly, kSqPsn, false);
+  rsp.aeth_syndrome = kAck;
+  inject(rsp);
+  poll(1 * kUs);
+  // Expect: the ATOMIC_WRITE completes, nothing is resent; the SEND waits
+  // for its ACK.
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_ATOMIC_WRITE);
+  EXPECT_TRUE(sent().empty());
+  EXPECT_EQ(ctr(ECtr::rx_out_of_seq), 0u);
+  inject(ack(kSqPsn + 1, 2));
+  poll(2 * kUs);
+  wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 2u, IBV_WC_SUCCESS, IBV_WC_SEND);
 }
 
 TEST_F(TransportTrace, AtomicWriteRefusals) {
