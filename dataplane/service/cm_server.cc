@@ -485,8 +485,8 @@ bool CmServer::on_link(uint32_t ip) const {
   return (ip & mask) == (env_.addrs.ipv4 & mask);
 }
 
-bool CmServer::port_in_use(uint16_t ps, uint32_t ip, uint16_t port,
-                           const Id* except) const {
+int CmServer::port_conflict(uint16_t ps, uint32_t ip, uint16_t port,
+                            const Id* except) const {
   for (const auto& [n, o] : ids_) {
     // Ids a listener made share its port and do not hold it: the port can
     // be listened on again once the listener is gone (perftest -R does).
@@ -496,9 +496,9 @@ bool CmServer::port_in_use(uint16_t ps, uint32_t ip, uint16_t port,
     if (ip && o.src_ip && ip != o.src_ip) continue;
     if (except && except->reuseaddr && o.reuseaddr && o.st != St::kListen)
       continue;
-    return true;
+    return !ip || !o.src_ip ? EADDRNOTAVAIL : EADDRINUSE;
   }
-  return false;
+  return 0;
 }
 
 int CmServer::auto_bind(Id& id) {
@@ -511,7 +511,7 @@ int CmServer::auto_bind(Id& id) {
     for (uint32_t tries = 0; tries < span; ++tries) {
       const auto p =
           static_cast<uint16_t>(kEphemeralLo + (start + tries) % span);
-      if (!port_in_use(id.ps, 0, p, &id)) {
+      if (!port_conflict(id.ps, 0, p, &id)) {
         port = p;
         break;
       }
@@ -547,7 +547,7 @@ int CmServer::cmd_bind_ip(Id& id, const uint8_t* b) {
   }
   id.family = family;
   if (port) {
-    if (port_in_use(id.ps, ip, port, &id)) return -EADDRINUSE;
+    if (const int e = port_conflict(id.ps, ip, port, &id)) return -e;
     id.src_port = port;
     id.bound = true;
   } else if (int rc = auto_bind(id)) {
@@ -576,7 +576,8 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
                  &sport) &&
       (sip || sport)) {
     if (sip && !local_ip(sip)) return -EADDRNOTAVAIL;
-    if (sport && port_in_use(id.ps, sip, sport, &id)) return -EADDRINUSE;
+    if (const int e = sport ? port_conflict(id.ps, sip, sport, &id) : 0)
+      return -e;
     id.family = sfam;
     id.src_port = sport;
     id.bound = sport != 0;

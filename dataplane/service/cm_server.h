@@ -198,8 +198,10 @@ class CmServer {
   Id* find(Channel& ch, uint32_t id);
   Id* by_comm(uint32_t local_comm_id);
   void drop(Id& id);  // removes an id from every table
-  bool port_in_use(uint16_t ps, uint32_t ip, uint16_t port,
-                   const Id* except) const;
+  // 0 if `ip`:`port` may be bound, else the errno Linux's cma_check_port
+  // gives: EADDRNOTAVAIL when either address is the wildcard, EADDRINUSE.
+  int port_conflict(uint16_t ps, uint32_t ip, uint16_t port,
+                    const Id* except) const;
   int auto_bind(Id& id);
   bool local_ip(uint32_t ip) const;
   bool on_link(uint32_t ip) const;

@@ -1175,6 +1175,17 @@ TEST_F(CmServerTest, HostileCommands) {
   EXPECT_EQ(listen(other, id), -EINVAL);
   EXPECT_EQ(destroy_id(other, id), -EINVAL);
   EXPECT_EQ(bind_ip(a, id, kIpA, kPort), 0);
+  // The same port again: EADDRINUSE for the same address, EADDRNOTAVAIL
+  // when either address is the wildcard (Linux's cma_check_port).
+  {
+    const uint32_t x[4] = {create_id(a, 0x71), create_id(a, 0x72),
+                           create_id(a, 0x73), create_id(a, 0x74)};
+    EXPECT_EQ(bind_ip(a, x[0], kIpA, kPort), -EADDRINUSE);
+    EXPECT_EQ(bind_ip(a, x[1], 0, kPort), -EADDRNOTAVAIL);
+    EXPECT_EQ(bind_ip(a, x[2], 0, kPort + 7), 0);
+    EXPECT_EQ(bind_ip(a, x[3], kIpA, kPort + 7), -EADDRNOTAVAIL);
+    for (uint32_t i : x) EXPECT_EQ(destroy_id(a, i), 0);
+  }
   // An id number never given out: EINVAL. So is one never connecting (no
   // IB CM id behind it, Linux's rdma_disconnect).
   EXPECT_EQ(disconnect(a, 0xdead), -EINVAL);
