@@ -366,6 +366,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       if (rc) return rc;
       unmap(q.mem);
       c.cqs.erase(hr.handle);
+      forget_async(c, hr.handle);
       return 0;
     }
     case Op::kCreateSrq:
@@ -389,18 +390,24 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       reply_with(rep, a);
       return 0;
     }
-    case Op::kDestroySrq:
+    case Op::kDestroySrq: {
       if (!body_as(req, &hr)) return EINVAL;
-      return destroy_srq(c, hr.handle);
+      const int rc = destroy_srq(c, hr.handle);
+      if (!rc) forget_async(c, hr.handle);
+      return rc;
+    }
     case Op::kCreateQp:
       return op_create_qp(c, req, rep);
     case Op::kModifyQp:
       return op_modify_qp(c, req, rep);
     case Op::kQueryQp:
       return op_query_qp(c, req, rep);
-    case Op::kDestroyQp:
+    case Op::kDestroyQp: {
       if (!body_as(req, &hr)) return EINVAL;
-      return destroy_qp(c, hr.handle);
+      const int rc = destroy_qp(c, hr.handle);
+      if (!rc) forget_async(c, hr.handle);
+      return rc;
+    }
     case Op::kCreateAh: {
       CreateAhReq a;
       if (!body_as(req, &a) || !c.pds.count(a.pd)) return EINVAL;
@@ -434,12 +441,15 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kAsyncRequeue: {
       AsyncRequeueReq q;
       if (!body_as(req, &q) || q.n > kMaxRequeue) return EINVAL;
-      for (uint32_t i = 0; i < q.n; ++i) {
-        const bool sent = send(c.async_fd, &q.msgs[i], sizeof q.msgs[i],
-                               MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof q.msgs[i];
-        (sent ? ctr_.async_events : ctr_.async_dropped)
-            .fetch_add(1, std::memory_order_relaxed);
+      // Older than any held back: they go first.
+      if (!c.async_backlog.empty()) {
+        c.async_backlog.insert(c.async_backlog.begin(), q.msgs, q.msgs + q.n);
+        flush_async();
+        return 0;
       }
+      for (uint32_t i = 0; i < q.n; ++i)
+        (send_to(c, q.msgs[i]) ? ctr_.async_events : ctr_.async_dropped)
+            .fetch_add(1, std::memory_order_relaxed);
       return 0;
     }
     case Op::kDestroyAh: {
@@ -994,7 +1004,7 @@ int ShimServer::destroy_qp(Client& c, uint32_t h) {
 bool ShimServer::send_async(const transport::AsyncEvent& ev) {
   const auto it = clients_.find(ev.owner.client);
   if (it == clients_.end()) return false;
-  const Client& c = *it->second;
+  Client& c = *it->second;
   const uint32_t h = ev.owner.handle;
   bool live;
   if (ev.cq) {
@@ -1010,9 +1020,46 @@ bool ShimServer::send_async(const transport::AsyncEvent& ev) {
   return live && send_to(c, {ev.type, h});
 }
 
-bool ShimServer::send_to(const Client& c, const AsyncMsg& m) {
-  return c.async_fd >= 0 && send(c.async_fd, &m, sizeof m,
-                                 MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m;
+bool ShimServer::send_to(Client& c, const AsyncMsg& m) {
+  if (c.async_fd < 0) return false;
+  if (c.async_backlog.empty()) {  // else behind the older ones
+    if (send(c.async_fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL) == sizeof m)
+      return true;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;  // gone
+  }
+  if (c.async_backlog.size() >= kMaxAsyncBacklog) return false;
+  c.async_backlog.push_back(m);
+  async_backlog_ = true;
+  ctr_.async_deferred.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void ShimServer::flush_async() {
+  bool left = false;
+  for (auto& [id, cp] : clients_) {
+    Client& c = *cp;
+    while (!c.async_backlog.empty()) {
+      const AsyncMsg& m = c.async_backlog.front();
+      if (send(c.async_fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+          sizeof m) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          left = true;
+        } else {  // the application is gone: its close follows
+          ctr_.async_dropped.fetch_add(c.async_backlog.size(),
+                                       std::memory_order_relaxed);
+          c.async_backlog.clear();
+        }
+        break;
+      }
+      c.async_backlog.pop_front();
+    }
+  }
+  async_backlog_ = left;
+}
+
+void ShimServer::forget_async(Client& c, uint32_t handle) {
+  std::erase_if(c.async_backlog,
+                [handle](const AsyncMsg& m) { return m.handle == handle; });
 }
 
 void ShimServer::broadcast(const AsyncMsg& m) {
@@ -1065,6 +1112,7 @@ void ShimServer::finish_abandoned(bool wait) {
 void ShimServer::pump_events() {
   if (!retired_views_.empty()) unmap_retired();
   if (!abandoned_mrs_.empty()) finish_abandoned(false);
+  if (async_backlog_) flush_async();
   transport::AsyncEvent ev;
   while (env_.dev->next_event(&ev)) {
     if (send_async(ev))
@@ -1110,6 +1158,7 @@ std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
           {"doorbells", r(ctr_.doorbells)},
           {"bad_wqes", r(ctr_.bad_wqes)},
           {"async_events", r(ctr_.async_events)},
+          {"async_deferred", r(ctr_.async_deferred)},
           {"async_dropped", r(ctr_.async_dropped)},
           {"client_limit_refusals", r(ctr_.client_limit_refusals)},
           {"qps", qp_count()},

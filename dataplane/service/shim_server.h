@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <future>
 #include <map>
@@ -88,7 +89,7 @@ struct ShimEnv {
 struct ShimCounters {
   std::atomic<uint64_t> clients{0}, clients_closed{0}, requests{0},
       request_errors{0}, doorbells{0}, bad_wqes{0}, async_events{0},
-      async_dropped{0}, client_limit_refusals{0};
+      async_deferred{0}, async_dropped{0}, client_limit_refusals{0};
 };
 
 class ShimServer {
@@ -207,6 +208,11 @@ class ShimServer {
     // A kRegMr whose DMA mapping runs off the control thread; the request
     // is deferred (CtlReply::later) until it is done.
     std::optional<PendingMr> pending_mr;
+    // Async events the socket had no room for (the application reads them
+    // slower than they come: a flush of many QPs), in order, sent as room
+    // comes; the kernel's uverbs queues them without bound, and a program
+    // waiting for LAST_WQE_REACHED before destroying a QP must get it.
+    std::deque<shim::AsyncMsg> async_backlog;
   };
 
   int dispatch(Client& c, CtlRequest& req, CtlReply& rep);
@@ -254,9 +260,15 @@ class ShimServer {
   bool drain_qp_st(Client& c, QpObj& q, uint32_t* taken);
   bool drain_srq_st(SrqObj& s, uint32_t* taken);
   bool send_async(const transport::AsyncEvent& ev);
-  static bool send_to(const Client& c,
-                      const shim::AsyncMsg& m);  // never blocks
-  void broadcast(const shim::AsyncMsg& m);       // to every client, counted
+  // Sends or, if the socket is full, holds in the client's backlog (up to
+  // kMaxAsyncBacklog); false if lost. Never blocks.
+  bool send_to(Client& c, const shim::AsyncMsg& m);
+  void broadcast(const shim::AsyncMsg& m);  // to every client, counted
+  // Sends what the backlogs hold while the sockets take it.
+  void flush_async();
+  // Events for a destroyed object's handle leave the backlog with it.
+  static void forget_async(Client& c, uint32_t handle);
+  static constexpr size_t kMaxAsyncBacklog = 65536;  // 512 KiB a client
   // MR views leave the lcore's table under the park; unmapped once no
   // mbuf refers to them (checked again by pump_events()).
   void retire_view(Mapping& m);
@@ -271,7 +283,8 @@ class ShimServer {
   // Mappings handed to the TxMemory bounded: a client that registers and
   // goes in a loop must not queue pinnings without end.
   static constexpr uint32_t kMaxDmaMapping = 4;
-  uint32_t dma_mapping_ = 0;  // started, result not yet taken
+  uint32_t dma_mapping_ = 0;    // started, result not yet taken
+  bool async_backlog_ = false;  // some client's backlog holds events
   ShimCounters ctr_;
   std::string why_;  // detail of the last refusal, sent with -errno
   bool shut_down_ = false;
