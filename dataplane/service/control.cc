@@ -107,16 +107,11 @@ ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h,
   if (slash != std::string::npos && slash > 0) mkdir_p(path_.substr(0, slash));
 
   // Names first: a config naming nobody known fails before any file.
-  for (const std::string& u : cfg.allow_users)
-    allow_uids_.insert(resolve_user("control.allow_users", u));
-  for (const std::string& g : cfg.allow_groups)
-    allow_gids_.insert(resolve_group("control.allow_groups", g));
-  const uid_t owner = cfg.owner.empty()
-                          ? static_cast<uid_t>(-1)
-                          : resolve_user("control.owner", cfg.owner);
-  const gid_t grp = cfg.group.empty()
-                        ? static_cast<gid_t>(-1)
-                        : resolve_group("control.group", cfg.group);
+  const Ids ids = resolve_ids(cfg);
+  allow_uids_ = ids.allow_uids;
+  allow_gids_ = ids.allow_gids;
+  const uid_t owner = ids.owner;
+  const gid_t grp = ids.group;
   ensure_free(path_);
   unlink(path_.c_str());
 
@@ -135,20 +130,48 @@ ControlServer::ControlServer(const config::ControlConfig& cfg, Handler h,
   }
 }
 
+ControlServer::Ids ControlServer::resolve_ids(
+    const config::ControlConfig& cfg) {
+  Ids ids;
+  for (const std::string& u : cfg.allow_users)
+    ids.allow_uids.insert(resolve_user("control.allow_users", u));
+  for (const std::string& g : cfg.allow_groups)
+    ids.allow_gids.insert(resolve_group("control.allow_groups", g));
+  if (!cfg.owner.empty()) ids.owner = resolve_user("control.owner", cfg.owner);
+  if (!cfg.group.empty()) ids.group = resolve_group("control.group", cfg.group);
+  return ids;
+}
+
 void ControlServer::ensure_free(const std::string& path) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   if (path.size() >= sizeof sa.sun_path)
     throw std::runtime_error("control.socket path too long: " + path);
   std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-  // A live service on the path wins; a dead one's socket file is removed.
+  // Nothing there: free. A live service on the path wins; only a socket
+  // that refuses connections (a dead urnicd's) is taken over, and the
+  // caller removes it. Anything else at the path is someone's file, which
+  // a mistyped control.socket must not delete (urnicd runs as root).
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw std::runtime_error(errstr("control.socket " + path));
+  }
+  if (!S_ISSOCK(st.st_mode))
+    throw std::runtime_error("control.socket " + path +
+                             " exists and is not a socket: not removed");
   const int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (probe < 0) return;
-  const bool live =
-      connect(probe, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  if (probe < 0) throw std::runtime_error(errstr("socket"));
+  const int rc = connect(probe, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  const int err = errno;
   close(probe);
-  if (live)
+  if (rc == 0)
     throw std::runtime_error("another urnicd is already serving " + path);
+  if (err != ECONNREFUSED)
+    throw std::runtime_error(
+        "control.socket " + path +
+        " is a socket urnic cannot take over (connect: " + std::strerror(err) +
+        "; another program's?): not removed");
 }
 
 ControlServer::~ControlServer() {

@@ -61,9 +61,20 @@ class ControlServer {
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
 
-  // Throws if a live service already answers on `path` (checked before EAL
-  // start-up so a second instance fails fast and touches no port).
+  // Throws if a live service already answers on `path`, or the path holds
+  // anything but a dead service's socket (checked before EAL start-up so a
+  // second instance fails fast and touches no port).
   static void ensure_free(const std::string& path);
+  // The users and groups the config names (allow lists, owner, group),
+  // looked up; throws naming the key of one this host does not know.
+  // Before EAL start-up too: a typo fails before the port is touched.
+  struct Ids {
+    std::set<uid_t> allow_uids;
+    std::set<gid_t> allow_gids;
+    uid_t owner = static_cast<uid_t>(-1);  // -1: unchanged
+    gid_t group = static_cast<gid_t>(-1);
+  };
+  static Ids resolve_ids(const config::ControlConfig& cfg);
 
   // Waits up to timeout_ms for activity, serves it.
   void poll(int timeout_ms);

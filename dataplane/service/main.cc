@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    ControlServer::resolve_ids(cfg.control);
     ControlServer::ensure_free(cfg.control.socket);
   } catch (const std::exception& e) {
     fprintf(stderr, "urnicd: %s\n", e.what());

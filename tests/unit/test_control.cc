@@ -151,6 +151,40 @@ TEST_F(ControlAccess, OwnerAndGroupOfTheSocketFile) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+// control.socket naming a file that is not a dead urnicd's socket: refused,
+// and the file is left as it was (urnicd runs as root; a typo must not
+// delete /etc/passwd). A dead service's socket is taken over.
+TEST_F(ControlAccess, TheSocketPathIsRemovedOnlyIfADeadServicesSocket) {
+  // A regular file.
+  {
+    FILE* f = std::fopen(cfg_.socket.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("precious\n", f);
+    std::fclose(f);
+  }
+  EXPECT_THROW(ControlServer::ensure_free(cfg_.socket), std::runtime_error);
+  EXPECT_THROW(start(), std::runtime_error);
+  struct stat st {};
+  ASSERT_EQ(stat(cfg_.socket.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_size, 9);
+  unlink(cfg_.socket.c_str());
+  // Another program's live stream socket: not urnicd's, not removed.
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strcpy(sa.sun_path, cfg_.socket.c_str());
+  const int other = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_EQ(bind(other, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(other, 1), 0);
+  EXPECT_THROW(ControlServer::ensure_free(cfg_.socket), std::runtime_error);
+  ASSERT_EQ(stat(cfg_.socket.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  close(other);
+  // Its socket file, nobody listening: a dead service's; taken over.
+  EXPECT_NO_THROW(ControlServer::ensure_free(cfg_.socket));
+  EXPECT_NO_THROW(start());
+}
+
 TEST_F(ControlAccess, UnknownNamesAreRefusedAtStart) {
   cfg_.allow_users = {"no-such-user-urnic"};
   try {
