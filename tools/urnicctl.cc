@@ -49,8 +49,19 @@ int call(const std::string& path, ctl::Op op, const std::string& body,
   }
   std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
   if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    fprintf(stderr, "urnicctl: urnicd is not running at %s (%s)\n",
-            path.c_str(), strerror(errno));
+    const int e = errno;
+    // Only "nothing there" and "nobody listening" mean it is not running.
+    if (e == ENOENT || e == ECONNREFUSED)
+      fprintf(stderr, "urnicctl: urnicd is not running at %s: %s\n",
+              path.c_str(), strerror(e));
+    else if (e == EACCES || e == EPERM)
+      fprintf(stderr,
+              "urnicctl: %s: %s (the socket's owner, group and mode: "
+              "urnicd's control.* settings)\n",
+              path.c_str(), strerror(e));
+    else
+      fprintf(stderr, "urnicctl: %s: %s (not urnicd's socket?)\n", path.c_str(),
+              strerror(e));
     close(fd);
     return 1;
   }
@@ -145,7 +156,11 @@ int main(int argc, char** argv) {
         if (!first) page.erase(0, page.find('\n', page.find("qpn")) + 1);
       }
       out += page;
-      if (next.empty() || next == from) break;
+      // Pages go up in QPN: a reply that does not is malformed (and would
+      // loop for ever).
+      if (next.empty() ||
+          (!from.empty() && atol(next.c_str()) <= atol(from.c_str())))
+        break;
       from = next;
     }
   } else if (cmd == "ping" && i + 1 == argc) {
