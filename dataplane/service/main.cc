@@ -147,6 +147,10 @@ int main(int argc, char** argv) {
     fputs(config::dump(cfg).c_str(), stdout);
     return 0;
   }
+  if (const std::string why = check_cpus(cfg.eal); !why.empty()) {
+    fprintf(stderr, "urnicd: %s\n", why.c_str());
+    return 1;
+  }
   try {
     ControlServer::resolve_ids(cfg.control);
     ControlServer::ensure_free(cfg.control.socket);

@@ -9,6 +9,7 @@
 #include <rte_kvargs.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <cstdlib>
@@ -89,6 +90,42 @@ std::string vdev_spec(const std::string& vdev) {
   return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
 }
 
+bool lcores_mapped(const config::EalConfig& e) {
+  for (const auto& x : e.extra_args)
+    if (x.rfind("--lcores", 0) == 0) return true;
+  return false;
+}
+
+std::string check_cpus(const config::EalConfig& e) {
+  if (lcores_mapped(e)) return {};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return {};
+  std::string allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set))
+      allowed += (allowed.empty() ? "" : ",") + std::to_string(c);
+  auto bad = [&](uint32_t l) {
+    return l >= CPU_SETSIZE || !CPU_ISSET(l, &set);
+  };
+  std::string key;
+  uint32_t lcore = 0;
+  if (bad(e.main_lcore)) {
+    key = "eal.main_lcore";
+    lcore = e.main_lcore;
+  }
+  for (uint32_t w : e.workers)
+    if (key.empty() && bad(w)) {
+      key = "eal.workers";
+      lcore = w;
+    }
+  if (key.empty()) return {};
+  return key + ": lcore " + std::to_string(lcore) +
+         " is no CPU urnicd may run on (allowed: " + allowed +
+         "); to run lcores on other CPUs map them with "
+         "eal.extra_args=['--lcores=...']";
+}
+
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   const config::EalConfig& e = cfg.eal;
   std::vector<std::string> a = {prog};
@@ -96,9 +133,7 @@ std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   for (uint32_t w : e.workers) lcores += "," + std::to_string(w);
   // An explicit --lcores in extra_args maps lcores to CPUs (e.g. two
   // workers sharing a CPU on a small machine) and replaces -l.
-  bool mapped = false;
-  for (const auto& x : e.extra_args) mapped |= x.rfind("--lcores", 0) == 0;
-  if (!mapped) a.insert(a.end(), {"-l", lcores});
+  if (!lcores_mapped(e)) a.insert(a.end(), {"-l", lcores});
   a.insert(a.end(),
            {"--main-lcore", std::to_string(e.main_lcore), "--file-prefix",
             e.file_prefix, "-m", std::to_string(e.memory_mb), "--log-level",

@@ -30,6 +30,13 @@ uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // Builds the EAL argument vector from the config (exposed for tests/logs).
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog);
+// Whether eal.extra_args maps lcores to CPUs (--lcores); else each lcore
+// id (main and workers) is the CPU it runs on.
+bool lcores_mapped(const config::EalConfig& e);
+// Before EAL: an lcore id that is no CPU this process may run on (its
+// affinity mask), unmapped; empty if all are. EAL's own refusal of it
+// says only "initialisation failed".
+std::string check_cpus(const config::EalConfig& e);
 // The --vdev argument for port.vdev: net_af_packet without framecnt gets
 // kAfPacketFrames per queue pair (port.cc says why).
 constexpr uint32_t kAfPacketFrames = 4096;
