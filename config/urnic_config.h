@@ -214,7 +214,8 @@ struct TransportConfig {
   // Tail-loss probe floor (transport::EngineConfig::tail_probe_ns); 0: off.
   uint32_t tail_probe_us = 200;
   // Transmit payload from the applications' registered memory as external
-  // mbuf buffers instead of copying it (vdev ports; PCI ports always copy).
+  // mbuf buffers instead of copying it (vdev ports, and PCI ports where the
+  // IOVA is the VA: vfio; README.md says when it copies).
   bool zero_copy_tx = true;
   CcConfig cc;
 };
