@@ -736,8 +736,16 @@ std::string parse_cidr4(const std::string& s, Ipv4Cidr& out) {
   uint8_t prefix = 0;
   if (!split_cidr(s, 32, text, prefix) || !parse_ipv4(text, addr)) return usage;
   const uint32_t top = addr >> 24;
-  if (addr == 0 || addr == UINT32_MAX || top == 127 || top >= 224) {
+  if (addr == 0 || addr == UINT32_MAX || top == 0 || top == 127 || top >= 224) {
     return "expected a unicast IPv4 address, got " + quote(s);
+  }
+  // The subnet's own address and its broadcast address name no host (a
+  // /31 and a /32 have neither, RFC 3021).
+  const uint32_t host = prefix >= 31 ? 0 : ~uint32_t{0} >> prefix;
+  if (host && ((addr & host) == 0 || (addr & host) == host)) {
+    return "expected a host address, got the " +
+           std::string((addr & host) == 0 ? "network" : "broadcast") +
+           " address of its subnet " + quote(s);
   }
   out = {.addr = addr, .prefix = prefix, .present = true};
   return {};

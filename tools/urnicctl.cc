@@ -185,6 +185,9 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  if (rc == 0) fputs(out.c_str(), stdout);
+  if (rc == 0 && (fputs(out.c_str(), stdout) < 0 || fflush(stdout) != 0)) {
+    fprintf(stderr, "urnicctl: stdout: %s\n", strerror(errno));
+    return 1;
+  }
   return rc;
 }
