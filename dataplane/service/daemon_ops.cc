@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <random>
 #include <sstream>
 
 #include "dataplane/host/gid_table.h"
@@ -153,7 +154,9 @@ std::string Daemon::fault(std::string_view body, int& status) {
     status = -EINVAL;
     return e.what();
   }
-  if (!c.fault.seed) c.fault.seed = fault_.seed;
+  // The dump carries the seed in effect, so 0 here was asked for: a new
+  // random one, as at start (config/README.md).
+  if (!c.fault.seed) c.fault.seed = std::random_device{}() | 1ull << 32;
   fault_ = c.fault;
   for (auto& w : workers_) {
     ParkGuard parked(w->gate());

@@ -90,6 +90,10 @@ check "urnicctl fault sets RX corruption on A" \
 check "corruption: a verified run completes" run corrupt
 check "corruption: frames corrupted" grew "$SA" rx_fault_corrupt 0
 check "corruption: A counted them as malformed (ICRC)" grew "$SA" malformed "$m0"
+check "urnicctl fault seed=0 draws a new random seed (config/README.md)" \
+  sh -c "out=\$('$URNICCTL' -s '$SA' fault seed=0) &&
+    echo \"\$out\" | grep -q '^fault.seed=[1-9]' &&
+    ! echo \"\$out\" | grep -qx 'fault.seed=7'"
 
 d0=$(ctr "$SA" rx_dup)
 check "duplication and reordering on A's RX" "$URNICCTL" -s "$SA" fault \
