@@ -13,7 +13,8 @@ namespace {
 // clang-format off
 constexpr const char* kMalformedNames[] = {
   "none", "truncated", "split_headers", "vlan_stacked", "ip_version",
-  "ip_header_len", "ip_total_len", "ip_checksum", "ip_fragment", "udp_len",
+  "ip_header_len", "ip_total_len", "ip_checksum", "ip_fragment", "ip_source",
+  "udp_len",
   "bth_version", "unknown_opcode", "bad_length", "payload_not_allowed",
   "bad_icrc",
 };
@@ -23,6 +24,21 @@ static_assert(std::size(kMalformedNames) ==
 
 constexpr uint8_t kV4MappedPrefix[12] = {0, 0, 0, 0, 0,    0,
                                          0, 0, 0, 0, 0xff, 0xff};
+
+// Whether a packet's source is an address a host may have: not IPv4's
+// "this network" 0/8, loopback 127/8, multicast or class E (224/3, the
+// broadcast address among them; RFC 1122 3.2.1.3), nor IPv6's unspecified,
+// loopback or multicast (RFC 4291 2.5.2, 2.5.3, 2.7).
+bool unicast_source(const RoceFields& f) {
+  if (!f.ipv6) {
+    const uint32_t top = f.sgid[12];
+    return top != 0 && top != 127 && top < 224;
+  }
+  if (f.sgid[0] == 0xff) return false;
+  for (int i = 0; i < 15; ++i)
+    if (f.sgid[i]) return true;
+  return f.sgid[15] > 1;  // :: and ::1
+}
 
 // Walks [off, off+len) of the concatenated segments, calling fn(ptr, n).
 template <typename Fn>
@@ -428,6 +444,13 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
   if (missing(out.l4_off + sizeof(UdpHdr))) return;
   if (at<UdpHdr>(p, out.l4_off)->dst_port.get() != kRoceV2Port) {
     out.kind = FrameKind::kOtherIp;
+    return;
+  }
+  // A source no host can have (the kernel drops such martians before rxe
+  // sees them): a UD receive would report it, a CM REQ would answer it.
+  // Checked for RoCE only: a DHCP client's 0.0.0.0 is none of ours.
+  if (!unicast_source(out.roce)) {
+    fail(out, Malformed::kIpSource);
     return;
   }
   decode_roce(segs, p, first_len, out);

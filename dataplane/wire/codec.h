@@ -36,6 +36,8 @@ enum class Malformed : uint8_t {
   kIpTotalLen,         // IP length beyond the frame or below the header
   kIpChecksum,         // IPv4 header checksum
   kIpFragment,         // RoCEv2 is never fragmented (Annex A17.4.5.4)
+  kIpSource,           // RoCE from no unicast host (0/8, 127/8, 224/3, ::, ::1,
+                       // ff00::/8)
   kUdpLen,             // UDP length disagrees with the IP length
   kBthVersion,         // TVer != 0
   kUnknownOpcode,      // not RC/UC/UD/CNP (includes RD)

@@ -30,7 +30,8 @@ RoceFields random_fields(std::mt19937_64& rng, uint8_t op, bool ipv6, bool vlan,
     f.dont_fragment = true;  // IPv6 has no DF; decode leaves the default
     f.ip_id = 0;
   } else {
-    gid_from_ipv4(static_cast<uint32_t>(r()), f.sgid);
+    // A source a host may have (decode refuses 0/8, 127/8, 224/3).
+    gid_from_ipv4(0x0a000000 | (static_cast<uint32_t>(r()) & 0xffffff), f.sgid);
     gid_from_ipv4(static_cast<uint32_t>(r()), f.dgid);
     f.ip_id = static_cast<uint16_t>(r());
   }
@@ -330,6 +331,15 @@ TEST(Codec, RejectsEveryMalformedClass) {
   f[20] |= 0x20;
   fix_ipv4_csum(f);
   EXPECT_EQ(why(f), Malformed::kIpFragment);
+
+  // Sources no host has (IPv4 source at bytes 26..29): 0/8, loopback,
+  // multicast, broadcast. Our own address is fine (own-GID loopback).
+  for (const uint8_t top : {0, 127, 224, 239, 255}) {
+    f = good;
+    f[26] = top;
+    fix_ipv4_csum(f);
+    EXPECT_EQ(why(f), Malformed::kIpSource) << int{top};
+  }
 
   f = good;  // UDP length one short of the IP payload
   f[14 + 20 + 5] -= 1;
