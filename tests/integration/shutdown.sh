@@ -105,6 +105,19 @@ stream() {
   sleep 1
 }
 
+# app_ended WHAT N PATTERN: after B's urnicd went, the streaming client of
+# `stream N` ended by itself (not hung, non-zero) saying PATTERN, and A
+# released every object of the pair.
+app_ended() {
+  local what=$1 n=$2 pattern=$3
+  exits_within 15 "$cp" || kill -KILL "$cp" 2>/dev/null || true
+  check "$what: the application ended by itself (status $RC) and said why" \
+    bash -c "[ '$RC' != hung ] && [ '$RC' != 0 ] &&
+      grep -qiE '$pattern' '$TMP/n$n-c.out'"
+  stop_pid "$sp"
+  check "$what: service A released every object of the pair" objects_zero "$SA"
+}
+
 port=18700
 for n in $QPS_LIST; do
   port=$((port + 1))
@@ -113,14 +126,8 @@ for n in $QPS_LIST; do
   exits_within 60 "$PB" || true
   check "$n QPs: urnicd exits 0 on SIGTERM, no crash (status $RC)" \
     stopped_clean "$TMP/urnicd-client.log"
-  if [ "$n" -gt 0 ]; then
-    exits_within 15 "$cp" || kill -KILL "$cp" 2>/dev/null || true
-    check "$n QPs: the application ended by itself (status $RC) and said why" \
-      bash -c "[ '$RC' != hung ] && [ '$RC' != 0 ] &&
-        grep -qiE 'urnicd is shutting down|lost the connection|flush' '$TMP/n$n-c.out'"
-    stop_pid "$sp"
-    check "$n QPs: service A released every object of the pair" objects_zero "$SA"
-  fi
+  [ "$n" -gt 0 ] &&
+    app_ended "$n QPs" "$n" 'urnicd is shutting down|lost the connection|flush'
   mv "$TMP/urnicd-client.log" "$TMP/urnicd-client-$n.log"
   t0=$(date +%s%N)
   start_b
@@ -136,12 +143,7 @@ done
 stream 4 18800
 kill -KILL "$PB"
 wait "$PB" 2>/dev/null || true
-exits_within 15 "$cp" || kill -KILL "$cp" 2>/dev/null || true
-check "kill -9 of urnicd: the polling application ended by itself (status $RC) and said why" \
-  bash -c "[ '$RC' != hung ] && [ '$RC' != 0 ] &&
-    grep -q 'lost the connection' '$TMP/n4-c.out'"
-stop_pid "$sp"
-check "... and service A released every object of the pair" objects_zero "$SA"
+app_ended "kill -9 of urnicd, a polling application" 4 'lost the connection'
 check "after kill -9 the socket file is left behind" test -S "$SB"
 mv "$TMP/urnicd-client.log" "$TMP/urnicd-client-kill9.log"
 start_b

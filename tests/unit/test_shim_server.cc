@@ -193,11 +193,13 @@ struct ShimServerTest : ::testing::Test {
     ShmSendWqe* sq;
     ShmRecvWqe* rq;
   };
-  Qp create_qp(uint32_t pd, uint32_t cq, ibv_qp_type t = IBV_QPT_RC) {
+  Qp create_qp(uint32_t pd, uint32_t cq, ibv_qp_type t = IBV_QPT_RC,
+               uint32_t srq = kNoHandle) {
     CreateQpReq q;
     q.pd = pd;
     q.send_cq = q.recv_cq = cq;
     q.qp_type = t;
+    q.srq = srq;
     q.cap.max_send_wr = 16;
     q.cap.max_recv_wr = 16;
     q.cap.max_send_sge = q.cap.max_recv_sge = 2;
@@ -513,19 +515,8 @@ TEST_F(ShimServerTest, LinkChangesAreAsyncPortEvents) {
 // client's handle, and no other client (both clients' handles start at 1);
 // one raised just before its QP is destroyed is dropped, and counted.
 TEST_F(ShimServerTest, AsyncEventsReachTheObjectsOwnerOnly) {
-  // Per client: a QP on an SRQ (entering error, it raises LAST_WQE_REACHED).
-  auto srq_qp = [&](uint32_t pd, uint32_t cq, uint32_t srq) {
-    CreateQpReq q;
-    q.pd = pd;
-    q.send_cq = q.recv_cq = cq;
-    q.srq = srq;
-    q.cap.max_send_wr = 4;
-    q.cap.max_send_sge = 1;
-    Reply r = call(Op::kCreateQp, q);
-    EXPECT_EQ(r.status, 0) << r.payload;
-    for (int fd : r.fds) close(fd);
-    return Qp{r.as<CreateQpRep>().handle, 0, 0, nullptr, nullptr, nullptr};
-  };
+  // Per client: QPs on an SRQ (entering error, each raises
+  // LAST_WQE_REACHED).
   auto make = [&](Qp* qps, int n) {
     open();
     const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
@@ -534,7 +525,7 @@ TEST_F(ShimServerTest, AsyncEventsReachTheObjectsOwnerOnly) {
     ASSERT_EQ(r.status, 0) << r.payload;
     for (int fd : r.fds) close(fd);
     for (int i = 0; i < n; ++i) {
-      qps[i] = srq_qp(pd, cq, r.as<CreateSrqRep>().handle);
+      qps[i] = create_qp(pd, cq, IBV_QPT_RC, r.as<CreateSrqRep>().handle);
       ASSERT_EQ(modify(qps[i], IBV_QPS_INIT), 0);
     }
   };
@@ -593,17 +584,8 @@ TEST_F(ShimServerTest, AsyncEventsWaitForRoomInTheSocket) {
   constexpr int kQps = 600;  // the socket holds a few hundred
   std::vector<uint32_t> hs;
   for (int i = 0; i < kQps; ++i) {
-    CreateQpReq q;
-    q.pd = pd;
-    q.send_cq = q.recv_cq = cq;
-    q.srq = sr.as<CreateSrqRep>().handle;
-    q.cap.max_send_wr = 1;
-    q.cap.max_send_sge = 1;
-    Reply r = call(Op::kCreateQp, q);
-    ASSERT_EQ(r.status, 0) << r.payload;
-    for (int fd : r.fds) close(fd);
-    hs.push_back(r.as<CreateQpRep>().handle);
-    const Qp qp{hs.back(), 0, 0, nullptr, nullptr, nullptr};
+    const Qp qp = create_qp(pd, cq, IBV_QPT_RC, sr.as<CreateSrqRep>().handle);
+    hs.push_back(qp.h);
     ASSERT_EQ(modify(qp, IBV_QPS_INIT), 0);
     ASSERT_EQ(modify(qp, IBV_QPS_ERR), 0);  // LAST_WQE_REACHED
   }
