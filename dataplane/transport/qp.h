@@ -186,7 +186,6 @@ class Qp {
 
   // --- everything below is engine-internal ---
   uint32_t qpn_ = 0;
-  Owner owner_;
   uint32_t index_ = 0;
   ibv_qp_type type_ = IBV_QPT_RC;
   ibv_qp_state state_ = IBV_QPS_RESET;
@@ -355,6 +354,9 @@ class Qp {
   std::atomic<uint32_t>* pub_state_ = nullptr;
   uint32_t sq_pub_bias_ = 0;
   uint32_t rq_pub_bias_ = 0;
+  // Read only when an async event is raised: last, off the lines the
+  // packet path reads.
+  Owner owner_;
   void publish_sq() {
     if (pub_sq_done_)
       pub_sq_done_->store(sq_head_ + sq_pub_bias_, std::memory_order_release);
