@@ -378,8 +378,7 @@ Res do_atomic_write(Engine& e, Qp& qp, const RxPkt& p) {
   if (!s) return Res::rd_atomic_over;
   *s = {};
   s->kind = RespResource::kAtomicWrite;
-  s->first_psn = s->last_psn = s->tx_psn = s->tx_first = p.f.psn;
-  s->rkey = p.f.reth_rkey;
+  s->first_psn = s->last_psn = s->tx_psn = p.f.psn;
   s->pending = qp.res_any_pending_ = true;
   uint64_t v;
   HostSge dst{reinterpret_cast<uint8_t*>(&v), 8};
