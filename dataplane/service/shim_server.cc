@@ -441,15 +441,9 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
     case Op::kAsyncRequeue: {
       AsyncRequeueReq q;
       if (!body_as(req, &q) || q.n > kMaxRequeue) return EINVAL;
-      // Older than any held back: they go first.
-      if (!c.async_backlog.empty()) {
-        c.async_backlog.insert(c.async_backlog.begin(), q.msgs, q.msgs + q.n);
-        flush_async();
-        return 0;
-      }
-      for (uint32_t i = 0; i < q.n; ++i)
-        (send_to(c, q.msgs[i]) ? ctr_.async_events : ctr_.async_dropped)
-            .fetch_add(1, std::memory_order_relaxed);
+      // Older than any held back: they go first, and out as room allows.
+      c.async_backlog.insert(c.async_backlog.begin(), q.msgs, q.msgs + q.n);
+      async_backlog_ |= !flush_async(c);
       return 0;
     }
     case Op::kDestroyAh: {
@@ -742,13 +736,14 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
   s->ring =
       reinterpret_cast<ShmRecvWqe*>(static_cast<uint8_t*>(m.base) + ring_off);
   s->pd = r.pd;
+  const uint32_t h = c.next_handle;  // taken once created
   int rc;
   {
     ParkAll park(all_gates());
     rc = env_.dev->create_srq(c.pds[r.pd], slots, r.max_sge, &s->srq);
     if (!rc) {
       s->srq->set_publish(&s->sh->done);
-      s->srq->set_owner({c.info.id, c.next_handle});
+      s->srq->set_owner({c.info.id, h});
       s->home = pick_home();
       s->doorbell = alloc_doorbell(c, s->home);
       if (s->doorbell == UINT32_MAX) {
@@ -764,7 +759,7 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
     close(fd);
     return rc;
   }
-  const uint32_t h = c.next_handle++;
+  ++c.next_handle;
   reply_with(rep, CreateSrqRep{h, slots, r.max_sge, s->doorbell, len});
   s->wrs = r.max_wr;
   c.wrs += s->wrs;
@@ -845,6 +840,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   q->sh->rq_offset = rq_off;
   q->sq = reinterpret_cast<ShmSendWqe*>(base + sq_off);
   q->rq = reinterpret_cast<ShmRecvWqe*>(base + rq_off);
+  const uint32_t h = c.next_handle;  // taken once created
   int rc;
   {
     ParkGuard park(*env_.gates[q->home]);
@@ -862,7 +858,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
         q->qp->pub_sq_done_ = &q->sh->sq_done;
         q->qp->pub_rq_done_ = &q->sh->rq_done;
         q->qp->pub_state_ = &q->sh->state;
-        q->qp->set_owner({c.info.id, c.next_handle});
+        q->qp->set_owner({c.info.id, h});
         target(c, q->doorbell) = {q.get(), nullptr};
       }
     }
@@ -872,7 +868,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
     close(fd);
     return rc;
   }
-  const uint32_t h = c.next_handle++;
+  ++c.next_handle;
   CreateQpRep out;
   out.handle = h;
   out.qpn = q->qp->qpn();
@@ -1034,26 +1030,26 @@ bool ShimServer::send_to(Client& c, const AsyncMsg& m) {
   return true;
 }
 
+bool ShimServer::flush_async(Client& c) {
+  while (!c.async_backlog.empty()) {
+    const AsyncMsg& m = c.async_backlog.front();
+    if (send(c.async_fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+        sizeof m) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      // The application is gone: its close follows.
+      ctr_.async_dropped.fetch_add(c.async_backlog.size(),
+                                   std::memory_order_relaxed);
+      c.async_backlog.clear();
+      break;
+    }
+    c.async_backlog.pop_front();
+  }
+  return true;
+}
+
 void ShimServer::flush_async() {
   bool left = false;
-  for (auto& [id, cp] : clients_) {
-    Client& c = *cp;
-    while (!c.async_backlog.empty()) {
-      const AsyncMsg& m = c.async_backlog.front();
-      if (send(c.async_fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL) !=
-          sizeof m) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          left = true;
-        } else {  // the application is gone: its close follows
-          ctr_.async_dropped.fetch_add(c.async_backlog.size(),
-                                       std::memory_order_relaxed);
-          c.async_backlog.clear();
-        }
-        break;
-      }
-      c.async_backlog.pop_front();
-    }
-  }
+  for (auto& [id, cp] : clients_) left |= !flush_async(*cp);
   async_backlog_ = left;
 }
 

@@ -264,7 +264,9 @@ class ShimServer {
   // kMaxAsyncBacklog); false if lost. Never blocks.
   bool send_to(Client& c, const shim::AsyncMsg& m);
   void broadcast(const shim::AsyncMsg& m);  // to every client, counted
-  // Sends what the backlogs hold while the sockets take it.
+  // Sends what a client's backlog holds while its socket takes it; false
+  // if some is left. The second: every client's, async_backlog_ updated.
+  bool flush_async(Client& c);
   void flush_async();
   // Events for a destroyed object's handle leave the backlog with it.
   static void forget_async(Client& c, uint32_t handle);
