@@ -8,7 +8,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 
 #include "dataplane/host/gid_table.h"
@@ -142,7 +141,7 @@ void Daemon::start() {
   // Fault injection: the settings in effect and their seed (0 in the
   // config: a random one, printed so that a run can be replayed).
   fault_ = cfg_.fault;
-  if (!fault_.seed) fault_.seed = std::random_device{}() | 1ull << 32;
+  if (!fault_.seed) fault_.seed = random_fault_seed();
   for (auto& w : workers_) w->set_fault(fault_, fault_.seed);
   if (fault_on(fault_.rx) || fault_on(fault_.tx))
     printf("urnicd: fault injection on (seed %" PRIu64 "):\n%s", fault_.seed,

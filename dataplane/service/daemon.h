@@ -107,5 +107,7 @@ class Daemon {
 shim::OpenRep shim_info(const transport::DeviceConfig& dc);
 // "fault.key=value" lines, the whole fault section.
 std::string fault_text(const config::FaultConfig& f);
+// fault.seed 0 (in the config or by urnicctl): a random seed, never 0.
+uint64_t random_fault_seed();
 
 }  // namespace urnic::service

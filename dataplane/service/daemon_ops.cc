@@ -13,6 +13,10 @@
 
 namespace urnic::service {
 
+uint64_t random_fault_seed() {
+  return std::random_device{}() | 1ull << 32;
+}
+
 std::string fault_text(const config::FaultConfig& f) {
   config::Config c;
   c.fault = f;
@@ -156,7 +160,7 @@ std::string Daemon::fault(std::string_view body, int& status) {
   }
   // The dump carries the seed in effect, so 0 here was asked for: a new
   // random one, as at start (config/README.md).
-  if (!c.fault.seed) c.fault.seed = std::random_device{}() | 1ull << 32;
+  if (!c.fault.seed) c.fault.seed = random_fault_seed();
   fault_ = c.fault;
   for (auto& w : workers_) {
     ParkGuard parked(w->gate());

@@ -101,29 +101,23 @@ std::string check_cpus(const config::EalConfig& e) {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) != 0) return {};
-  std::string allowed;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set))
-      allowed += (allowed.empty() ? "" : ",") + std::to_string(c);
   auto bad = [&](uint32_t l) {
     return l >= CPU_SETSIZE || !CPU_ISSET(l, &set);
   };
-  std::string key;
-  uint32_t lcore = 0;
-  if (bad(e.main_lcore)) {
-    key = "eal.main_lcore";
-    lcore = e.main_lcore;
-  }
+  auto refuse = [&](const char* key, uint32_t lcore) {
+    std::string allowed;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set))
+        allowed += (allowed.empty() ? "" : ",") + std::to_string(c);
+    return std::string(key) + ": lcore " + std::to_string(lcore) +
+           " is no CPU urnicd may run on (allowed: " + allowed +
+           "); to run lcores on other CPUs map them with "
+           "eal.extra_args=['--lcores=...']";
+  };
+  if (bad(e.main_lcore)) return refuse("eal.main_lcore", e.main_lcore);
   for (uint32_t w : e.workers)
-    if (key.empty() && bad(w)) {
-      key = "eal.workers";
-      lcore = w;
-    }
-  if (key.empty()) return {};
-  return key + ": lcore " + std::to_string(lcore) +
-         " is no CPU urnicd may run on (allowed: " + allowed +
-         "); to run lcores on other CPUs map them with "
-         "eal.extra_args=['--lcores=...']";
+    if (bad(w)) return refuse("eal.workers", w);
+  return {};
 }
 
 std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
