@@ -217,6 +217,21 @@ struct ShimServerTest : ::testing::Test {
             reinterpret_cast<ShmSendWqe*>(base + sh->sq_offset),
             reinterpret_cast<ShmRecvWqe*>(base + sh->rq_offset)};
   }
+  // `n` QPs of a new SRQ (with a new PD and CQ), in INIT: entering error,
+  // each raises LAST_WQE_REACHED (IBTA 11.6.3).
+  std::vector<Qp> srq_qps_in_init(int n) {
+    const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+    const uint32_t cq = create_cq(16).h;
+    Reply r = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
+    EXPECT_EQ(r.status, 0) << r.payload;
+    for (int fd : r.fds) close(fd);
+    std::vector<Qp> qps;
+    for (int i = 0; i < n; ++i) {
+      qps.push_back(create_qp(pd, cq, IBV_QPT_RC, r.as<CreateSrqRep>().handle));
+      EXPECT_EQ(modify(qps.back(), IBV_QPS_INIT), 0);
+    }
+    return qps;
+  }
   int modify(const Qp& q, ibv_qp_state s, uint32_t dqpn = 0) {
     ModifyQpReq m;
     m.handle = q.h;
@@ -515,30 +530,18 @@ TEST_F(ShimServerTest, LinkChangesAreAsyncPortEvents) {
 // client's handle, and no other client (both clients' handles start at 1);
 // one raised just before its QP is destroyed is dropped, and counted.
 TEST_F(ShimServerTest, AsyncEventsReachTheObjectsOwnerOnly) {
-  // Per client: QPs on an SRQ (entering error, each raises
-  // LAST_WQE_REACHED).
-  auto make = [&](Qp* qps, int n) {
-    open();
-    const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-    const uint32_t cq = create_cq(16).h;
-    Reply r = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
-    ASSERT_EQ(r.status, 0) << r.payload;
-    for (int fd : r.fds) close(fd);
-    for (int i = 0; i < n; ++i) {
-      qps[i] = create_qp(pd, cq, IBV_QPT_RC, r.as<CreateSrqRep>().handle);
-      ASSERT_EQ(modify(qps[i], IBV_QPS_INIT), 0);
-    }
-  };
   auto next = [](int fd, AsyncMsg* m) {
     return recv(fd, m, sizeof *m, MSG_DONTWAIT) == sizeof *m;
   };
+  // Per client: QPs on an SRQ.
   const ClientInfo a = ci;
-  Qp qa[2], qb[1];
-  make(qa, 2);
+  open();
+  const std::vector<Qp> qa = srq_qps_in_init(2);
   const int a_fd = async_fd;
   ci.id = 8;
   const ClientInfo b = ci;
-  make(qb, 1);
+  open();
+  const std::vector<Qp> qb = srq_qps_in_init(1);
   const int b_fd = async_fd;
   ASSERT_EQ(qa[0].h, qb[0].h);
 
@@ -576,17 +579,10 @@ TEST_F(ShimServerTest, AsyncEventsReachTheObjectsOwnerOnly) {
 // QP destroyed meanwhile leave with it.
 TEST_F(ShimServerTest, AsyncEventsWaitForRoomInTheSocket) {
   open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  const uint32_t cq = create_cq(16).h;
-  Reply sr = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
-  ASSERT_EQ(sr.status, 0) << sr.payload;
-  for (int fd : sr.fds) close(fd);
   constexpr int kQps = 600;  // the socket holds a few hundred
   std::vector<uint32_t> hs;
-  for (int i = 0; i < kQps; ++i) {
-    const Qp qp = create_qp(pd, cq, IBV_QPT_RC, sr.as<CreateSrqRep>().handle);
+  for (const Qp& qp : srq_qps_in_init(kQps)) {
     hs.push_back(qp.h);
-    ASSERT_EQ(modify(qp, IBV_QPS_INIT), 0);
     ASSERT_EQ(modify(qp, IBV_QPS_ERR), 0);  // LAST_WQE_REACHED
   }
   srv.pump_events();
