@@ -10,8 +10,10 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -47,6 +49,12 @@ bool quiet() {
 
 namespace {
 thread_local uint32_t t_empty_polls = 0;
+
+int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
 // Generous: creating an AH or moving a QP to RTR waits for ARP.
 constexpr int kCallTimeoutMs = 60000;
 }  // namespace
@@ -73,12 +81,12 @@ int connect_service(const std::string& path, int* fd_out) {
   const int fd =
       socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
-  for (int waited_ms = 0;;) {
+  const int64_t deadline = now_ms() + kCallTimeoutMs;
+  for (;;) {
     if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) break;
     if (errno == EINTR) continue;
-    if (errno == EAGAIN && waited_ms < kCallTimeoutMs) {
+    if (errno == EAGAIN && now_ms() < deadline) {
       poll(nullptr, 0, 10);
-      waited_ms += 10;
       continue;
     }
     const int e = errno == EAGAIN ? ETIMEDOUT : errno;
@@ -121,11 +129,17 @@ int transact(int fd, uint16_t op, const void* body, size_t len, const int* fds,
   // the service closed before reading: read it before giving up.
   const int send_err = n < 0 ? errno : 0;
 
+  // The wait is for timeout_ms in all, however many signals interrupt it:
+  // a program with a fast interval timer (a sampling profiler's SIGPROF)
+  // would otherwise restart it for ever.
   pollfd p{fd, POLLIN, 0};
+  const int64_t deadline = now_ms() + timeout_ms;
   int pr;
-  do {
-    pr = poll(&p, 1, timeout_ms);
-  } while (pr < 0 && errno == EINTR);
+  for (;;) {
+    const int64_t left = std::max<int64_t>(deadline - now_ms(), 0);
+    pr = poll(&p, 1, static_cast<int>(left));
+    if (pr >= 0 || errno != EINTR) break;
+  }
   if (pr == 0) return ETIMEDOUT;
   if (pr < 0) return errno;
 

@@ -48,7 +48,11 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -2286,7 +2290,83 @@ void section_atomic_write(Dev& d) {
         "i) wr_atomic_write unset without IBV_QP_EX_WITH_ATOMIC_WRITE");
 }
 
+// j) A service that accepts connections and never answers (stopped,
+// wedged) under a program with a fast interval timer (a sampling profiler's
+// SIGPROF, here SIGALRM every millisecond without SA_RESTART): the shim's
+// calls still end after their timeout. Until 2026-11-29 each EINTR
+// restarted the wait, so such a program hung in ibv_get_device_list for
+// ever. The child (this program re-run with --wedged-child, URNIC_SOCKET
+// set to the listening socket, which is never accept()ed) times its
+// ibv_get_device_list; the shim's device probe waits 5 s for a reply.
+int wedged_child() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGALRM, &sa, nullptr);  // no SA_RESTART
+  itimerval it{};
+  it.it_interval.tv_usec = 1000;
+  it.it_value.tv_usec = 1000;
+  setitimer(ITIMER_REAL, &it, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  int n = -1;
+  ibv_device** list = ibv_get_device_list(&n);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  it = {};
+  setitimer(ITIMER_REAL, &it, nullptr);
+  bool ours = false;
+  for (int i = 0; list && i < n; ++i)
+    ours |= strncmp(ibv_get_device_name(list[i]), "urnic", 5) == 0;
+  if (list) ibv_free_device_list(list);
+  printf("wedged child: ibv_get_device_list took %.1f s, urnic device %s\n", s,
+         ours ? "listed" : "not listed");
+  return !ours && s >= 4 && s < 20 ? 0 : 1;
+}
+
+void section_wedged_service(const char* self) {
+  char dir[] = "/tmp/urnic-wedged.XXXXXX";
+  if (!check(mkdtemp(dir) != nullptr, "j) mkdtemp", err_text(errno))) return;
+  const std::string path = std::string(dir) + "/wedged.sock";
+  const int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path.c_str());
+  const bool listening =
+      l >= 0 && bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      listen(l, 8) == 0;
+  if (check(listening, "j) a listening socket that never accepts",
+            err_text(errno))) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("URNIC_SOCKET", path.c_str(), 1);
+      execl(self, self, "--wedged-child", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    int st = 0;
+    bool ended = false;
+    for (int i = 0; i < 400 && !ended; ++i) {  // 40 s
+      ended = waitpid(pid, &st, WNOHANG) == pid;
+      if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!ended) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+    }
+    check(ended && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "j) a service that never answers, a 1 kHz timer signal without "
+          "SA_RESTART: ibv_get_device_list ends after the 5 s probe and "
+          "lists no urnic device",
+          ended ? fmt("child status 0x%x", st)
+                : "still blocked after 40 s: killed");
+  }
+  if (l >= 0) close(l);
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "--wedged-child") == 0) return wedged_child();
   const char* want = argc > 1 ? argv[1] : "urnic0";
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
@@ -2317,6 +2397,7 @@ int main(int argc, char** argv) {
   run("g) ibv_resize_cq", section_resize_cq, d);
   run("h) memory windows", section_mw, d);
   run("i) ATOMIC_WRITE", section_atomic_write, d);
+  section_wedged_service("/proc/self/exe");
 
   check(ibv_dealloc_pd(d.pd) == 0, "ibv_dealloc_pd");
   check(ibv_close_device(d.ctx) == 0, "ibv_close_device");
