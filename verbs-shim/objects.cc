@@ -106,8 +106,9 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   // Refused before any page is shared (turned into memfd memory): a
   // registration the service would refuse must leave the process's memory
   // as it was, as the kernel checks before it pins anything.
-  if (!urnic::hostif::mr_access_valid(access) ||
-      !urnic::hostif::mr_iova_valid(reinterpret_cast<uint64_t>(addr), iova) ||
+  if (const int e = urnic::hostif::mr_access_error(access))
+    return fail<ibv_mr>(e);
+  if (!urnic::hostif::mr_iova_valid(reinterpret_cast<uint64_t>(addr), iova) ||
       length > c.info.device.max_mr_size)
     return fail<ibv_mr>(EINVAL);
   MrShare::Result shared;

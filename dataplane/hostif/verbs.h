@@ -6,6 +6,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cerrno>
 #include <cstdint>
 
 namespace urnic::hostif {
@@ -58,17 +59,28 @@ constexpr bool is_local_op(ibv_wr_opcode op) {
 }
 
 // The access flags an MR may have (the optional range is dropped before).
+// IBV_ACCESS_HUGETLB is a hint the kernel takes from any device; urnic
+// ignores it.
 constexpr uint32_t kMrAccessKnown =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+    IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB;
+// Features urnic does not have: on-demand paging and the FLUSH placement
+// rights (IBV_ACCESS_FLUSH_GLOBAL/PERSISTENT, bits 8 and 9, not in rdma-core
+// 44's verbs.h).
+constexpr uint32_t kMrAccessUnsupported = IBV_ACCESS_ON_DEMAND | 3u << 8;
 
-// Whether an MR's access flags are ones verbs take: no unknown flag;
-// remote write or atomic only with local write (ibv_reg_mr(3)). The shim
-// checks before it touches any page, the device again.
-constexpr bool mr_access_valid(uint32_t access) {
-  if (access & ~kMrAccessKnown) return false;
-  return !(access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) ||
-         (access & IBV_ACCESS_LOCAL_WRITE);
+// Whether an MR's access flags are ones verbs take, as the kernel's
+// ib_check_mr_access: remote write or atomic only with local write, and no
+// unknown flag (EINVAL); a known feature the device lacks is EOPNOTSUPP
+// (ibv_reg_mr(3)). The shim checks before it touches any page, the device
+// again.
+constexpr int mr_access_error(uint32_t access) {
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  if (access & ~(kMrAccessKnown | kMrAccessUnsupported)) return EINVAL;
+  if (access & kMrAccessUnsupported) return EOPNOTSUPP;
+  return 0;
 }
 
 // An application's iova sits where its address sits within a page (the

@@ -94,7 +94,7 @@ uint32_t Device::new_key(uint32_t index, uint32_t old) {
 int Device::reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
                    uint32_t access, Mr** out) {
   if (!pd || !pd->live_) return EINVAL;
-  if (!hostif::mr_access_valid(access)) return EINVAL;
+  if (const int e = hostif::mr_access_error(access)) return e;
   if (length > cfg_.limits.max_mr_size) return EINVAL;
   if (!host && length) return EINVAL;
   if (iova + length < iova) return EINVAL;

@@ -973,25 +973,36 @@ void sub_refused_leaves_memory(Dev& d) {
     const char* what;
     int access;
     uint64_t iova;
+    int err;
   } bad[] = {
-      {"REMOTE_WRITE without LOCAL_WRITE", IBV_ACCESS_REMOTE_WRITE, 0},
-      {"REMOTE_ATOMIC without LOCAL_WRITE", IBV_ACCESS_REMOTE_ATOMIC, 0},
-      {"an unknown access bit", IBV_ACCESS_LOCAL_WRITE | (1 << 14), 0},
-      {"an iova 8 bytes off the address's page offset", kAccess,
-       addr_of(p) + 8},
+      {"REMOTE_WRITE without LOCAL_WRITE", IBV_ACCESS_REMOTE_WRITE, 0, EINVAL},
+      {"REMOTE_ATOMIC without LOCAL_WRITE", IBV_ACCESS_REMOTE_ATOMIC, 0,
+       EINVAL},
+      {"an unknown access bit", IBV_ACCESS_LOCAL_WRITE | (1 << 14), 0, EINVAL},
+      {"an iova 8 bytes off the address's page offset", kAccess, addr_of(p) + 8,
+       EINVAL},
+      // A feature urnic lacks: EOPNOTSUPP, as the kernel's
+      // ib_check_mr_access for a device without on-demand paging.
+      {"IBV_ACCESS_ON_DEMAND", kAccess | IBV_ACCESS_ON_DEMAND, 0, EOPNOTSUPP},
   };
   for (const Bad& b : bad) {
     errno = 0;
     ibv_mr* mr = b.iova ? ibv_reg_mr_iova(d.pd, p, len, b.iova, b.access)
                         : ibv_reg_mr(d.pd, p, len, b.access);
     const int e = errno;
-    check(!mr && e == EINVAL && still_private(p) && still_private(p + 4096),
-          fmt("e) ibv_reg_mr with %s fails with EINVAL and leaves the memory "
+    check(!mr && e == b.err && still_private(p) && still_private(p + 4096),
+          fmt("e) ibv_reg_mr with %s fails with %s and leaves the memory "
               "private",
-              b.what),
+              b.what, b.err == EINVAL ? "EINVAL" : "EOPNOTSUPP"),
           mr ? std::string("it succeeded") : "errno " + err_text(e));
     if (mr) ibv_dereg_mr(mr);
   }
+  // IBV_ACCESS_HUGETLB is a hint every kernel device takes.
+  ibv_mr* hint = ibv_reg_mr(d.pd, p, len, kAccess | IBV_ACCESS_HUGETLB);
+  check(hint != nullptr,
+        "e) ibv_reg_mr with the IBV_ACCESS_HUGETLB hint succeeds",
+        err_text(errno));
+  if (hint) ibv_dereg_mr(hint);
   // The same page offset, another page: fine, and reachable at the iova.
   ibv_mr* mr = ibv_reg_mr_iova(d.pd, p, len, 0x7000000000ull, kAccess);
   check(mr != nullptr,

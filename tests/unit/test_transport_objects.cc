@@ -147,6 +147,13 @@ TEST(TransportObjects, RegMrRulesAndLimits) {
             EINVAL);
   EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 1u << 30, &mr), EINVAL);
   EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, UINT64_MAX - 8, 0, &mr), EINVAL);
+  // Features urnic lacks (ib_check_mr_access: EOPNOTSUPP): on-demand paging
+  // and the FLUSH placement rights (bits 8, 9). The HUGETLB hint is taken.
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, IBV_ACCESS_ON_DEMAND, &mr),
+            EOPNOTSUPP);
+  EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 1u << 9, &mr), EOPNOTSUPP);
+  ASSERT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, IBV_ACCESS_HUGETLB, &mr), 0);
+  ASSERT_EQ(dev.dereg_mr(mr), 0);
   ASSERT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 0, &mr), 0);
   ASSERT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 0, &mr), 0);
   EXPECT_EQ(dev.reg_mr(pd, buf.data(), 64, 0, 0, &mr), ENOMEM);
