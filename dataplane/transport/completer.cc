@@ -320,7 +320,8 @@ void Completer::cnp_st(Engine& e, Qp& qp) {
     return;
   }
   // As a loss (RFC 3168 6.1.2: once per window of data), minus the resend.
-  cut_windows(e, qp, false);
+  // UC has no window: with algorithm window a CNP is only counted.
+  if (qp.type_ == IBV_QPT_RC) cut_windows(e, qp, false);
 }
 
 void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {

@@ -178,7 +178,7 @@ uint32_t Engine::cc_window(const Qp& qp) const {
 }
 
 void Engine::send_cnp(Qp& qp) {
-  if (!cfg_.cc.ecn || qp.type_ != IBV_QPT_RC) return;
+  if (!cfg_.cc.ecn || qp.type_ == IBV_QPT_UD) return;
   if (qp.cnp_sent_ && now_ - qp.cnp_sent_ns_ < cfg_.cc.cnp_interval_ns) return;
   // Annex A17.9.3: opcode CNP, the flow's source QP as DestQP, BECN set,
   // 16 reserved bytes; sent not ECN-capable (it must not be marked itself).
@@ -659,7 +659,7 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
   }
   const wire::OpcodeInfo& op = *fi.op;
   if (op.mask & wire::kCnpOp) {  // for our requester (Annex A17.9.3)
-    if (qp->type_ != IBV_QPT_RC) {
+    if (qp->type_ == IBV_QPT_UD) {
       ctr_.inc(ECtr::rx_bad_type);
     } else if (qp->state_ != IBV_QPS_RTS && qp->state_ != IBV_QPS_SQD) {
       ctr_.inc(ECtr::rx_bad_state);

@@ -313,13 +313,14 @@ class Engine {
   }
   void send_cnp(Qp& qp);
   // RC data (requests, READ responses) leaves ECN-capable, ECT(0), where a
-  // CNP is acted on.
-  void set_ect(wire::RoceFields& f) const {
-    if (cfg_.cc.window && cfg_.cc.ecn)
+  // CNP is acted on; UC data where DCQCN paces it (UC has no window: with
+  // algorithm window its CNPs are only counted).
+  void set_ect(wire::RoceFields& f, bool uc = false) const {
+    if (cfg_.cc.window && cfg_.cc.ecn && (!uc || cfg_.cc.dcqcn))
       f.tclass = static_cast<uint8_t>((f.tclass & 0xfc) | 0x2);
   }
-  // DCQCN pacing of RC data, around send_packet: pace_ok is false (and the
-  // pace timer armed to bring the QP back) while the QP must wait;
+  // DCQCN pacing of RC and UC data, around send_packet: pace_ok is false (and
+  // the pace timer armed to bring the QP back) while the QP must wait;
   // paced_sent charges the frame just sent. Inline: once per data packet,
   // and nothing but a flag test for an unlimited QP.
   bool pace_ok(Qp& qp) {

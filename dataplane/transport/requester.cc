@@ -76,7 +76,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
     e.fill_addr(qp, w.wr.ah->path(), f);
     f.dqpn = w.wr.remote_qpn;
   }
-  if (rc) e.set_ect(f);
+  if (!ud) e.set_ect(f, !rc);
   f.psn = qp.req_.psn;
   const uint32_t mtu = qp.mtu_;
   const uint32_t off = qp.req_.offset;
@@ -214,10 +214,13 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   if (qp.state_ != IBV_QPS_RTS && qp.state_ != IBV_QPS_SQD) return 0;
   if (qp.comp_.rnr_wait) return 0;
   const bool rc = qp.type_ == IBV_QPT_RC;
+  // RC and UC data are paced by the QP's DCQCN rate (UC has no window and
+  // no ACKs: the rate is all it has to back off with).
+  const bool paced = qp.type_ != IBV_QPT_UD;
   // A rate-limited QP shares the DCQCN increase timer only while it has
   // something to send (DcqcnShare): requests, or READ responses (paced by
   // the same rate).
-  if (rc) qp.rate_.set_idle(e.dcqcn_share_, nothing_to_send(qp));
+  if (paced) qp.rate_.set_idle(e.dcqcn_share_, nothing_to_send(qp));
   uint32_t sent = 0;
   while (qp.sq_next_ != qp.sq_tail_) {
     if (sent >= budget || e.turn_left_ <= 0) {
@@ -306,14 +309,16 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       // already as far as the window is concerned).
       if (!qp.probe_due_ && fresh && !e.cc_may_send(qp, out))
         break;  // a grant or its own ACKs make it ready again
+    } else if (paced && !e.pace_ok(qp)) {
+      break;  // UC: the pace timer makes it ready again
     }
     if (!send_one(e, qp, w)) {
       *more = true;
       break;
     }
     qp.probe_due_ = false;
+    if (paced) e.paced_sent(qp);
     if (rc) {
-      e.paced_sent(qp);
       if (out <= 0 && qp.cc_admitted_) e.cc_release(qp);  // used it
       // A turn starts with new data from nothing in flight; a resend after
       // a go-back does not start one (it would skip the queue).
@@ -325,7 +330,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     if (qp.probe_one_) go_to_st(e, qp, qp.probe_resume_);
     if (qp.state_ == IBV_QPS_ERR) break;  // a completion overflowed its CQ
   }
-  if (rc && nothing_to_send(qp)) qp.rate_.set_idle(e.dcqcn_share_, true);
+  if (paced && nothing_to_send(qp)) qp.rate_.set_idle(e.dcqcn_share_, true);
   // A grant this QP cannot use goes to the next in line.
   if (qp.cc_admitted_ &&
       (qp.sq_next_ == qp.sq_tail_ || qp.state_ != IBV_QPS_RTS))

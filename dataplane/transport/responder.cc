@@ -684,6 +684,7 @@ void Responder::rx_st(Engine& e, Qp& qp, const RxPkt& p) {
       rc_rx(e, qp, p);
       break;
     case IBV_QPT_UC:
+      e.on_ce_st(qp, p.f.tclass);  // as RC: the sender's rate is UC's only
       uc_rx(e, qp, p);
       break;
     default:

@@ -551,7 +551,8 @@ struct SimParams {
   // is to keep it below).
   uint64_t rate_mbps = 0, queue_bytes = 0, ecn_bytes = 0;
   double max_queue_drops = 1;
-  uint32_t homes = 1;  // engines per host (worker lcores)
+  uint32_t homes = 1;     // engines per host (worker lcores)
+  bool uc_paced = false;  // the UC pair must have been sent CNPs and paced
 };
 
 std::string describe(const SimParams& p) {
@@ -2039,6 +2040,16 @@ void Sim::report() {
         fail("no CNPs sent or received");
       if (sum(ECtr::cc_rate_cuts) == 0) fail("no DCQCN rate cut");
     }
+    if (p_.uc_paced)
+      for (auto& d : dirs_) {
+        if (d->kind != Kind::kUc) continue;
+        const QpCounters& c = d->qp->counters();
+        std::printf("             %s: CNPs rx %" PRIu64 " rate cuts %" PRIu64
+                    "\n",
+                    d->name.c_str(), c.cnps_rx.get(), c.cc_rate_cuts.get());
+        if (c.cnps_rx.get() == 0 || c.cc_rate_cuts.get() == 0)
+          fail(d->name + ": a UC requester got no CNP or no rate cut");
+      }
     if (peak > static_cast<double>(p_.queue_bytes))
       fail(fmt("the queue held %.0f bytes, above its %" PRIu64, peak,
                p_.queue_bytes));
@@ -2129,9 +2140,9 @@ TEST(TransportSim, Loss10) {
 // that marks ECN above 32 KiB of its 256 KiB: congestion control (on by
 // default: DCQCN on CNPs, loss windows) keeps the data byte-exact while
 // the queue marks, CNPs flow back and rates are cut; with 1 % loss too.
-// Not UC and UD: congestion control paces RC QPs only, and the sim's UC
-// and UD pairs, unpaced at 25 Gb/s, would keep the queue full and drop a
-// third of all frames (RC QPs then exhaust their retries).
+// Not UD: congestion control paces RC and UC QPs only, and the sim's UD
+// pair, unpaced at 25 Gb/s, would keep the queue full and drop a third of
+// all frames (RC QPs then exhaust their retries). UC: BottleneckUc.
 TEST(TransportSim, Bottleneck) {
   run_sim(through_bottleneck(params("Bottleneck", 0x5eed0006), 0.01));
 }
@@ -2139,6 +2150,18 @@ TEST(TransportSim, Bottleneck) {
 TEST(TransportSim, BottleneckLoss1) {
   run_sim(through_bottleneck(
       impaired(params("BottleneckLoss1", 0x5eed0007), 0.01), 0.02));
+}
+
+// The UC pair through the same queue (UD stays out: it is not paced): its
+// data leaves ECN-capable, the responder answers CE marks with CNPs, and
+// DCQCN paces the UC requester, so the queue drops stay as low as with RC
+// alone. Until 2026-11-29 only RC was paced and a UC pair at 25 Gb/s kept
+// the queue full.
+TEST(TransportSim, BottleneckUc) {
+  SimParams p = through_bottleneck(params("BottleneckUc", 0x5eed0009), 0.01);
+  p.uc_pair = true;
+  p.uc_paced = true;
+  run_sim(p);
 }
 
 // QPs split over two engines per host (urnicd's two workers), CQs shared

@@ -1292,6 +1292,86 @@ TEST_F(TransportTrace, CeMarkedRequestIsAnsweredWithOneCnpPerInterval) {
   EXPECT_EQ(ctr(ECtr::rx_out_of_seq), 0u);
 }
 
+// UC has no window and no ACKs: DCQCN's rate is all it can back off with.
+// Its data leaves ECN-capable, a CE-marked UC request is answered with a
+// CNP, and a CNP cuts the UC requester's rate, which then paces it. Until
+// 2026-11-29 only RC was: a UC stream filled a marking switch queue
+// unchecked (TransportSim.BottleneckUc).
+TEST_F(TransportTrace, UcIsEctAnsweredWithCnpsAndPacedByDcqcn) {
+  EngineConfig ec;
+  ec.cc.dcqcn = true;
+  ec.cc.line_rate_mbps = 10000;
+  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
+  ec.cc.dcqcn_params.rpg_time_reset = 2000;  // no increase in the trace
+  ec.cc.pace_burst_bytes = 16384;
+  ec.cc.cnp_interval_ns = 50 * kUs;
+  use_engine(ec);
+  QpOpts o;
+  o.access = IBV_ACCESS_REMOTE_WRITE;
+  ASSERT_TRUE(up(IBV_QPT_UC, o));
+  // Responder: a CE-marked UC WRITE, executed, and a CNP back.
+  now_ = 1 * kUs;
+  wire::RoceFields w =
+      write_req(op::kUcBase + op::kRcWriteOnly, kRqPsn, false, addr(0), 8);
+  w.tclass = 0x3;  // CE
+  inject(w, std::vector<uint8_t>(8, 7));
+  poll(2 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kCnp);
+  EXPECT_EQ(p[0].f.dqpn, kPeerQpn);
+  EXPECT_EQ(bytes(0, 8), std::vector<uint8_t>(8, 7));
+  EXPECT_EQ(qp_->counters().cnps_tx.get(), 1u);
+  // Requester: unpaced, ECT(0), until a CNP.
+  for (uint64_t i = 0; i < 8; ++i)
+    ASSERT_EQ(post(rdma(i + 1, IBV_WR_RDMA_WRITE, {sge(0, 1024)}, kPeerVa)), 0);
+  poll(3 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 8u) << dump(p);
+  for (const Pkt& k : p) EXPECT_EQ(k.f.tclass & 0x3, 0x2) << dump(p);
+  wire::RoceFields cnp = pkt(op::kCnp, 0);
+  cnp.becn = true;
+  now_ = 5 * kUs;
+  inject(cnp);
+  EXPECT_EQ(qp_->counters().cnps_rx.get(), 1u);
+  EXPECT_EQ(qp_->counters().cc_rate_cuts.get(), 1u);
+  EXPECT_EQ(qp_->counters().cc_rate_mbps.get(), 100u);
+  // Now paced at 100 Mb/s: the 16 KiB burst (15 frames of 1098 bytes, the
+  // last into debt), then 12.5 bytes per us, put on the wire by the pace
+  // timer: 1 ms later 12500 bytes, 11 or 12 frames more.
+  for (uint64_t i = 0; i < 48; ++i)
+    ASSERT_EQ(post(rdma(i + 9, IBV_WR_RDMA_WRITE, {sge(0, 1024)}, kPeerVa)), 0);
+  poll(6 * kUs);
+  p = sent();
+  EXPECT_EQ(p.size(), 15u) << dump(p);
+  poll(1006 * kUs);
+  p = sent();
+  EXPECT_GE(p.size(), 10u) << dump(p);
+  EXPECT_LE(p.size(), 13u) << dump(p);
+}
+
+// With algorithm window UC has nothing a CNP could cut: its data leaves
+// not ECN-capable (a marking queue drops it as before) and a CNP is only
+// counted.
+TEST_F(TransportTrace, UcUnderTheWindowAlgorithmIsNotEctAndOnlyCountsCnps) {
+  EngineConfig ec;
+  ec.cc.dcqcn = false;
+  use_engine(ec);
+  ASSERT_TRUE(up(IBV_QPT_UC));
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_WRITE, {sge(0, 1024)}, kPeerVa)), 0);
+  poll(0);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.tclass & 0x3, 0) << dump(p);
+  wire::RoceFields cnp = pkt(op::kCnp, 0);
+  cnp.becn = true;
+  inject(cnp);
+  EXPECT_EQ(qp_->counters().cnps_rx.get(), 1u);
+  EXPECT_EQ(ctr(ECtr::cc_rate_cuts), 0u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 0u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_type), 0u);
+}
+
 // READ data flows responder -> requester, so ECN and DCQCN run the other
 // way: READ responses leave ECN-capable and are paced at the QP's DCQCN
 // rate (cut by a CNP like its requests), and a CE-marked READ response is
