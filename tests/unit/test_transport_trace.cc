@@ -1135,18 +1135,27 @@ TEST_F(TransportTrace, CnpCutsTheWindowOnceAndResendsNothing) {
   EXPECT_EQ(p[0].f.psn, kSqPsn + 16);
 }
 
+// DCQCN on a 10 Gb/s line whose first CNP sets the rate to 100 Mb/s (12.5
+// bytes per us) and that raises it in no trace (20 ms to its first
+// increase); a paced QP's burst is `burst_bytes`.
+namespace {
+EngineConfig dcqcn_cut_to_100mbps(uint32_t burst_bytes) {
+  EngineConfig ec;
+  ec.cc.dcqcn = true;
+  ec.cc.line_rate_mbps = 10000;
+  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;
+  ec.cc.dcqcn_params.rpg_time_reset = 20000;
+  ec.cc.pace_burst_bytes = burst_bytes;
+  return ec;
+}
+}  // namespace
+
 // DCQCN, reaction point: with cc.dcqcn (the default) a CNP cuts the QP's rate,
 // not its windows, and the requester then leaves at that rate: one burst of
 // tokens, then what the rate earns, put back on the wire by the pace timer.
 TEST_F(TransportTrace, CnpUnderDcqcnPacesTheQpAtTheCutRate) {
-  EngineConfig ec;
+  EngineConfig ec = dcqcn_cut_to_100mbps(16384);
   ec.cc.init_window = 16;
-  ec.cc.dcqcn = true;
-  ec.cc.line_rate_mbps = 10000;
-  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
-  // No rate increase within the trace's millisecond.
-  ec.cc.dcqcn_params.rpg_time_reset = 2000;
-  ec.cc.pace_burst_bytes = 16384;
   ec.tail_probe_ns = 0;  // no ACKs come in this trace: no probes either
   use_engine(ec);
   ASSERT_TRUE(up());
@@ -1187,17 +1196,12 @@ TEST_F(TransportTrace, CnpUnderDcqcnPacesTheQpAtTheCutRate) {
 // Timeout (64 QPs through a 2 Gb/s bottleneck: ~740 timeouts in 3 s with
 // nothing lost, perf/README.md "bottleneck").
 TEST_F(TransportTrace, APacedQpWhoseShareShrankAsksForAnAck) {
-  EngineConfig ec;
+  EngineConfig ec = dcqcn_cut_to_100mbps(4096);
   ec.cc.init_window = 64;
   ec.cc.shared_init_window = 16;
   ec.cc.shared_min_window = 16;
   ec.cc.shared_max_window = 16;  // a QP's share: 16 / QPs in flight
   ec.cc.grant = 0;
-  ec.cc.dcqcn = true;
-  ec.cc.line_rate_mbps = 10000;
-  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
-  ec.cc.dcqcn_params.rpg_time_reset = 20000;          // no increase here
-  ec.cc.pace_burst_bytes = 4096;
   ec.tail_probe_ns = 0;
   use_engine(ec);
   ASSERT_TRUE(up());
@@ -1298,12 +1302,7 @@ TEST_F(TransportTrace, CeMarkedRequestIsAnsweredWithOneCnpPerInterval) {
 // 2026-11-29 only RC was: a UC stream filled a marking switch queue
 // unchecked (TransportSim.BottleneckUc).
 TEST_F(TransportTrace, UcIsEctAnsweredWithCnpsAndPacedByDcqcn) {
-  EngineConfig ec;
-  ec.cc.dcqcn = true;
-  ec.cc.line_rate_mbps = 10000;
-  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
-  ec.cc.dcqcn_params.rpg_time_reset = 2000;  // no increase in the trace
-  ec.cc.pace_burst_bytes = 16384;
+  EngineConfig ec = dcqcn_cut_to_100mbps(16384);
   ec.cc.cnp_interval_ns = 50 * kUs;
   use_engine(ec);
   QpOpts o;
@@ -1378,12 +1377,7 @@ TEST_F(TransportTrace, UcUnderTheWindowAlgorithmIsNotEctAndOnlyCountsCnps) {
 // answered with a CNP by the requester. Without this a READ-heavy peer
 // filled a marking switch queue unchecked (TransportSim.BottleneckLoss1).
 TEST_F(TransportTrace, ReadResponsesAreEctPacedAndAnsweredWithCnps) {
-  EngineConfig ec;
-  ec.cc.dcqcn = true;
-  ec.cc.line_rate_mbps = 10000;
-  ec.cc.dcqcn_params.rate_to_set_on_first_cnp = 100;  // 12.5 bytes per us
-  ec.cc.dcqcn_params.rpg_time_reset = 20000;  // no increase in this trace
-  ec.cc.pace_burst_bytes = 4096;
+  EngineConfig ec = dcqcn_cut_to_100mbps(4096);
   ec.tail_probe_ns = 0;
   use_engine(ec);
   ASSERT_TRUE(up());
