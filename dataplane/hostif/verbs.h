@@ -64,10 +64,13 @@ constexpr bool is_local_op(ibv_wr_opcode op) {
 constexpr uint32_t kMrAccessKnown =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB;
+// IBV_ACCESS_FLUSH_GLOBAL/PERSISTENT: bits 8 and 9 as the kernel numbers
+// them, not in rdma-core 44's verbs.h.
+constexpr uint32_t kAccessFlushRights = 3u << 8;
 // Features urnic does not have: on-demand paging and the FLUSH placement
-// rights (IBV_ACCESS_FLUSH_GLOBAL/PERSISTENT, bits 8 and 9, not in rdma-core
-// 44's verbs.h).
-constexpr uint32_t kMrAccessUnsupported = IBV_ACCESS_ON_DEMAND | 3u << 8;
+// rights.
+constexpr uint32_t kMrAccessUnsupported =
+    IBV_ACCESS_ON_DEMAND | kAccessFlushRights;
 
 // Whether an MR's access flags are ones verbs take, as the kernel's
 // ib_check_mr_access: remote write or atomic only with local write, and no

@@ -10,6 +10,8 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "dataplane/hostif/verbs.h"
+
 namespace urnic::transport {
 namespace {
 
@@ -296,11 +298,10 @@ constexpr uint8_t kPort1 = 1;           // urnic exposes one port
 // bind, on-demand paging, the two flush rights: bits 8 and 9 as the kernel
 // numbers them, and the optional range, relaxed ordering among them).
 // Zero-based and huge-page flags stay refused, as there.
-constexpr unsigned kFlushRights = 3u << 8;  // not in rdma-core 44's verbs.h
 constexpr unsigned kQpAccessFlags =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND |
-    kFlushRights | IBV_ACCESS_OPTIONAL_RANGE;
+    hostif::kAccessFlushRights | IBV_ACCESS_OPTIONAL_RANGE;
 
 bool gid_is_zero(const ibv_gid& g) {
   for (uint8_t b : g.raw) {
