@@ -91,7 +91,7 @@ void retry(Engine& e, Qp& qp, bool timeout) {
   qp.comp_.went_back = true;
   qp.comp_.went_back_psn = qp.comp_.psn;
   e.cancel_retrans(qp);  // the timer runs again from the resend
-  Requester::go_to_st(e, qp, qp.comp_.psn);
+  Requester::go_to_st(e, qp, qp.comp_.psn, Requester::Queue::kFirst);
 }
 
 // Go-back-N for a loss an arriving packet revealed (a sequence NAK, a gap
@@ -329,7 +329,7 @@ void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   if (kind == kRnrTimer) {
     qp.comp_.rnr_wait = false;
     e.cancel_retrans(qp);
-    Requester::go_to_st(e, qp, qp.comp_.rnr_psn);
+    Requester::go_to_st(e, qp, qp.comp_.rnr_psn, Requester::Queue::kFirst);
     return;
   }
   if (qp.comp_.psn == qp.req_.max_psn || qp.comp_.rnr_wait) return;
@@ -383,14 +383,15 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     qp.comp_.went_back = false;
     qp.probe_due_ = true;
     Requester::go_to_st(e, qp,
-                        read_probe_psn(qp, psn_add(qp.req_.psn, kPsnMask)));
+                        read_probe_psn(qp, psn_add(qp.req_.psn, kPsnMask)),
+                        Requester::Queue::kFirst);
   } else if (qp.req_.rd_atomic) {
     // READ/atomic WRs outstanding: skipping over them would give back
     // credits (go_to_st) for WRs not sent again. Go back N.
     cut_windows(e, qp, false);
     qp.comp_.went_back = true;
     qp.comp_.went_back_psn = qp.comp_.psn;
-    Requester::go_to_st(e, qp, qp.comp_.psn);
+    Requester::go_to_st(e, qp, qp.comp_.psn, Requester::Queue::kFirst);
   } else {
     // Still nothing after two probes: either the peer is still off the CPU
     // or it misses an earlier packet and its NAK was lost (a responder NAKs
@@ -403,7 +404,7 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     qp.comp_.went_back = false;
     qp.probe_due_ = true;
     const uint32_t resume = qp.req_.psn;
-    Requester::go_to_st(e, qp, qp.comp_.psn);
+    Requester::go_to_st(e, qp, qp.comp_.psn, Requester::Queue::kFirst);
     qp.probe_one_ = true;
     qp.probe_resume_ = resume;
   }

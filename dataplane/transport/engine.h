@@ -262,6 +262,11 @@ class Engine {
                    std::span<const wire::ConstBuf> payload,
                    bool stable = false);
   void make_ready(Qp& qp) { ready_.push_back(qp); }
+  // A resend after a go-back leads the next pass, so its frames lead the
+  // next transmit burst: a receiver whose ring is nearly full drops a
+  // burst's tail, and a resend that always came last was lost at every
+  // retry until retry exceeded (perf/README.md, "resends first").
+  void make_ready_first(Qp& qp) { ready_.push_front(qp); }
   // Small responder packets (ACK/NAK, atomic ACK) go out before bulk data:
   // an ACK queued behind every other QP's data burst would look lost.
   void make_ack_ready(Qp& qp) { ack_.push_back(qp); }

@@ -338,7 +338,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
   return sent;
 }
 
-void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
+void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn, Queue q) {
   // Find the WR that holds `psn`: started WRs hold consecutive PSN ranges.
   uint32_t i = qp.sq_head_;
   for (; i != qp.sq_tail_; ++i) {
@@ -370,7 +370,11 @@ void Requester::go_to_st(Engine& e, Qp& qp, uint32_t psn) {
   qp.rtt_timing_ = false;  // Karn: an ACK now may answer either copy
   qp.req_.pkts_since_ackreq = 0;
   qp.req_.ackreq_next = true;
-  if (qp.sq_next_ != qp.sq_tail_) e.make_ready(qp);
+  if (qp.sq_next_ == qp.sq_tail_) return;
+  if (q == Queue::kFirst)
+    e.make_ready_first(qp);
+  else
+    e.make_ready(qp);
 }
 
 }  // namespace urnic::transport

@@ -26,8 +26,12 @@ class Requester {
   static uint32_t send_st(Engine& e, Qp& qp, uint32_t budget, bool* more);
   // Repositions the requester at `psn` (go-back-N, or forward after an ACK
   // overtook it). The retransmit and probe timers are the caller's: a
-  // retry restarts them, a tail-loss probe must not.
-  static void go_to_st(Engine& e, Qp& qp, uint32_t psn);
+  // retry restarts them, a tail-loss probe must not. kFirst: a resend from
+  // a loss, timer or probe (not from within the QP's own turn) leads the
+  // next pass (Engine::make_ready_first).
+  enum class Queue { kInLine, kFirst };
+  static void go_to_st(Engine& e, Qp& qp, uint32_t psn,
+                       Queue q = Queue::kInLine);
 };
 
 // Handles ACKs, NAKs, read responses and atomic ACKs; owns the retransmit

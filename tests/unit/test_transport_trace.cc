@@ -1505,6 +1505,43 @@ TEST_F(TransportTrace, RetransmitTimeoutDropsTheWindowToTheMinimum) {
   EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
 }
 
+// A resend leads the pass after its go-back: QP 0's packet times out while
+// QP 1 has a full turn of new data queued. A receiver whose ring is nearly
+// full drops the tail of a transmit burst; the resend used to come after
+// every other QP's data, at that tail, and on af_packet one QP's resend was
+// dropped at each of its 8 tries until retry exceeded (perf/README.md,
+// "resends first").
+TEST_F(TransportTrace, ResendAfterATimeoutLeadsTheNextPass) {
+  EngineConfig ec;
+  ec.tail_probe_ns = 0;
+  use_engine(ec);
+  QpOpts o;
+  o.timeout = 10;
+  const uint64_t T = ack_timeout_ns(10);
+  Qp* q0 = create_qp(IBV_QPT_RC, o);
+  Qp* q1 = create_qp(IBV_QPT_RC, o);
+  ASSERT_EQ(bring_up(q0, IBV_QPT_RC, kPeerQpn, kSqPsn, kRqPsn, IBV_MTU_1024, o),
+            0);
+  ASSERT_EQ(bring_up(q1, IBV_QPT_RC, kPeerQpn + 1, kSqPsn + 4096, kRqPsn,
+                     IBV_MTU_1024, o),
+            0);
+  ASSERT_EQ(engine_->post_send(q0, wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // QP 1's work arrives before QP 0's timer fires: it is ready first.
+  for (uint64_t k = 0; k < 8; ++k)
+    ASSERT_EQ(engine_->post_send(q1, wr(k + 1, IBV_WR_SEND, {sge(0, 4096)})),
+              0);
+  poll(T + kSlack);
+  const auto p = sent();
+  EXPECT_EQ(ctr(ECtr::timeouts), 1u);
+  ASSERT_GE(p.size(), 2u) << dump(p);
+  // Expect: QP 0's resend (P) first, then QP 1's new data.
+  EXPECT_EQ(p[0].f.dqpn, kPeerQpn) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(p[1].f.dqpn, kPeerQpn + 1);
+}
+
 TEST_F(TransportTrace, TxFullLosesNothing) {
   ASSERT_TRUE(up());
   put(0, pattern(2500, 0x5a));
