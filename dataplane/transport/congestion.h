@@ -103,6 +103,16 @@ struct CcParams {
   // an ACK. 0: off.
   uint32_t grant = 16;
   static constexpr uint32_t kGrantBursts = 4;
+  // The floor of what grants fill (Engine::cc_limit), min_window per QP
+  // with work, is dropped to min_window per QP in flight while the
+  // engine's requesters resend more than kFloorResentPct % of what they
+  // send: judged per kFloorSample packets sent, and once dropped it stays
+  // so for kFloorHold samples. 1 024 QPs kept 2 048 packets in flight into
+  // a 512-frame af_packet ring, resent 48 % of them and failed with retry
+  // exceeded (perf/README.md, "the grants' floor under heavy loss").
+  static constexpr uint32_t kFloorSample = 8192;
+  static constexpr uint32_t kFloorResentPct = 10;
+  static constexpr uint32_t kFloorHold = 8;
   // ECN (RFC 3168 marks, RoCEv2 CNPs, Annex A17.9): RC data packets leave
   // ECT(0); a responder answers a CE-marked packet with a CNP, at most one
   // per QP per cnp_interval_ns; a CNP cuts the requester's windows as a

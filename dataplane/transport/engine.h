@@ -100,7 +100,7 @@ class PacketIo {
   X(rx_rkey_rights)  X(rx_qp_access)    X(rx_write_length) X(rx_rd_atomic_over) \
   X(rx_atomic_misaligned) X(rx_recv_too_small) X(rx_recv_bad_lkey)     \
   X(rx_invalidate_rkey) X(atomic_writes) X(cc_grant_waits)                \
-  X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr)
+  X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr) X(cc_floor_drops)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -375,6 +375,9 @@ class Engine {
   QpList<&Qp::cc_wait_link_> cc_wait_;
   uint32_t cc_waiting_ = 0;  // QPs on cc_wait_
   uint32_t cc_granted_ = 0;
+  // cc_floor_count's sample and state.
+  uint32_t cc_floor_sent_ = 0, cc_floor_resent_ = 0, cc_floor_hold_ = 0;
+  bool cc_floor_low_ = false;
   void cc_wake();
   bool cc_admissible() const;
   // What grants fill: the shared window, but never less than min_window
@@ -383,10 +386,28 @@ class Engine {
   // without, held by fewer QPs at a time. The window alone (the pipe,
   // measured from the lowest RTT) starved two workers on shared CPUs,
   // whose queues ride out the time a lcore is off the CPU.
+  // Under heavy loss (CcParams::kFloorResentPct) the floor counts the QPs
+  // in flight or granted only: the path evidently holds less.
   uint64_t cc_limit() const {
+    const uint32_t qps =
+        cc_floor_low_ ? cc_active_ + cc_granted_ : cc_active_ + cc_waiting_;
     return std::max<uint64_t>(cc_shared_.window(),
-                              uint64_t{std::max(cfg_.cc.min_window, 1u)} *
-                                  (cc_active_ + cc_waiting_));
+                              uint64_t{std::max(cfg_.cc.min_window, 1u)} * qps);
+  }
+  // Every RC data packet sent, `resent` if sent before: keeps cc_floor_low_.
+  void cc_floor_count(bool resent) {
+    cc_floor_resent_ += resent;
+    if (++cc_floor_sent_ < CcParams::kFloorSample) return;
+    const bool heavy = uint64_t{cc_floor_resent_} * 100 >
+                       uint64_t{cc_floor_sent_} * CcParams::kFloorResentPct;
+    if (heavy) {
+      if (!cc_floor_low_) ctr_.inc(ECtr::cc_floor_drops);
+      cc_floor_low_ = true;
+      cc_floor_hold_ = CcParams::kFloorHold;
+    } else if (cc_floor_hold_ && --cc_floor_hold_ == 0) {
+      cc_floor_low_ = false;
+    }
+    cc_floor_sent_ = cc_floor_resent_ = 0;
   }
   // A grant: cc.grant packets, but at most half the limit, so that a
   // window cut to its floor still lets two QPs take turns.

@@ -179,10 +179,12 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w) {
     w.rd_counted = true;
     ++qp.req_.rd_atomic;
   }
-  if (psn_before(qp.req_.psn, qp.req_.max_psn)) {
+  const bool resent = psn_before(qp.req_.psn, qp.req_.max_psn);
+  if (resent) {
     ++qp.ctr_.retransmits;
     e.ctr_.inc(ECtr::retransmits);
   }
+  if (rc) e.cc_floor_count(resent);
   qp.req_.psn = psn_add(qp.req_.psn, psn_used);
   if (psn_after(qp.req_.psn, qp.req_.max_psn)) qp.req_.max_psn = qp.req_.psn;
   e.cc_sync(qp);

@@ -1019,6 +1019,46 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
 // A QP whose peer went silent keeps its packets counted until its timeout
 // (for ever with timeout 0) and must not hold up another QP's first grant:
 // admission also counts senders, not only packets in flight.
+// The grants' floor, min_window per QP with work, counts only the QPs in
+// flight or granted while the requesters resend more than 10 % of what
+// they send (judged per 8 192 packets, held for 8 such samples): 1 024 QPs
+// kept 2 048 packets in flight into a 512-frame ring, resent half of them
+// and failed with retry exceeded (perf/README.md).
+TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
+  use_engine(grant_engine(16, 16, 8));
+  constexpr int kQps = 32;
+  for (int i = 0; i < kQps; ++i) {
+    Qp* q = create_qp(IBV_QPT_RC);
+    ASSERT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
+                       IBV_MTU_1024),
+              0);
+    ASSERT_EQ(engine_->post_send(q, wr(1, IBV_WR_SEND, {sge(0, 4096)})), 0);
+  }
+  poll(0);
+  sent();
+  const Engine& e = *engine_;
+  const uint64_t in_flight_qps = e.cc_active_ + e.cc_granted_;
+  ASSERT_LT(in_flight_qps, uint64_t{kQps});
+  // Expect: min_window (2) per QP with work, above the shared window (16).
+  EXPECT_EQ(e.cc_limit(), 2u * (e.cc_active_ + e.cc_waiting_));
+  EXPECT_EQ(e.cc_active_ + e.cc_waiting_, uint32_t{kQps});
+  auto sample = [&](uint32_t pct) {  // one sample, pct % of it resent
+    const uint32_t n = CcParams::kFloorSample * pct / 100;
+    for (uint32_t i = 0; i < CcParams::kFloorSample; ++i)
+      engine_->cc_floor_count(i < n);
+  };
+  sample(10);  // not more than the threshold
+  EXPECT_EQ(e.cc_limit(), 2u * kQps);
+  sample(11);
+  EXPECT_EQ(ctr(ECtr::cc_floor_drops), 1u);
+  EXPECT_EQ(e.cc_limit(), std::max<uint64_t>(16, 2 * in_flight_qps));
+  for (uint32_t k = 0; k + 1 < CcParams::kFloorHold; ++k) sample(0);
+  EXPECT_EQ(e.cc_limit(), std::max<uint64_t>(16, 2 * in_flight_qps)) << "held";
+  sample(0);
+  EXPECT_EQ(e.cc_limit(), 2u * kQps) << "restored";
+  EXPECT_EQ(ctr(ECtr::cc_floor_drops), 1u);
+}
+
 TEST_F(TransportTrace, GrantsDoNotWaitForASilentPeer) {
   use_engine(grant_engine(64, 64, 16));
   QpOpts o;
