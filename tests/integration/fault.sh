@@ -11,6 +11,9 @@
 #    as malformed), duplication (the responder's duplicates), reordering,
 #    delay and a bottleneck rate with a small buffer (queue drops), and
 #    ECN marking at the bottleneck (CNPs back, windows cut);
+#  - 256 QPs into a 64 KiB buffer: the grants' floor gives way to the
+#    losses and B resends less than a quarter of what it sends (it used to
+#    resend ~88 %);
 #  - bad runtime settings are refused with a message and change nothing;
 #  - all zero: the stage is off again, a clean run resends nothing (memif
 #    only: af_packet loses frames by itself when a receiving lcore is off
@@ -123,6 +126,26 @@ check "ECN: B received CNPs" grew "$SB" cnps_rx 0
 check "ECN: B's DCQCN rates were cut" grew "$SB" cc_rate_cuts "$r0"
 check "  (back to the small buffer, no marking)" "$URNICCTL" -s "$SB" fault \
   tx.queue_kb=32 tx.ecn_kb=0
+
+# Many QPs into a buffer smaller than min_window packets each: the grants'
+# floor (2 per QP with work, 512 packets here) gives way to the losses
+# (CcParams::kFloorResentPct). It used to keep 512 packets in flight into
+# 64 KiB and resend ~60 % of what it sent (perf/README.md).
+check "many QPs: 256 QPs into a 1 Gb/s port with a 64 KiB buffer on B" \
+  "$URNICCTL" -s "$SB" fault tx.delay_us=0 tx.rate_mbps=1000 tx.queue_kb=64
+r0=$(ctr "$SB" retransmits)
+s0=$(ctr "$SB" tx_packets)
+f0=$(ctr "$SB" cc_floor_drops)
+check "many QPs: a verified run completes" run many -q 256 -D 2
+check "many QPs: the floor gave way (cc_floor_drops)" grew "$SB" cc_floor_drops "$f0"
+resent_share() {  # below 25 % of what B sent
+  local r=$(($(ctr "$SB" retransmits) - r0)) s=$(($(ctr "$SB" tx_packets) - s0))
+  echo "B resent $r of $s packets"
+  [ $((r * 4)) -lt "$s" ]
+}
+check "many QPs: B resent less than a quarter of what it sent" resent_share
+check "  (back to the 200 Mb/s port, its delay and its 32 KiB buffer)" \
+  "$URNICCTL" -s "$SB" fault tx.delay_us=200 tx.rate_mbps=200 tx.queue_kb=32
 
 # Bad settings: refused with a message, nothing changed.
 bad() {  # bad WORDS...: urnicctl fails and says why
