@@ -375,9 +375,9 @@ class Engine {
   QpList<&Qp::cc_wait_link_> cc_wait_;
   uint32_t cc_waiting_ = 0;  // QPs on cc_wait_
   uint32_t cc_granted_ = 0;
-  // cc_floor_count's sample and state.
+  // cc_floor_count's sample, and the samples the low floor still holds
+  // for (0: the floor counts every QP with work).
   uint32_t cc_floor_sent_ = 0, cc_floor_resent_ = 0, cc_floor_hold_ = 0;
-  bool cc_floor_low_ = false;
   void cc_wake();
   bool cc_admissible() const;
   // What grants fill: the shared window, but never less than min_window
@@ -390,22 +390,22 @@ class Engine {
   // in flight or granted only: the path evidently holds less.
   uint64_t cc_limit() const {
     const uint32_t qps =
-        cc_floor_low_ ? cc_active_ + cc_granted_ : cc_active_ + cc_waiting_;
+        cc_floor_hold_ ? cc_active_ + cc_granted_ : cc_active_ + cc_waiting_;
     return std::max<uint64_t>(cc_shared_.window(),
                               uint64_t{std::max(cfg_.cc.min_window, 1u)} * qps);
   }
-  // Every RC data packet sent, `resent` if sent before: keeps cc_floor_low_.
+  // Every RC data packet sent, `resent` if sent before: keeps
+  // cc_floor_hold_.
   void cc_floor_count(bool resent) {
     cc_floor_resent_ += resent;
     if (++cc_floor_sent_ < CcParams::kFloorSample) return;
     const bool heavy = uint64_t{cc_floor_resent_} * 100 >
                        uint64_t{cc_floor_sent_} * CcParams::kFloorResentPct;
     if (heavy) {
-      if (!cc_floor_low_) ctr_.inc(ECtr::cc_floor_drops);
-      cc_floor_low_ = true;
+      if (!cc_floor_hold_) ctr_.inc(ECtr::cc_floor_drops);
       cc_floor_hold_ = CcParams::kFloorHold;
-    } else if (cc_floor_hold_ && --cc_floor_hold_ == 0) {
-      cc_floor_low_ = false;
+    } else if (cc_floor_hold_) {
+      --cc_floor_hold_;
     }
     cc_floor_sent_ = cc_floor_resent_ = 0;
   }

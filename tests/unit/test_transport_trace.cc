@@ -1016,9 +1016,6 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
       off.max_active, off.rounds);
 }
 
-// A QP whose peer went silent keeps its packets counted until its timeout
-// (for ever with timeout 0) and must not hold up another QP's first grant:
-// admission also counts senders, not only packets in flight.
 // The grants' floor, min_window per QP with work, counts only the QPs in
 // flight or granted while the requesters resend more than 10 % of what
 // they send (judged per 8 192 packets, held for 8 such samples): 1 024 QPs
@@ -1059,6 +1056,9 @@ TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
   EXPECT_EQ(ctr(ECtr::cc_floor_drops), 1u);
 }
 
+// A QP whose peer went silent keeps its packets counted until its timeout
+// (for ever with timeout 0) and must not hold up another QP's first grant:
+// admission also counts senders, not only packets in flight.
 TEST_F(TransportTrace, GrantsDoNotWaitForASilentPeer) {
   use_engine(grant_engine(64, 64, 16));
   QpOpts o;
@@ -1580,6 +1580,10 @@ TEST_F(TransportTrace, ResendAfterATimeoutLeadsTheNextPass) {
   EXPECT_EQ(p[0].f.dqpn, kPeerQpn) << dump(p);
   EXPECT_EQ(p[0].f.psn, kSqPsn);
   EXPECT_EQ(p[1].f.dqpn, kPeerQpn + 1);
+  // The grants' floor sees every RC data packet sent, and the resend as
+  // one (HeavyResendingDropsTheGrantFloorToTheQpsInFlight).
+  EXPECT_EQ(engine_->cc_floor_sent_, 1 + p.size());
+  EXPECT_EQ(engine_->cc_floor_resent_, 1u);
 }
 
 TEST_F(TransportTrace, TxFullLosesNothing) {
