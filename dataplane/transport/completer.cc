@@ -338,21 +338,24 @@ void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
   retry(e, qp, true);
 }
 
-// The PSN a probe of `last` (the last packet sent) resends from. A READ is
-// one request for all its response PSNs, so probing its last PSN would
-// re-request its last response alone, and rxe takes every repeated READ
-// as the new extent of its responder resource and drops a later one that
-// is not inside it (rxe_resp.c, duplicate_request): the re-request for the
-// gap before that last response then went unanswered until retry
-// exceeded (tools/vm-rxe-interop, igb, ib_read_bw -q 8). Such a READ is
-// asked again from its first response not yet received, which every
-// later re-request (the completer only moves forward) stays inside.
-static uint32_t read_probe_psn(Qp& qp, uint32_t last) {
+// The PSN a probe of `last` (the last packet sent) resends from, and in
+// *read whether that is a READ asked again. A READ is one request for all
+// its response PSNs, so probing its last PSN would re-request its last
+// response alone, and rxe takes every repeated READ as the new extent of
+// its responder resource and drops a later one that is not inside it
+// (rxe_resp.c, duplicate_request): the re-request for the gap before that
+// last response then went unanswered until retry exceeded
+// (tools/vm-rxe-interop, igb, ib_read_bw -q 8). Such a READ is asked again
+// from its first response not yet received, which every later re-request
+// (the completer only moves forward) stays inside.
+static uint32_t read_probe_psn(Qp& qp, uint32_t last, bool* read) {
+  *read = false;
   for (uint32_t i = qp.sq_head_; i != qp.sq_tail_; ++i) {
     const SendWqe& w = qp.sqe(i);
     if (!w.started) break;
     if (psn_diff(last, w.last_psn) > 0) continue;
     if (w.wr.opcode != IBV_WR_RDMA_READ) return last;
+    *read = true;
     return psn_after(qp.comp_.psn, w.first_psn) ? qp.comp_.psn : w.first_psn;
   }
   return last;
@@ -380,11 +383,21 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     // go-back is news now: that resend was lost too. A READ goes again from
     // its first missing response (read_probe_psn): more duplicate data on a
     // slow link than one response, but the smallest start rxe still serves.
+    bool read = false;
+    const uint32_t from =
+        read_probe_psn(qp, psn_add(qp.req_.psn, kPsnMask), &read);
+    // A READ's probe is its loss signal. A WRITE's probe is answered by an
+    // ACK (only slow) or a sequence NAK, which cuts the windows (on_nak); a
+    // READ's only by the missing responses, the same whether they were lost
+    // or late. With one READ per QP in flight (a window under two READs)
+    // only a probe finds a loss, so without a cut here the windows never
+    // shrank: 16 QPs READing 64 KiB on a 512-frame af_packet ring re-asked
+    // a fifth of their READs (perf/README.md, "READ under load"). Cut
+    // as for a loss: once per window of data (on_loss), nothing resent by it.
+    if (read) cut_windows(e, qp, false);
     qp.comp_.went_back = false;
     qp.probe_due_ = true;
-    Requester::go_to_st(e, qp,
-                        read_probe_psn(qp, psn_add(qp.req_.psn, kPsnMask)),
-                        Requester::Queue::kFirst);
+    Requester::go_to_st(e, qp, from, Requester::Queue::kFirst);
   } else if (qp.req_.rd_atomic) {
     // READ/atomic WRs outstanding: skipping over them would give back
     // credits (go_to_st) for WRs not sent again. Go back N.

@@ -3215,6 +3215,59 @@ TEST_F(TransportTrace, TailProbeOfAPartlyAnsweredReadReRequestsTheRest) {
   EXPECT_EQ(bytes(0x20000, 4096), remote);
 }
 
+// A READ's probe is answered by the responses it asks for, lost or late
+// alike, never by a NAK: the probe itself is the loss, and cuts the QP's
+// and the shared window once per window of data (as a sequence NAK does).
+// Without the cut, READs whose tails were lost never shrank their windows
+// (perf/README.md, "READ under load").
+TEST_F(TransportTrace, TailProbeOfAReadCutsTheWindowsOncePerWindow) {
+  EngineConfig ec;  // the windows on
+  ec.tail_probe_ns = 200 * 1000;
+  ec.cc.init_window = 16;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  measured_rtt(kUs);
+  const auto remote = pattern(4096, 0x5c);
+  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 4096)}, kPeerVa)), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // FIRST P and MIDDLE P+1 arrive (slow start: 16 -> 18); P+2 and P+3 are
+  // lost.
+  now_ = 10 * kUs;
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn), slice(remote, 0, 1024));
+  inject(pkt(op::kRcReadRespMiddle, kSqPsn + 1), slice(remote, 1024, 1024));
+  poll(10 * kUs);
+  EXPECT_EQ(qp_->counters().cc_window.get(), 18u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 0u);
+  // The first probe re-asks for P+2.. and cuts both windows.
+  poll(300 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 2);
+  EXPECT_EQ(ctr(ECtr::tail_probes), 1u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
+  EXPECT_EQ(ctr(ECtr::cc_shared_cuts), 1u);
+  EXPECT_EQ(qp_->counters().cc_window.get(), 9u);
+  // The second probe of the same window cuts nothing more, and neither
+  // spends a retry.
+  poll(1000 * kUs);
+  ASSERT_EQ(sent().size(), 1u);
+  EXPECT_EQ(ctr(ECtr::tail_probes), 2u);
+  EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
+  EXPECT_EQ(qp_->counters().cc_window.get(), 9u);
+  EXPECT_EQ(ctr(ECtr::timeouts), 0u);
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn + 2),
+         slice(remote, 2048, 1024));
+  inject(read_resp(op::kRcReadRespLast, kSqPsn + 3, 1),
+         slice(remote, 3072, 1024));
+  poll(1001 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+  EXPECT_EQ(bytes(0x20000, 4096), remote);
+}
+
 TEST_F(TransportTrace, AckCoveringUnansweredReadRetransmitsIt) {
   ASSERT_TRUE(up());
   // Post: READ 100 bytes (P), SEND (P+1).
