@@ -186,6 +186,33 @@ class TransportTrace : public ::testing::Test {
     qp_->srtt_ns_ = ns;
     qp_->rttvar_ns_ = ns / 2;
   }
+  // A READ of `remote` (4 KiB, four responses) into 0x20000 at time 0,
+  // whose FIRST (P) and MIDDLE (P+1) responses arrive at 10 us; P+2 and
+  // P+3 are lost.
+  void read_half_answered(const std::vector<uint8_t>& remote) {
+    ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 4096)}, kPeerVa)),
+              0);
+    poll(0);
+    ASSERT_EQ(sent().size(), 1u);
+    now_ = 10 * kUs;
+    inject(read_resp(op::kRcReadRespFirst, kSqPsn), slice(remote, 0, 1024));
+    inject(pkt(op::kRcReadRespMiddle, kSqPsn + 1), slice(remote, 1024, 1024));
+    poll(10 * kUs);
+  }
+  // The rest of that READ arrives at `at`: it completes with all 4 KiB.
+  void read_rest_answered(const std::vector<uint8_t>& remote, uint64_t at) {
+    inject(read_resp(op::kRcReadRespFirst, kSqPsn + 2),
+           slice(remote, 2048, 1024));
+    inject(read_resp(op::kRcReadRespLast, kSqPsn + 3, 1),
+           slice(remote, 3072, 1024));
+    poll(at);
+    auto wc = cq_poll();
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].wr_id, 1u);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc[0].opcode, IBV_WC_RDMA_READ);
+    EXPECT_EQ(bytes(0x20000, 4096), remote);
+  }
   // Posts n 8-byte SENDs and sends them at time 0 (one packet each).
   void send_burst(uint32_t n) {
     for (uint64_t i = 0; i < n; ++i)
@@ -3184,14 +3211,7 @@ TEST_F(TransportTrace, TailProbeOfAPartlyAnsweredReadReRequestsTheRest) {
   ASSERT_TRUE(up());
   measured_rtt(kUs);
   const auto remote = pattern(4096, 0x53);
-  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 4096)}, kPeerVa)), 0);
-  poll(0);
-  ASSERT_EQ(sent().size(), 1u);
-  // FIRST P and MIDDLE P+1 arrive; P+2 and P+3 are lost.
-  now_ = 10 * kUs;
-  inject(read_resp(op::kRcReadRespFirst, kSqPsn), slice(remote, 0, 1024));
-  inject(pkt(op::kRcReadRespMiddle, kSqPsn + 1), slice(remote, 1024, 1024));
-  poll(10 * kUs);
+  read_half_answered(remote);
   EXPECT_TRUE(sent().empty());
   for (uint64_t at : {300u, 1000u, 3000u}) {
     poll(at * kUs);
@@ -3204,15 +3224,7 @@ TEST_F(TransportTrace, TailProbeOfAPartlyAnsweredReadReRequestsTheRest) {
   }
   EXPECT_GE(ctr(ECtr::tail_probes), 3u);
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
-  inject(read_resp(op::kRcReadRespFirst, kSqPsn + 2),
-         slice(remote, 2048, 1024));
-  inject(read_resp(op::kRcReadRespLast, kSqPsn + 3, 1),
-         slice(remote, 3072, 1024));
-  poll(3001 * kUs);
-  auto wc = cq_poll();
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
-  EXPECT_EQ(bytes(0x20000, 4096), remote);
+  read_rest_answered(remote, 3001 * kUs);
 }
 
 // A READ's probe is answered by the responses it asks for, lost or late
@@ -3228,15 +3240,7 @@ TEST_F(TransportTrace, TailProbeOfAReadCutsTheWindowsOncePerWindow) {
   ASSERT_TRUE(up());
   measured_rtt(kUs);
   const auto remote = pattern(4096, 0x5c);
-  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(0x20000, 4096)}, kPeerVa)), 0);
-  poll(0);
-  ASSERT_EQ(sent().size(), 1u);
-  // FIRST P and MIDDLE P+1 arrive (slow start: 16 -> 18); P+2 and P+3 are
-  // lost.
-  now_ = 10 * kUs;
-  inject(read_resp(op::kRcReadRespFirst, kSqPsn), slice(remote, 0, 1024));
-  inject(pkt(op::kRcReadRespMiddle, kSqPsn + 1), slice(remote, 1024, 1024));
-  poll(10 * kUs);
+  read_half_answered(remote);  // two responses ACKed: slow start 16 -> 18
   EXPECT_EQ(qp_->counters().cc_window.get(), 18u);
   EXPECT_EQ(ctr(ECtr::cc_window_cuts), 0u);
   // The first probe re-asks for P+2.. and cuts both windows.
@@ -3257,15 +3261,7 @@ TEST_F(TransportTrace, TailProbeOfAReadCutsTheWindowsOncePerWindow) {
   EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
   EXPECT_EQ(qp_->counters().cc_window.get(), 9u);
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
-  inject(read_resp(op::kRcReadRespFirst, kSqPsn + 2),
-         slice(remote, 2048, 1024));
-  inject(read_resp(op::kRcReadRespLast, kSqPsn + 3, 1),
-         slice(remote, 3072, 1024));
-  poll(1001 * kUs);
-  auto wc = cq_poll();
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
-  EXPECT_EQ(bytes(0x20000, 4096), remote);
+  read_rest_answered(remote, 1001 * kUs);
 }
 
 TEST_F(TransportTrace, AckCoveringUnansweredReadRetransmitsIt) {
