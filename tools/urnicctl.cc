@@ -34,7 +34,9 @@ void usage(FILE* f) {
       "                   section, e.g. tx.drop_ppm=10000 rx.delay_us=100;\n"
       "                   all zero: off)\n"
       "  version          service and protocol version\n"
-      "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n");
+      "SOCKET defaults to $URNIC_SOCKET, else /run/urnic/urnicd.sock\n"
+      "Exit status: 0 done; 1 the service is not there, failed or refused\n"
+      "(its reason on stderr); 2 a usage error (nothing sent)\n");
 }
 
 // Sends one request; prints the reply payload. Returns the exit code.
@@ -164,6 +166,13 @@ int main(int argc, char** argv) {
       from = next;
     }
   } else if (cmd == "ping" && i + 1 == argc) {
+    // A typo is a usage error here, not "urnicd is not running" or a
+    // round trip to the service.
+    in_addr a;
+    if (inet_pton(AF_INET, argv[i], &a) != 1) {
+      fprintf(stderr, "urnicctl: ping: '%s' is not an IPv4 address\n", argv[i]);
+      return 2;
+    }
     rc = call(path, ctl::Op::kPing, argv[i], out);
     if (rc == 0) out += "\n";
   } else if (cmd == "gids" && i == argc) {
@@ -171,9 +180,17 @@ int main(int argc, char** argv) {
   } else if (cmd == "objects" && i == argc) {
     rc = call(path, ctl::Op::kObjects, "", out);
   } else if (cmd == "fault") {
+    // The form is checked here; keys and values by the service (its
+    // config parser, against the settings in effect).
     std::string body;
-    for (; i < argc; ++i)
+    for (; i < argc; ++i) {
+      const char* eq = std::strchr(argv[i], '=');
+      if (!eq || eq == argv[i] || std::strchr(argv[i], ' ')) {
+        fprintf(stderr, "urnicctl: fault: '%s' is not KEY=VALUE\n", argv[i]);
+        return 2;
+      }
       body += std::string(body.empty() ? "" : " ") + argv[i];
+    }
     rc = call(path, ctl::Op::kFault, body, out);
   } else if (cmd == "version" && i == argc) {
     rc = call(path, ctl::Op::kHello, "", out);

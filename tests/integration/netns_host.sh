@@ -213,6 +213,14 @@ check "port.mac on af_packet without promiscuous mode refused" bash -c "
 check "urnicctl names a missing service" bash -c "
   ! '$URNICCTL' -s '$TMP/nope.sock' stats 2>'$TMP/nope.err' &&
   grep -q 'not running at' '$TMP/nope.err'"
+check "urnicctl: usage errors exit 2 without a service, a refusal 1" bash -c "
+  '$URNICCTL' -s '$TMP/nope.sock' ping 1.2.3 2>'$TMP/u1.err'; [ \$? = 2 ] || exit 1
+  grep -q 'not an IPv4 address' '$TMP/u1.err' || exit 1
+  '$URNICCTL' -s '$TMP/nope.sock' fault tx.drop_ppm 2>'$TMP/u2.err'; [ \$? = 2 ] || exit 1
+  grep -q 'not KEY=VALUE' '$TMP/u2.err' || exit 1
+  '$URNICCTL' -s '$TMP/nope.sock' bogus 2>/dev/null; [ \$? = 2 ] || exit 1
+  '$URNICCTL' -s '$SOCK' fault tx.no_such_key=1 2>'$TMP/u3.err'; [ \$? = 1 ] || exit 1
+  grep -q 'no_such_key' '$TMP/u3.err'"
 check "control protocol: short, foreign, wrong-version, bad-length, unknown-op and bad-argument messages get errors" \
   $PY - "$SOCK" <<'PYEOF'
 import socket, struct, sys, errno
