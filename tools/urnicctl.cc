@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
     }
   } else if (cmd == "ping" && i + 1 == argc) {
     // A typo is a usage error here, not "urnicd is not running" or a
-    // round trip to the service.
+    // round trip to the service. The service's check is the same call
+    // (config::parse_ipv4; urnicctl does not link the config library).
     in_addr a;
     if (inet_pton(AF_INET, argv[i], &a) != 1) {
       fprintf(stderr, "urnicctl: ping: '%s' is not an IPv4 address\n", argv[i]);
@@ -181,12 +182,16 @@ int main(int argc, char** argv) {
     rc = call(path, ctl::Op::kObjects, "", out);
   } else if (cmd == "fault") {
     // The form is checked here; keys and values by the service (its
-    // config parser, against the settings in effect).
+    // config parser, against the settings in effect). The service splits
+    // the body at any whitespace, so an argument holding some would be
+    // taken as two.
     std::string body;
     for (; i < argc; ++i) {
       const char* eq = std::strchr(argv[i], '=');
-      if (!eq || eq == argv[i] || std::strchr(argv[i], ' ')) {
-        fprintf(stderr, "urnicctl: fault: '%s' is not KEY=VALUE\n", argv[i]);
+      if (!eq || eq == argv[i] || std::strpbrk(argv[i], " \t\n\v\f\r")) {
+        fprintf(stderr,
+                "urnicctl: fault: '%s' is not KEY=VALUE (one per argument)\n",
+                argv[i]);
         return 2;
       }
       body += std::string(body.empty() ? "" : " ") + argv[i];

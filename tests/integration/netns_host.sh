@@ -218,6 +218,7 @@ check "urnicctl: usage errors exit 2 without a service, a refusal 1" bash -c "
   grep -q 'not an IPv4 address' '$TMP/u1.err' || exit 1
   '$URNICCTL' -s '$TMP/nope.sock' fault tx.drop_ppm 2>'$TMP/u2.err'; [ \$? = 2 ] || exit 1
   grep -q 'not KEY=VALUE' '$TMP/u2.err' || exit 1
+  '$URNICCTL' -s '$TMP/nope.sock' fault \$'tx.drop_ppm=1\\trx.delay_us=5' 2>/dev/null; [ \$? = 2 ] || exit 1
   '$URNICCTL' -s '$TMP/nope.sock' bogus 2>/dev/null; [ \$? = 2 ] || exit 1
   '$URNICCTL' -s '$SOCK' fault tx.no_such_key=1 2>'$TMP/u3.err'; [ \$? = 1 ] || exit 1
   grep -q 'no_such_key' '$TMP/u3.err'"

@@ -3211,7 +3211,7 @@ TEST_F(TransportTrace, TailProbeOfAPartlyAnsweredReadReRequestsTheRest) {
   ASSERT_TRUE(up());
   measured_rtt(kUs);
   const auto remote = pattern(4096, 0x53);
-  read_half_answered(remote);
+  ASSERT_NO_FATAL_FAILURE(read_half_answered(remote));
   EXPECT_TRUE(sent().empty());
   for (uint64_t at : {300u, 1000u, 3000u}) {
     poll(at * kUs);
@@ -3224,7 +3224,7 @@ TEST_F(TransportTrace, TailProbeOfAPartlyAnsweredReadReRequestsTheRest) {
   }
   EXPECT_GE(ctr(ECtr::tail_probes), 3u);
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
-  read_rest_answered(remote, 3001 * kUs);
+  ASSERT_NO_FATAL_FAILURE(read_rest_answered(remote, 3001 * kUs));
 }
 
 // A READ's probe is answered by the responses it asks for, lost or late
@@ -3240,7 +3240,8 @@ TEST_F(TransportTrace, TailProbeOfAReadCutsTheWindowsOncePerWindow) {
   ASSERT_TRUE(up());
   measured_rtt(kUs);
   const auto remote = pattern(4096, 0x5c);
-  read_half_answered(remote);  // two responses ACKed: slow start 16 -> 18
+  // Two responses ACKed: slow start 16 -> 18.
+  ASSERT_NO_FATAL_FAILURE(read_half_answered(remote));
   EXPECT_EQ(qp_->counters().cc_window.get(), 18u);
   EXPECT_EQ(ctr(ECtr::cc_window_cuts), 0u);
   // The first probe re-asks for P+2.. and cuts both windows.
@@ -3261,7 +3262,7 @@ TEST_F(TransportTrace, TailProbeOfAReadCutsTheWindowsOncePerWindow) {
   EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
   EXPECT_EQ(qp_->counters().cc_window.get(), 9u);
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
-  read_rest_answered(remote, 1001 * kUs);
+  ASSERT_NO_FATAL_FAILURE(read_rest_answered(remote, 1001 * kUs));
 }
 
 TEST_F(TransportTrace, AckCoveringUnansweredReadRetransmitsIt) {
