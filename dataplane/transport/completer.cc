@@ -435,8 +435,8 @@ void Completer::check_head_st(Engine& e, Qp& qp) {
     }
   }
   // SQD: drained once nothing is outstanding (IBTA 10.3.1, 11.6.3).
-  if (qp.state_ == IBV_QPS_SQD && qp.sq_head_ == qp.sq_next_ &&
-      qp.req_.offset == 0 && qp.sqd_notify_ && !qp.comp_.drained_sent) {
+  if (qp.state_ == IBV_QPS_SQD && !qp.sq_draining() && qp.sqd_notify_ &&
+      !qp.comp_.drained_sent) {
     qp.comp_.drained_sent = true;
     e.dev_.raise({IBV_EVENT_SQ_DRAINED, qp.qpn_, nullptr, nullptr, qp.owner_});
   }

@@ -386,6 +386,16 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
   const int rc =
       check_modify_qp(qp->type_, qp->state_, attr, mask, dev_.limits(), why);
   if (rc) return rc;
+  // Out of SQD, or to SQD again with new attributes, only once the send
+  // queue has drained (query_qp's sq_draining false, IBV_EVENT_SQ_DRAINED):
+  // a WR still unacknowledged would go on under the new path or timers.
+  // To ERR is always allowed. rxe refuses the same (rxe_qp_chk_attr).
+  if ((mask & IBV_QP_STATE) && qp->sq_draining() &&
+      attr.qp_state != IBV_QPS_ERR) {
+    if (why != nullptr)
+      *why = "the send queue is still draining (wait for IBV_EVENT_SQ_DRAINED)";
+    return EINVAL;
+  }
   Path path = qp->path_;
   if (mask & IBV_QP_AV) {
     const int r = dev_.resolve_path(attr.ah_attr, &path);
@@ -490,8 +500,7 @@ int Engine::query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const {
     *attr = qp->attr_;
     attr->qp_state = attr->cur_qp_state = qp->state_;
     attr->cap = qp->cap_;
-    attr->sq_draining =
-        qp->state_ == IBV_QPS_SQD && qp->sq_head_ != qp->sq_next_;
+    attr->sq_draining = qp->sq_draining();
     attr->sq_psn = qp->req_.psn;
     attr->rq_psn = qp->resp_.epsn;
   }

@@ -180,6 +180,11 @@ class Qp {
   uint32_t qpn() const { return qpn_; }
   ibv_qp_state state() const { return state_; }
   ibv_qp_type type() const { return type_; }
+  // In SQD with a WR started and not yet complete (IBTA 10.3.1): not yet
+  // drained, and IBV_EVENT_SQ_DRAINED still to come.
+  bool sq_draining() const {
+    return state_ == IBV_QPS_SQD && (sq_head_ != sq_next_ || req_.offset != 0);
+  }
   const QpCounters& counters() const { return ctr_; }
 
   void set_owner(const Owner& o) { owner_ = o; }

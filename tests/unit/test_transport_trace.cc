@@ -1667,6 +1667,56 @@ TEST_F(TransportTrace, SqdQueuesPostedWrsUntilRts) {
   EXPECT_EQ(p[0].f.psn, kSqPsn);
 }
 
+// A QP in SQD with a WR still unacknowledged is draining: a modify out of
+// SQD (or SQD -> SQD) is refused until it drains, except to ERR (as rxe).
+TEST_F(TransportTrace, SqdRefusesModifyWhileDraining) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_SQD;
+  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  ibv_qp_attr q{};
+  ASSERT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
+  EXPECT_EQ(q.sq_draining, 1);
+  const char* why = nullptr;
+  a.qp_state = IBV_QPS_RTS;
+  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE, &why), EINVAL);
+  ASSERT_NE(why, nullptr);
+  EXPECT_NE(std::string(why).find("draining"), std::string::npos) << why;
+  a.qp_state = IBV_QPS_SQD;
+  a.retry_cnt = 3;
+  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE | IBV_QP_RETRY_CNT),
+            EINVAL);
+  EXPECT_EQ(qp_->state(), IBV_QPS_SQD);
+  // The ACK drains it: now the modify goes through.
+  inject(ack(kSqPsn, 1));
+  poll(5 * kUs);
+  ASSERT_EQ(cq_poll().size(), 1u);
+  ASSERT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
+  EXPECT_EQ(q.sq_draining, 0);
+  a.qp_state = IBV_QPS_RTS;
+  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+}
+
+// To ERR while draining is allowed: the outstanding WR is flushed.
+TEST_F(TransportTrace, SqdToErrWhileDrainingFlushes) {
+  ASSERT_TRUE(up());
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_SQD;
+  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  poll(1 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND);
+}
+
 TEST_F(TransportTrace, LocalProtectionErrorCompletesAfterEarlierWrs) {
   ASSERT_TRUE(up());
   // Post: good SEND wr 1, SEND wr 2 with a bad lkey, SEND wr 3.
