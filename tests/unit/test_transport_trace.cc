@@ -1701,6 +1701,24 @@ TEST_F(TransportTrace, SqdRefusesModifyWhileDraining) {
   EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
 }
 
+// A WR sent in part (TX full after its first packet) is draining too:
+// query_qp once said it was not (it looked only at whole WRs).
+TEST_F(TransportTrace, SqdWithAHalfSentWrIsDraining) {
+  ASSERT_TRUE(up());
+  io_.room = 1;
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 2500)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_SQD;
+  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  ibv_qp_attr q{};
+  ASSERT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
+  EXPECT_EQ(q.sq_draining, 1);
+  a.qp_state = IBV_QPS_RTS;
+  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), EINVAL);
+}
+
 // To ERR while draining is allowed: the outstanding WR is flushed.
 TEST_F(TransportTrace, SqdToErrWhileDrainingFlushes) {
   ASSERT_TRUE(up());
