@@ -369,6 +369,8 @@ void Completer::probe_st(Engine& e, Qp& qp) {
   if (!psn_after(qp.req_.psn, qp.comp_.psn)) return;
   e.ctr_.inc(ECtr::tail_probes);
   ++qp.ctr_.tail_probes;
+  if (qp.probes_ == 0) qp.probe_t0_ns_ = qp.probe_from_ns_;
+  qp.probe_sent_ns_ = e.now_;
   // Neither probe spends a retry, and the Local ACK Timeout keeps running
   // from the last progress (go_to_st leaves the timers alone); the probe
   // timer fired, and the resend arms it again, backed off.

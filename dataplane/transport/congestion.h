@@ -177,6 +177,32 @@ class PipeEstimate {
   uint64_t rtt_epoch_ = 0;
 };
 
+// The highest value seen lately: two buckets of an epoch each, as
+// PipeEstimate's (a sample counts for one to two epochs).
+class RecentMax {
+ public:
+  static constexpr uint64_t kEpochNs = 1'000'000'000;  // 1-2 s
+  void reset() { *this = RecentMax{}; }
+  void on_sample(uint64_t now, uint64_t v) {
+    roll(now);
+    max_[1] = std::max(max_[1], v);
+  }
+  uint64_t get(uint64_t now) {
+    roll(now);
+    return std::max(max_[0], max_[1]);
+  }
+
+ private:
+  void roll(uint64_t now) {
+    if (now - epoch_ < kEpochNs) return;
+    max_[0] = now - epoch_ >= 2 * kEpochNs ? 0 : max_[1];
+    max_[1] = 0;
+    epoch_ = now;
+  }
+  uint64_t max_[2] = {0, 0};
+  uint64_t epoch_ = 0;
+};
+
 // A loss cuts `cwnd` in half, but not below the pipe (if it held that
 // much) nor below `floor`.
 inline uint32_t cut_to(const CcParams& p, uint32_t cwnd, uint32_t floor,

@@ -373,6 +373,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.probe_one_ = false;
   qp.srtt_ns_ = 0;
   qp.rttvar_ns_ = 0;
+  qp.pause_.reset();
   qp.rtt_timing_ = false;
   cc_sync(qp);
   qp.resp_ = {};
@@ -728,6 +729,10 @@ void Engine::fire_timer(TimerNode& t) {
 }
 
 uint32_t Engine::poll(uint64_t now_ns) {
+  // Polled again after a pause of this lcore's own (a worker polls every
+  // few us while it has the CPU; kSelfPauseNs is the shortest pause that
+  // counts).
+  if (now_ns - now_ >= kSelfPauseNs) resumed_ns_ = now_ns;
   now_ = now_ns;
   uint32_t work =
       timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); });
@@ -967,9 +972,13 @@ void Engine::arm_probe(Qp& qp) {
   if (!cfg_.tail_probe_ns || !qp.srtt_ns_) return;
   // RFC 8985's 2 x SRTT, and RFC 6298's SRTT + 4 x RTTVAR: on shared cores
   // the round trip jumps when a peer's lcore is descheduled, and a probe
-  // then would only resend what is on its way.
-  const uint64_t pto = std::max({cfg_.tail_probe_ns, 2 * qp.srtt_ns_,
-                                 qp.srtt_ns_ + 4 * qp.rttvar_ns_})
+  // then would only resend what is on its way. Nor shorter than the
+  // peer's pauses of the last 1-2 s (Qp::pause_): the scheduler's slices
+  // (4 ms here) are not in the round trip's samples, and a probe time under
+  // them fired, and cut the window, every time the peer's lcore was off
+  // the CPU (perf/README.md, "the peer's pauses").
+  qp.probe_from_ns_ = now_;
+  const uint64_t pto = std::max(probe_time(qp), qp.pause_.get(now_))
                        << std::min(qp.probes_, 16u);
   // Only ahead of the timeout: at that point the timeout's retry is due.
   if (qp.timeout_ns_ && pto >= qp.timeout_ns_) {
@@ -1000,6 +1009,18 @@ void Engine::cancel_timers(Qp& qp) {
 }
 
 void Engine::rtt_progress(Qp& qp) {
+  // Progress after probes: a peer that was running answers a probe within
+  // a round trip. An answer a probe time or more after the newest one
+  // (and not one that waited for this lcore) means the peer had paused,
+  // and for the whole silence: the data was late, not lost. No duplicate
+  // says so: a responder asked again for a READ it has not finished
+  // starts over from the PSN asked (ours and rxe's), so each response
+  // still comes once.
+  if (qp.probes_ && now_ - qp.probe_sent_ns_ >= probe_time(qp) &&
+      qp.probe_sent_ns_ >= resumed_ns_) {
+    qp.pause_.on_sample(now_, now_ - qp.probe_t0_ns_);
+    ctr_.inc(ECtr::probe_pauses);
+  }
   qp.probes_ = 0;
   if (!qp.rtt_timing_ || !psn_after(qp.comp_.psn, qp.rtt_psn_)) return;
   qp.rtt_timing_ = false;

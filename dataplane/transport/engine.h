@@ -100,7 +100,8 @@ class PacketIo {
   X(rx_rkey_rights)  X(rx_qp_access)    X(rx_write_length) X(rx_rd_atomic_over) \
   X(rx_atomic_misaligned) X(rx_recv_too_small) X(rx_recv_bad_lkey)     \
   X(rx_invalidate_rkey) X(atomic_writes) X(cc_grant_waits)                \
-  X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr) X(cc_floor_drops)
+  X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr) X(cc_floor_drops)  \
+  X(probe_pauses)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -300,6 +301,11 @@ class Engine {
   // The probe, (re)started: a packet with AckReq left, or progress while
   // one is unanswered.
   void arm_probe(Qp& qp);
+  // The probe time the round trip gives, with its floor, before back-off.
+  uint64_t probe_time(const Qp& qp) const {
+    return std::max(
+        {cfg_.tail_probe_ns, 2 * qp.srtt_ns_, qp.srtt_ns_ + 4 * qp.rttvar_ns_});
+  }
   void cancel_retrans(Qp& qp);
   void cancel_timers(Qp& qp);  // every timer of the QP (reset, error, destroy)
   // Round-trip sample for the tail-loss probe: comp_.psn moved on.
@@ -346,6 +352,10 @@ class Engine {
   EngineCounters ctr_;
   TimerWheel timers_;
   uint64_t now_ = 0;
+  // When this lcore last came back from a pause of its own (a gap between
+  // polls): an answer that waited for it says nothing of the peer's.
+  static constexpr uint64_t kSelfPauseNs = 500'000;
+  uint64_t resumed_ns_ = 0;
   // QPN = generation << qpn_slot_bits_ | (kFirstQpn + slot * homes + home).
   // A slot is
   // reused only when the table is full (freed slots queue FIFO), and then

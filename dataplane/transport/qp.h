@@ -281,6 +281,16 @@ class Qp {
   uint64_t probe_due_ns_ = 0;
   uint64_t probe_set_ns_ = 0;
   uint32_t probes_ = 0;  // probes since the last progress
+  // A probe's time runs from probe_from_ns_ (the newest send with AckReq,
+  // or progress). The first probe since progress ran from probe_t0_ns_,
+  // the newest left at probe_sent_ns_. An answer a probe time or more
+  // after the newest says the peer had paused, for the whole silence,
+  // which the probe time keeps as its floor for 1-2 s (pause_,
+  // Engine::rtt_progress).
+  uint64_t probe_from_ns_ = 0;
+  uint64_t probe_t0_ns_ = 0;
+  uint64_t probe_sent_ns_ = 0;
+  RecentMax pause_;
   // Last PSN of the newest packet sent with AckReq: a response is due only
   // for packets up to there, so the probe runs from that send.
   uint32_t ackreq_psn_ = 0;

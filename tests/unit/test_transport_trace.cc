@@ -415,6 +415,11 @@ class TransportTrace : public ::testing::Test {
     }
   }
   void poll() { poll(now_); }
+  // A running lcore: polls every `step` up to `t`.
+  void run_until(uint64_t t, uint64_t step = 50 * kUs) {
+    for (uint64_t n = now_ + step; n < t; n += step) poll(n);
+    poll(t);
+  }
 
   // Everything transmitted since the last call, decoded. Every frame must
   // be a valid RoCEv2 frame (ICRC checked) from us to the peer.
@@ -3332,6 +3337,97 @@ TEST_F(TransportTrace, TailProbeOfAReadCutsTheWindowsOncePerWindow) {
   EXPECT_EQ(ctr(ECtr::timeouts), 0u);
   ASSERT_NO_FATAL_FAILURE(read_rest_answered(remote, 1001 * kUs));
 }
+
+// A READ of 4 KiB into 0x20000, posted and sent at `at`.
+#define SEND_READ(id, at)                                                      \
+  do {                                                                         \
+    ASSERT_EQ(post(rdma(id, IBV_WR_RDMA_READ, {sge(0x20000, 4096)}, kPeerVa)), \
+              0);                                                              \
+    poll(at);                                                                  \
+    ASSERT_EQ(sent().size(), 1u);                                              \
+  } while (0)
+
+// A probe answered a probe time or more after it: the peer had paused (a
+// running one answers within a round trip), for the whole silence, and the
+// probe time keeps that as its floor for 1-2 s (Qp::pause_); else it fires,
+// and cuts the window, every time the peer's lcore is off the CPU a few ms
+// (perf/README.md, "the peer's pauses"). Answered within a round trip, it
+// found a loss: nothing is learnt.
+TEST_F(TransportTrace, ProbeAnsweredLateTeachesTheProbeTimeThePeersPause) {
+  EngineConfig ec;  // the windows on
+  ec.tail_probe_ns = 200 * kUs;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  measured_rtt(kUs);
+  const auto remote = pattern(4096, 0x5c);
+  // P and P+1 arrive at 10 us, the probe's time runs from there; the lcore
+  // polls every 50 us while the peer is silent: probes at 250 us, 650 us
+  // (backed off), ...
+  ASSERT_NO_FATAL_FAILURE(read_half_answered(remote));
+  run_until(4 * kMs);
+  EXPECT_GE(ctr(ECtr::tail_probes), 3u);
+  sent();
+  // The rest comes at 4 ms, long after the newest probe: a pause of ~4 ms.
+  ASSERT_NO_FATAL_FAILURE(read_rest_answered(remote, 4 * kMs));
+  EXPECT_EQ(ctr(ECtr::probe_pauses), 1u);
+  const uint64_t probes = ctr(ECtr::tail_probes);
+  // The next READ's probe waits that pause out, not 200 us.
+  SEND_READ(2, 10 * kMs);
+  run_until(13950 * kUs);
+  EXPECT_EQ(sent().size(), 0u);
+  run_until(14050 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
+  EXPECT_EQ(ctr(ECtr::tail_probes), probes + 1);
+  // Answered 20 us after the probe: it found a loss; nothing is learnt.
+  const auto more = pattern(4096, 0x3a);
+  poll(14070 * kUs);
+  inject(read_resp(op::kRcReadRespFirst, kSqPsn + 4), slice(more, 0, 1024));
+  inject(pkt(op::kRcReadRespMiddle, kSqPsn + 5), slice(more, 1024, 1024));
+  inject(pkt(op::kRcReadRespMiddle, kSqPsn + 6), slice(more, 2048, 1024));
+  inject(read_resp(op::kRcReadRespLast, kSqPsn + 7, 1),
+         slice(more, 3072, 1024));
+  poll(14100 * kUs);
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(bytes(0x20000, 4096), more);
+  EXPECT_EQ(ctr(ECtr::probe_pauses), 1u);
+  // Two seconds later the pause is forgotten: 200 us again.
+  SEND_READ(3, 2500 * kMs);
+  run_until(2500 * kMs + 250 * kUs);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 8);
+}
+
+// An answer that waited for this lcore (off the CPU itself after the probe)
+// says nothing of the peer's pauses.
+TEST_F(TransportTrace, AnswerThatWaitedForThisLcoreTeachesNothing) {
+  EngineConfig ec;
+  ec.tail_probe_ns = 2 * kMs;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  measured_rtt(kUs);
+  const auto remote = pattern(4096, 0x5c);
+  ASSERT_NO_FATAL_FAILURE(read_half_answered(remote));
+  run_until(2050 * kUs);  // the probe, at 2.05 ms
+  ASSERT_EQ(sent().size(), 1u);
+  // This lcore is off the CPU until 5 ms; the answer was waiting in its
+  // ring, 2.95 ms after the probe (a probe time is 2 ms).
+  poll(5 * kMs);
+  ASSERT_NO_FATAL_FAILURE(read_rest_answered(remote, 5 * kMs));
+  EXPECT_EQ(ctr(ECtr::probe_pauses), 0u);
+  SEND_READ(2, 10 * kMs);
+  run_until(12100 * kUs);
+  auto p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 4);
+}
+#undef SEND_READ
 
 TEST_F(TransportTrace, AckCoveringUnansweredReadRetransmitsIt) {
   ASSERT_TRUE(up());
