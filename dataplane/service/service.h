@@ -180,6 +180,10 @@ class alignas(64) Worker final : public transport::PacketIo {
   uint16_t queue_;
   uint16_t burst_;
   uint16_t vlan_tci_;
+  // Since when the engine's timers wait for a full RX ring to be read (0:
+  // they do not); they run at least every kTimerDeferNs.
+  static constexpr uint64_t kTimerDeferNs = 2'000'000;
+  uint64_t timers_deferred_ns_ = 0;
   stats::LcoreCounters ctr_;
   rte_ring* cmd_ring_ = nullptr;
   host::PendingQueue<rte_mbuf*> pending_;
@@ -209,6 +213,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   FaultStage<MbufFaultOps> rx_fault_;
   FaultStage<MbufFaultOps> tx_fault_;
   uint64_t now_ = 0;  // this loop's time (transmit() has no `now`)
+  // A gap between passes this long or longer (beyond an idle sleep) is a
+  // pause of the lcore's (Engine::lcore_paused): a pass takes microseconds.
+  static constexpr uint64_t kPauseNs = 500'000;
   // handle_st's decoding, reused: decode() fills it whole, and a local
   // would be zeroed once more for every packet by its initializers.
   wire::FrameInfo rx_fi_;

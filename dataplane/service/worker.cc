@@ -651,11 +651,21 @@ void Worker::loop_st() {
   const config::IdleConfig& idle = cfg_.lcores.idle;
   uint32_t empty_polls = 0;
   uint64_t next_timer = 0;
+  uint64_t slept_ns = 0;  // asked for by the idle back-off in the last pass
   rte_mbuf* pkts[config::kMaxBurst];
   uint64_t t_prev = rte_rdtsc();
   while (!g_quit.load(std::memory_order_relaxed)) {
     gate_.check_st();  // the control thread may change shared tables now
     const uint64_t now = now_ns();
+    // Off the CPU since the last pass (beyond an idle sleep it asked for):
+    // the engine's timers stand still that long (Engine::lcore_paused).
+    if (now_ && now - now_ > slept_ns + kPauseNs) {
+      const uint64_t paused = now - now_ - slept_ns;
+      engine_.lcore_paused(now, paused);
+      ctr_.inc(Ctr::lcore_pauses);
+      ctr_.add(Ctr::lcore_paused_us, paused / 1000);
+    }
+    slept_ns = 0;
     now_ = now;
     // 1. Commands from the control thread and resolution timers.
     if (now >= next_timer) {
@@ -708,7 +718,20 @@ void Worker::loop_st() {
     local += fault_release_st(now);
     // 3. Transport: timers, requester/responder transmit work, deferred
     // ACKs; then transmit what the burst and the engine produced.
-    const uint32_t work = engine_.poll(now);
+    // A full burst: more frames wait in the ring, the peer's answers may be
+    // among them, and the engine's timers wait until they are read (at
+    // most kTimerDeferNs). After a pause of the lcore's own its timers
+    // stood still (lcore_paused above), but a ring that filled meanwhile
+    // takes a few hundred us to read, and timers due in that time fired
+    // for answers still in it (perf/README.md, "the lcore's own pauses").
+    bool timers = true;
+    if (n == burst_) {
+      if (!timers_deferred_ns_) timers_deferred_ns_ = now;
+      timers = now - timers_deferred_ns_ >= kTimerDeferNs;
+      if (!timers) ctr_.inc(Ctr::timers_deferred);
+    }
+    if (timers) timers_deferred_ns_ = 0;
+    const uint32_t work = engine_.poll(now, timers);
     if (tx_fault_.pending()) local += fault_release_st(now_ns());
     tx_flush_st();
     // 4. Poll accounting and idle back-off (poll -> pause -> sleep); never
@@ -734,6 +757,7 @@ void Worker::loop_st() {
       ++empty_polls;
       if (empty_polls > idle.spin_polls + idle.pause_polls && idle.sleep_us) {
         rte_delay_us_sleep(idle.sleep_us);
+        slept_ns = uint64_t{idle.sleep_us} * 1000;
         next_timer = 0;  // slept: look at timers and commands at once
       } else if (empty_polls > idle.spin_polls) {
         // yield: an application thread sharing this CPU runs now rather

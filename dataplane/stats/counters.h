@@ -34,7 +34,8 @@ namespace urnic::stats {
   X(rx_fault_ce_marked) X(tx_fault_drop)    X(tx_fault_burst_drop)           \
   X(tx_fault_corrupt)  X(tx_fault_duplicate) X(tx_fault_reorder)             \
   X(tx_fault_queue_drop) X(tx_fault_ce_marked) X(tx_bursts)           \
-  X(roce_handoff_held) X(rx_held)
+  X(roce_handoff_held) X(rx_held)          X(lcore_pauses)                  \
+  X(lcore_paused_us)   X(timers_deferred)
 // clang-format on
 
 enum class Ctr : uint16_t {

@@ -728,14 +728,16 @@ void Engine::fire_timer(TimerNode& t) {
   Completer::timer_st(*this, qp, static_cast<TimerKind>(t.kind));
 }
 
-uint32_t Engine::poll(uint64_t now_ns) {
-  // Polled again after a pause of this lcore's own (a worker polls every
-  // few us while it has the CPU; kSelfPauseNs is the shortest pause that
-  // counts).
-  if (now_ns - now_ >= kSelfPauseNs) resumed_ns_ = now_ns;
+void Engine::lcore_paused(uint64_t now_ns, uint64_t ns) {
+  timers_.stop_clock(ns);
+  resumed_ns_ = now_ns;
+}
+
+uint32_t Engine::poll(uint64_t now_ns, bool timers) {
   now_ = now_ns;
   uint32_t work =
-      timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); });
+      timers ? timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); })
+             : 0;
   // ACK-sized responses first, unless read responses for earlier PSNs of
   // the same QP are still to go (then the data pass sends them in order).
   while (Qp* qp = ack_.pop_front()) {

@@ -228,8 +228,19 @@ class Engine {
   void rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
           uint64_t now_ns);
   // Timers, requester and responder transmit work, deferred ACKs. Returns
-  // packets sent plus timers fired (0: nothing to do).
-  uint32_t poll(uint64_t now_ns);
+  // packets sent plus timers fired (0: nothing to do). timers false: the
+  // caller has received frames still to read (the peer's answers may be
+  // among them), so no timer fires in this pass.
+  uint32_t poll(uint64_t now_ns, bool timers = true);
+  // The caller (the lcore) was off the CPU, or busy elsewhere, for `ns`
+  // up to `now_ns`, and read no frame meanwhile: the transport's timers
+  // (the Local ACK Timeout, the probe, RNR, pacing) stand still that long,
+  // as a NIC's keep running only while its firmware does. An answer that
+  // waited in the ring would otherwise be timed out on the way back: 16384
+  // QPs on memif, their service stopped 80 ms a second, resent ~300 000
+  // packets that had arrived (perf/README.md, "the lcore's own pauses").
+  // Late, never early: the IBTA's timers may fire late.
+  void lcore_paused(uint64_t now_ns, uint64_t ns);
   // True while some QP has packets it could send now (TX was full, or a
   // budget ran out): the caller should poll() again without waiting.
   bool busy() const { return !ready_.empty() || !ack_.empty(); }
@@ -352,9 +363,8 @@ class Engine {
   EngineCounters ctr_;
   TimerWheel timers_;
   uint64_t now_ = 0;
-  // When this lcore last came back from a pause of its own (a gap between
-  // polls): an answer that waited for it says nothing of the peer's.
-  static constexpr uint64_t kSelfPauseNs = 500'000;
+  // When this lcore last came back from a pause of its own (lcore_paused):
+  // an answer that waited for it says nothing of the peer's.
   uint64_t resumed_ns_ = 0;
   // QPN = generation << qpn_slot_bits_ | (kFirstQpn + slot * homes + home).
   // A slot is

@@ -58,6 +58,7 @@ class TimerWheel {
   // now_ns >= expire_ns rounded up to a tick: never early, less than one tick
   // late. A time in the past fires at the next advance().
   void arm(TimerNode& t, uint64_t expire_ns) {
+    expire_ns = expire_ns > stopped_ns_ ? expire_ns - stopped_ns_ : 0;
     if (t.armed()) {
       unlink(t);
     } else {
@@ -94,6 +95,7 @@ class TimerWheel {
   // <= now_ns fires on the next call, not this one. Returns the number fired.
   template <typename Fn>
   uint32_t advance(uint64_t now_ns, Fn&& fn) {
+    now_ns = now_ns > stopped_ns_ ? now_ns - stopped_ns_ : 0;
     // A stale now_ns (behind the wheel) must not make the tick count wrap.
     uint64_t cur = std::max(now_ns / tick_ns_, now_tick_);
     uint64_t first = now_tick_ + 1;
@@ -126,8 +128,14 @@ class TimerWheel {
     return fired;
   }
 
-  size_t size() const { return size_; }  // armed timers
-  uint64_t now_tick() const { return now_tick_; }
+  // The wheel's clock stands still for `ns` (its owner was off the CPU, and
+  // read nothing meanwhile): every timer armed fires that much later, and
+  // the times passed in from now on are taken that much earlier. At most
+  // the time since the last advance(), so the clock never goes back.
+  void stop_clock(uint64_t ns) { stopped_ns_ += ns; }
+
+  size_t size() const { return size_; }            // armed timers
+  uint64_t now_tick() const { return now_tick_; }  // on the wheel's clock
 
  private:
   static void init(TimerLink& head) { head.prev = head.next = &head; }
@@ -182,6 +190,7 @@ class TimerWheel {
   std::vector<uint64_t> occupied_;      // bit per slot: may hold timers
   TimerLink due_;                       // armed for a tick already walked
   size_t size_ = 0;
+  uint64_t stopped_ns_ = 0;  // the clock stood still this long (stop_clock)
 };
 
 }  // namespace urnic::transport

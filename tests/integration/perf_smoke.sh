@@ -10,6 +10,8 @@
 #  - urnic-perf (perf/urnic-perf) through the shim: WRITE/READ/SEND/atomic
 #    runs with --verify over several QPs and TBB threads, its JSON parses
 #    and carries the service's counters, and a corrupted payload is caught;
+#    a run whose sending service is stopped (SIGSTOP) 3 x 150 ms completes
+#    verified and times nothing out;
 #  - urnicctl qps pages through 300 held QPs, each shown with the owning
 #    client's pid;
 #  - kill -9 of the urnic-perf server mid-run: the client fails with a
@@ -34,6 +36,7 @@ start server 02:00:00:89:00:01 10.89.0.1 "$SA" -o lcores.idle.yield=false
 # The memif client connects once the server's socket exists.
 for _ in $(seq 100); do memif_listening "$TMP/memif.sock" && break; sleep 0.1; done
 start client 02:00:00:89:00:02 10.89.0.2 "$SB"
+PB=$LAST_PID
 for _ in $(seq 100); do
   [ -S "$SA" ] && [ -S "$SB" ] && grep -q "link up" "$TMP/urnicd-server.log" && break
   sleep 0.1
@@ -107,6 +110,32 @@ for op in write write_imm read send; do
     json_ok "$TMP/$op.json" \
     "j['results'][0]['ops'] > 0 and j['results'][0]['errors'] == 0 and j['results'][0]['verify_errors'] == 0 and j['service'] is not None"
 done
+# The sender's service off the CPU mid-stream (SIGSTOP, 150 ms, three
+# times; urnic-perf's Local ACK Timeout is 67 ms): its timers stand still
+# meanwhile (Engine::lcore_paused), so the ACKs waiting in its ring are
+# read, not timed out.
+stopped_run() {
+  local t0 rc=0 pp
+  t0=$(counter "$SB" timeouts)
+  pair stopped "$UPERF" --server -p 18603 -o write -m bw -s 4096 -q 16 -D 3 \
+    --warmup 0 --verify -- "$UPERF" -p 18603 -o write -m bw -s 4096 -q 16 \
+    -D 3 --warmup 0 --verify &
+  pp=$!
+  sleep 1.5
+  for _ in 1 2 3; do
+    kill -STOP "$PB"
+    sleep 0.15
+    kill -CONT "$PB"
+    sleep 0.3
+  done
+  wait "$pp" || rc=$?
+  STOP_TIMEOUTS=$(($(counter "$SB" timeouts) - t0))
+  return $rc
+}
+check "urnic-perf write, 16 QPs, --verify, its service stopped 3 x 150 ms" \
+  stopped_run
+check "... and it timed nothing out ($STOP_TIMEOUTS timeouts)" \
+  test "$STOP_TIMEOUTS" = 0
 # The programs poll cooperatively here (the shim's URNIC_POLL_YIELD).
 with_yield() { (
   export URNIC_POLL_YIELD=8

@@ -97,6 +97,31 @@ TEST(TimerWheel, StartTimeAndOwnerKindPassedBack) {
   EXPECT_EQ(w.now_tick(), due / kUs);
 }
 
+// While its owner is off the CPU the wheel's clock stands still: a timer
+// armed before the pause fires that much later; one armed after it, at its
+// time.
+TEST(TimerWheel, StoppedClockDelaysWhatWasArmedBefore) {
+  TimerWheel w(0);
+  TimerNode before, after;
+  std::vector<TimerNode*> fired;
+  auto fn = [&](TimerNode& n) { fired.push_back(&n); };
+  w.arm(before, 100 * kUs);
+  EXPECT_EQ(w.advance(40 * kUs, fn), 0u);
+  // Paused from 40 to 90 us: 50 us that do not count.
+  w.stop_clock(50 * kUs);
+  w.arm(after, 90 * kUs + 30 * kUs);
+  EXPECT_EQ(w.advance(90 * kUs, fn), 0u);
+  EXPECT_EQ(w.advance(120 * kUs - 1, fn), 0u);
+  EXPECT_EQ(w.advance(120 * kUs, fn), 1u);
+  ASSERT_EQ(fired.size(), 1u);
+  EXPECT_EQ(fired[0], &after);
+  EXPECT_EQ(w.advance(150 * kUs - 1, fn), 0u);
+  EXPECT_EQ(w.advance(150 * kUs, fn), 1u);
+  ASSERT_EQ(fired.size(), 2u);
+  EXPECT_EQ(fired[1], &before);
+  EXPECT_EQ(w.size(), 0u);
+}
+
 TEST(TimerWheel, PastExpiryFiresAtNextAdvanceEvenWithoutTimeMoving) {
   TimerWheel w(50 * kUs);
   std::vector<Probe> v;

@@ -2916,6 +2916,45 @@ TEST_F(TransportTrace, RetransmitTimerResendsSamePacketAfterTimeout) {
   EXPECT_EQ(cq_poll().size(), 1u);
 }
 
+// The Local ACK Timeout stands still while the lcore is off the CPU
+// (Engine::lcore_paused): the ACK may have been waiting in its ring, and a
+// stopped service timed out what had arrived (perf/README.md, "the
+// lcore's own pauses"). Late, never early.
+TEST_F(TransportTrace, LocalAckTimeoutStandsStillWhileTheLcoreIsPaused) {
+  QpOpts o;
+  o.timeout = 10;  // 4.194304 ms
+  ASSERT_TRUE(up(IBV_QPT_RC, o));
+  const uint64_t T = ack_timeout_ns(10);
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 100)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Off the CPU from 1 ms to 4 ms.
+  poll(kMs);
+  engine_->lcore_paused(4 * kMs, 3 * kMs);
+  poll(T + kSlack);
+  auto p = sent();
+  EXPECT_TRUE(p.empty()) << dump(p);
+  EXPECT_EQ(ctr(ECtr::timeouts), 0u);
+  poll(T + 3 * kMs - kUs);
+  EXPECT_TRUE(sent().empty());
+  poll(T + 3 * kMs + kSlack);
+  p = sent();
+  ASSERT_EQ(p.size(), 1u) << dump(p);
+  EXPECT_EQ(p[0].f.psn, kSqPsn);
+  EXPECT_EQ(ctr(ECtr::timeouts), 1u);
+  // A timer armed after the pause runs on its own time: the resend's
+  // timeout, T after it.
+  const uint64_t resent = T + 3 * kMs + kSlack;
+  poll(resent + T - kUs);
+  EXPECT_TRUE(sent().empty());
+  poll(resent + T + kSlack);
+  EXPECT_EQ(sent().size(), 1u);
+  EXPECT_EQ(ctr(ECtr::timeouts), 2u);
+  inject(ack(kSqPsn, 1));
+  poll();
+  EXPECT_EQ(cq_poll().size(), 1u);
+}
+
 // Tail-loss probe: with nothing acknowledged for tail_probe_ns (no RTT
 // sample yet), the last packet goes again with AckReq; the ACK it draws
 // completes everything. No timeout, no retry spent.
@@ -3418,6 +3457,7 @@ TEST_F(TransportTrace, AnswerThatWaitedForThisLcoreTeachesNothing) {
   ASSERT_EQ(sent().size(), 1u);
   // This lcore is off the CPU until 5 ms; the answer was waiting in its
   // ring, 2.95 ms after the probe (a probe time is 2 ms).
+  engine_->lcore_paused(5 * kMs, 2950 * kUs);
   poll(5 * kMs);
   ASSERT_NO_FATAL_FAILURE(read_rest_answered(remote, 5 * kMs));
   EXPECT_EQ(ctr(ECtr::probe_pauses), 0u);
