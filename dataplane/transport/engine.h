@@ -239,7 +239,7 @@ class Engine {
   // waited in the ring would otherwise be timed out on the way back: 16384
   // QPs on memif, their service stopped 80 ms a second, resent ~300 000
   // packets that had arrived (perf/README.md, "the lcore's own pauses").
-  // Late, never early: the IBTA's timers may fire late.
+  // Late, never early.
   void lcore_paused(uint64_t now_ns, uint64_t ns);
   // True while some QP has packets it could send now (TX was full, or a
   // budget ran out): the caller should poll() again without waiting.
