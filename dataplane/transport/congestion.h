@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 
 #include "dataplane/transport/psn.h"
 
@@ -130,14 +131,41 @@ struct CcParams {
   uint64_t line_rate_mbps = 100'000;  // rpg_max_rate when that is 0
 };
 
+// The best sample of the last one to two epochs: two buckets of an epoch
+// each, this one's and the last one's (a sample counts for one to two
+// epochs). Better(a, b): a wins over b; kNone: no sample (loses to all).
+// get() without a time reads the buckets as of the last sample.
+template <typename T, uint64_t kEpochNs, typename Better, T kNone>
+class WindowedBest {
+ public:
+  void reset() { *this = WindowedBest{}; }
+  void on_sample(uint64_t now, T v) {
+    roll(now);
+    if (Better{}(v, b_[1])) b_[1] = v;
+  }
+  T get() const { return Better{}(b_[0], b_[1]) ? b_[0] : b_[1]; }
+  T get(uint64_t now) {
+    roll(now);
+    return get();
+  }
+
+ private:
+  void roll(uint64_t now) {
+    if (now - epoch_ < kEpochNs) return;
+    b_[0] = now - epoch_ >= 2 * kEpochNs ? kNone : b_[1];
+    b_[1] = kNone;
+    epoch_ = now;
+  }
+  T b_[2] = {kNone, kNone};  // the last epoch, this one
+  uint64_t epoch_ = 0;
+};
+
 // The pipe: how many packets the path holds without a queue, the highest
 // delivery rate lately times the lowest round trip lately (BBR's BtlBw x
 // RTprop, draft-cardwell-iccrg-bbr-congestion-control 4.1). A window at
 // least this large loses no throughput, and as the rate comes from what
-// was delivered it is never above what the window let through. Windowed
-// max and min as two buckets of an epoch each (a sample counts for one to
-// two epochs). Samples: one timed packet per round trip (Karn: none
-// across a go-back).
+// was delivered it is never above what the window let through. Samples:
+// one timed packet per round trip (Karn: none across a go-back).
 class PipeEstimate {
  public:
   static constexpr uint64_t kRateEpochNs = 10'000'000;    // 10-20 ms
@@ -146,62 +174,25 @@ class PipeEstimate {
   // A round trip of `rtt_ns`, in which `delivered` packets were ACKed.
   void on_sample(uint64_t now, uint64_t rtt_ns, uint64_t delivered) {
     if (rtt_ns == 0) return;
-    roll(now);
-    rtt_[1] = std::min(rtt_[1], rtt_ns);
-    rate_[1] = std::max(rate_[1], double(delivered) / double(rtt_ns));
+    rtt_.on_sample(now, rtt_ns);
+    rate_.on_sample(now, double(delivered) / double(rtt_ns));
   }
   uint32_t packets() const {
-    const uint64_t rtt = std::min(rtt_[0], rtt_[1]);
+    const uint64_t rtt = rtt_.get();
     if (rtt == UINT64_MAX) return 0;
-    const double p = std::max(rate_[0], rate_[1]) * double(rtt);
+    const double p = rate_.get() * double(rtt);
     return p >= double(UINT32_MAX) ? UINT32_MAX
                                    : static_cast<uint32_t>(std::lround(p));
   }
 
  private:
-  void roll(uint64_t now) {
-    if (now - rate_epoch_ >= kRateEpochNs) {
-      rate_[0] = now - rate_epoch_ >= 2 * kRateEpochNs ? 0 : rate_[1];
-      rate_[1] = 0;
-      rate_epoch_ = now;
-    }
-    if (now - rtt_epoch_ >= kRttEpochNs) {
-      rtt_[0] = now - rtt_epoch_ >= 2 * kRttEpochNs ? UINT64_MAX : rtt_[1];
-      rtt_[1] = UINT64_MAX;
-      rtt_epoch_ = now;
-    }
-  }
-  double rate_[2] = {0, 0};  // packets per ns: last epoch, this one
-  uint64_t rtt_[2] = {UINT64_MAX, UINT64_MAX};
-  uint64_t rate_epoch_ = 0;
-  uint64_t rtt_epoch_ = 0;
+  WindowedBest<double, kRateEpochNs, std::greater<double>, 0.0> rate_;  // /ns
+  WindowedBest<uint64_t, kRttEpochNs, std::less<uint64_t>, UINT64_MAX> rtt_;
 };
 
-// The highest value seen lately: two buckets of an epoch each, as
-// PipeEstimate's (a sample counts for one to two epochs).
-class RecentMax {
- public:
-  static constexpr uint64_t kEpochNs = 1'000'000'000;  // 1-2 s
-  void reset() { *this = RecentMax{}; }
-  void on_sample(uint64_t now, uint64_t v) {
-    roll(now);
-    max_[1] = std::max(max_[1], v);
-  }
-  uint64_t get(uint64_t now) {
-    roll(now);
-    return std::max(max_[0], max_[1]);
-  }
-
- private:
-  void roll(uint64_t now) {
-    if (now - epoch_ < kEpochNs) return;
-    max_[0] = now - epoch_ >= 2 * kEpochNs ? 0 : max_[1];
-    max_[1] = 0;
-    epoch_ = now;
-  }
-  uint64_t max_[2] = {0, 0};
-  uint64_t epoch_ = 0;
-};
+// The longest silence of a QP's peer lately (Qp::pause_), 1-2 s.
+using RecentMax =
+    WindowedBest<uint64_t, 1'000'000'000, std::greater<uint64_t>, uint64_t{0}>;
 
 // A loss cuts `cwnd` in half, but not below the pipe (if it held that
 // much) nor below `floor`.
