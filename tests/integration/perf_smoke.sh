@@ -115,25 +115,34 @@ done
 # meanwhile (Engine::lcore_paused), so the ACKs waiting in its ring are
 # read, not timed out.
 stopped_run() {
-  local t0 rc=0 pp
+  local t0 x0 x1 x2 x3 rc=0 pp
   t0=$(counter "$SB" timeouts)
+  x0=$(counter "$SB" tx_packets)
   pair stopped "$UPERF" --server -p 18603 -o write -m bw -s 4096 -q 16 -D 3 \
     --warmup 0 --verify -- "$UPERF" -p 18603 -o write -m bw -s 4096 -q 16 \
     -D 3 --warmup 0 --verify &
   pp=$!
   sleep 1.5
+  x1=$(counter "$SB" tx_packets)
   for _ in 1 2 3; do
     kill -STOP "$PB"
     sleep 0.15
     kill -CONT "$PB"
     sleep 0.3
   done
+  x2=$(counter "$SB" tx_packets)
   wait "$pp" || rc=$?
+  x3=$(counter "$SB" tx_packets)
   STOP_TIMEOUTS=$(($(counter "$SB" timeouts) - t0))
+  # Sending before the first stop and after the last: they fell in the run.
+  STOP_SENT="$((x1 - x0)) before, $((x3 - x2)) after"
+  STOP_IN_RUN=$(((x1 > x0) && (x3 > x2)))
   return $rc
 }
 check "urnic-perf write, 16 QPs, --verify, its service stopped 3 x 150 ms" \
   stopped_run
+check "... which was sending through the stops (packets: $STOP_SENT)" \
+  test "$STOP_IN_RUN" = 1
 check "... and it timed nothing out ($STOP_TIMEOUTS timeouts)" \
   test "$STOP_TIMEOUTS" = 0
 # The programs poll cooperatively here (the shim's URNIC_POLL_YIELD).

@@ -415,6 +415,17 @@ class TransportTrace : public ::testing::Test {
     }
   }
   void poll() { poll(now_); }
+  // The QP to `st` (IBV_QP_STATE alone): modify_qp's result.
+  int to_state(ibv_qp_state st, const char** why = nullptr) {
+    ibv_qp_attr a{};
+    a.qp_state = st;
+    return engine_->modify_qp(qp_, a, IBV_QP_STATE, why);
+  }
+  int sq_draining() {  // query_qp's
+    ibv_qp_attr q{};
+    EXPECT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
+    return q.sq_draining;
+  }
   // A running lcore: polls every `step` up to `t`.
   void run_until(uint64_t t, uint64_t step = 50 * kUs) {
     for (uint64_t n = now_ + step; n < t; n += step) poll(n);
@@ -1679,17 +1690,13 @@ TEST_F(TransportTrace, SqdRefusesModifyWhileDraining) {
   ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
   poll(0);
   ASSERT_EQ(sent().size(), 1u);
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_SQD;
-  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
-  ibv_qp_attr q{};
-  ASSERT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
-  EXPECT_EQ(q.sq_draining, 1);
+  ASSERT_EQ(to_state(IBV_QPS_SQD), 0);
+  EXPECT_EQ(sq_draining(), 1);
   const char* why = nullptr;
-  a.qp_state = IBV_QPS_RTS;
-  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE, &why), EINVAL);
+  EXPECT_EQ(to_state(IBV_QPS_RTS, &why), EINVAL);
   ASSERT_NE(why, nullptr);
   EXPECT_NE(std::string(why).find("draining"), std::string::npos) << why;
+  ibv_qp_attr a{};
   a.qp_state = IBV_QPS_SQD;
   a.retry_cnt = 3;
   EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE | IBV_QP_RETRY_CNT),
@@ -1699,10 +1706,8 @@ TEST_F(TransportTrace, SqdRefusesModifyWhileDraining) {
   inject(ack(kSqPsn, 1));
   poll(5 * kUs);
   ASSERT_EQ(cq_poll().size(), 1u);
-  ASSERT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
-  EXPECT_EQ(q.sq_draining, 0);
-  a.qp_state = IBV_QPS_RTS;
-  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  EXPECT_EQ(sq_draining(), 0);
+  EXPECT_EQ(to_state(IBV_QPS_RTS), 0);
   EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
 }
 
@@ -1714,14 +1719,9 @@ TEST_F(TransportTrace, SqdWithAHalfSentWrIsDraining) {
   ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 2500)})), 0);
   poll(0);
   ASSERT_EQ(sent().size(), 1u);
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_SQD;
-  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
-  ibv_qp_attr q{};
-  ASSERT_EQ(engine_->query_qp(qp_, &q, nullptr), 0);
-  EXPECT_EQ(q.sq_draining, 1);
-  a.qp_state = IBV_QPS_RTS;
-  EXPECT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), EINVAL);
+  ASSERT_EQ(to_state(IBV_QPS_SQD), 0);
+  EXPECT_EQ(sq_draining(), 1);
+  EXPECT_EQ(to_state(IBV_QPS_RTS), EINVAL);
 }
 
 // To ERR while draining is allowed: the outstanding WR is flushed.
@@ -1729,11 +1729,8 @@ TEST_F(TransportTrace, SqdToErrWhileDrainingFlushes) {
   ASSERT_TRUE(up());
   ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
   poll(0);
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_SQD;
-  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
-  a.qp_state = IBV_QPS_ERR;
-  ASSERT_EQ(engine_->modify_qp(qp_, a, IBV_QP_STATE), 0);
+  ASSERT_EQ(to_state(IBV_QPS_SQD), 0);
+  ASSERT_EQ(to_state(IBV_QPS_ERR), 0);
   poll(1 * kUs);
   auto wc = cq_poll();
   ASSERT_EQ(wc.size(), 1u);
