@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
+#include <limits>
 
 #include "dataplane/transport/psn.h"
 
@@ -131,11 +131,23 @@ struct CcParams {
   uint64_t line_rate_mbps = 100'000;  // rpg_max_rate when that is 0
 };
 
+// Which sample wins in WindowedBest, and the value of no sample (it loses
+// to every sample).
+template <typename T>
+struct Highest {
+  static constexpr T kNone = T{};
+  bool operator()(T a, T b) const { return a > b; }
+};
+template <typename T>
+struct Lowest {
+  static constexpr T kNone = std::numeric_limits<T>::max();
+  bool operator()(T a, T b) const { return a < b; }
+};
+
 // The best sample of the last one to two epochs: two buckets of an epoch
 // each, this one's and the last one's (a sample counts for one to two
-// epochs). Better(a, b): a wins over b; kNone: no sample (loses to all).
-// get() without a time reads the buckets as of the last sample.
-template <typename T, uint64_t kEpochNs, typename Better, T kNone>
+// epochs). get() without a time reads the buckets as of the last sample.
+template <typename T, uint64_t kEpochNs, typename Better>
 class WindowedBest {
  public:
   void reset() { *this = WindowedBest{}; }
@@ -152,11 +164,11 @@ class WindowedBest {
  private:
   void roll(uint64_t now) {
     if (now - epoch_ < kEpochNs) return;
-    b_[0] = now - epoch_ >= 2 * kEpochNs ? kNone : b_[1];
-    b_[1] = kNone;
+    b_[0] = now - epoch_ >= 2 * kEpochNs ? Better::kNone : b_[1];
+    b_[1] = Better::kNone;
     epoch_ = now;
   }
-  T b_[2] = {kNone, kNone};  // the last epoch, this one
+  T b_[2] = {Better::kNone, Better::kNone};  // the last epoch, this one
   uint64_t epoch_ = 0;
 };
 
@@ -186,13 +198,12 @@ class PipeEstimate {
   }
 
  private:
-  WindowedBest<double, kRateEpochNs, std::greater<double>, 0.0> rate_;  // /ns
-  WindowedBest<uint64_t, kRttEpochNs, std::less<uint64_t>, UINT64_MAX> rtt_;
+  WindowedBest<double, kRateEpochNs, Highest<double>> rate_;  // packets/ns
+  WindowedBest<uint64_t, kRttEpochNs, Lowest<uint64_t>> rtt_;
 };
 
 // The longest silence of a QP's peer lately (Qp::pause_), 1-2 s.
-using RecentMax =
-    WindowedBest<uint64_t, 1'000'000'000, std::greater<uint64_t>, uint64_t{0}>;
+using RecentMax = WindowedBest<uint64_t, 1'000'000'000, Highest<uint64_t>>;
 
 // A loss cuts `cwnd` in half, but not below the pipe (if it held that
 // much) nor below `floor`.
