@@ -13,11 +13,19 @@ namespace aeth = wire::aeth;
 
 // Completes the SEND/WRITE WRs that PSNs before `end` acknowledge. Returns
 // true if it stopped at a READ/ATOMIC lying entirely before `end` whose
-// response has not fully arrived: its responses were lost (9.7.5.2.3).
+// response has not fully arrived, or at a READ with responses before `end`
+// still missing: they were lost (9.7.5.2.3). (A READ asked for in several
+// requests, Qp::rd_reqs_, has request boundaries inside its PSNs, and a
+// NAK may be for one of them.)
 bool ack_through(Engine& e, Qp& qp, uint32_t end) {
   while (qp.sq_head_ != qp.sq_tail_ && qp.state_ != IBV_QPS_ERR) {
     SendWqe& w = qp.sqe(qp.sq_head_);
-    if (!w.started || psn_diff(w.last_psn, end) >= 0) break;
+    if (!w.started) break;
+    if (psn_diff(w.last_psn, end) >= 0) {
+      const uint32_t next =
+          psn_after(qp.comp_.psn, w.first_psn) ? qp.comp_.psn : w.first_psn;
+      return w.wr.opcode == IBV_WR_RDMA_READ && psn_before(next, end);
+    }
     if (needs_response(w.wr.opcode) && !w.done) return true;
     e.complete_head(qp, IBV_WC_SUCCESS);
   }
@@ -42,6 +50,7 @@ void cc_progress(Engine& e, Qp& qp) {
 }
 
 void progress(Engine& e, Qp& qp) {
+  qp.retire_rd_reqs();  // answered requests give their credits back
   cc_progress(e, qp);
   e.rtt_progress(qp);
   qp.comp_.retries_left = qp.retry_cnt_;
@@ -147,6 +156,7 @@ void on_nak(Engine& e, Qp& qp, uint32_t psn, uint8_t syndrome) {
   if (qp.state_ == IBV_QPS_ERR) return;
   qp.comp_.psn = psn;
   if (advanced) {
+    qp.retire_rd_reqs();
     cc_progress(e, qp);
     qp.comp_.retries_left = qp.retry_cnt_;
     qp.comp_.rnr_left = qp.rnr_retry_;
@@ -259,8 +269,11 @@ void on_read_response(Engine& e, Qp& qp, const RxPkt& p) {
       static_cast<uint32_t>(psn_diff(psn, w->first_psn)) * qp.mtu_;
   const uint32_t want = std::min(qp.mtu_, w->length - off);
   const bool last = psn == w->last_psn;
+  // The last response of its request (a READ may be asked for in several,
+  // Qp::rd_reqs_) is a Last or Only one, and no other is (9.7.5.2.x).
+  const Qp::RdReq* r = qp.rd_req_at(psn);
   const bool op_last = p.op.mask & wire::kLast;
-  if (p.f.payload_len != want || last != op_last) {
+  if (p.f.payload_len != want || !r || (psn == r->last_psn) != op_last) {
     e.ctr_.inc(ECtr::rx_bad_length);
     return;
   }
@@ -347,7 +360,8 @@ void Completer::timer_st(Engine& e, Qp& qp, TimerKind kind) {
 // last response then went unanswered until retry exceeded
 // (tools/vm-rxe-interop, igb, ib_read_bw -q 8). Such a READ is asked again
 // from its first response not yet received, which every later re-request
-// (the completer only moves forward) stays inside.
+// (the completer only moves forward) stays inside. A READ asked for in
+// several requests is asked again within the request of `last`.
 static uint32_t read_probe_psn(Qp& qp, uint32_t last, bool* read) {
   *read = false;
   for (uint32_t i = qp.sq_head_; i != qp.sq_tail_; ++i) {
@@ -355,8 +369,10 @@ static uint32_t read_probe_psn(Qp& qp, uint32_t last, bool* read) {
     if (!w.started) break;
     if (psn_diff(last, w.last_psn) > 0) continue;
     if (w.wr.opcode != IBV_WR_RDMA_READ) return last;
+    const Qp::RdReq* r = qp.rd_req_at(last);
+    if (!r) return last;
     *read = true;
-    return psn_after(qp.comp_.psn, w.first_psn) ? qp.comp_.psn : w.first_psn;
+    return psn_after(qp.comp_.psn, r->first_psn) ? qp.comp_.psn : r->first_psn;
   }
   return last;
 }
@@ -401,8 +417,8 @@ void Completer::probe_st(Engine& e, Qp& qp) {
     qp.probe_due_ = true;
     Requester::go_to_st(e, qp, from, Requester::Queue::kFirst);
   } else if (qp.req_.rd_atomic) {
-    // READ/atomic WRs outstanding: skipping over them would give back
-    // credits (go_to_st) for WRs not sent again. Go back N.
+    // READ/atomic requests outstanding: go back N from the oldest
+    // unanswered one; each is asked again within its own extent.
     cut_windows(e, qp, false);
     qp.comp_.went_back = true;
     qp.comp_.went_back_psn = qp.comp_.psn;

@@ -310,6 +310,7 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   qp->probe_timer_.owner = qp.get();
   qp->probe_timer_.kind = kProbeTimer;
   qp->res_.resize(1);
+  qp->size_rd_reqs();
   Device::hold(a.pd);
   Device::hold(a.send_cq);
   Device::hold(a.recv_cq);
@@ -363,6 +364,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.publish_sq();
   qp.publish_rq();
   qp.req_ = {};
+  qp.rd_head_ = 0;
   qp.comp_ = {};
   qp.cc_.reset(cfg_.cc, 0);
   qp.ctr_.cc_window.set(qp.cc_.window());
@@ -435,6 +437,7 @@ int Engine::modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask,
     // 0 would forbid READ/ATOMIC altogether; such WRs would then wait
     // forever, so one credit is the floor (as rxe does).
     qp->max_rd_atomic_ = attr.max_rd_atomic ? attr.max_rd_atomic : 1;
+    qp->size_rd_reqs();
   }
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
     s.max_dest_rd_atomic = attr.max_dest_rd_atomic;
@@ -564,7 +567,7 @@ int Engine::post_send(Qp* qp, const SendWrHead& wr, const Sge* sges) {
   if (qp->type_ == IBV_QPT_UD) w.wr.ah_gen = wr.ah->gen();
   if (!inl) std::copy_n(sges, wr.num_sge, w.sge);
   w.length = static_cast<uint32_t>(len);
-  w.started = w.resolved = w.rd_counted = w.done = false;
+  w.started = w.resolved = w.done = false;
   w.local_err = IBV_WC_SUCCESS;
   w.first_psn = w.last_psn = w.npkts = 0;  // assigned when it starts
   if (inl) {
@@ -875,10 +878,6 @@ bool Engine::push_cqe(Qp& qp, Cq* cq, const ibv_wc& wc, bool solicited) {
 
 void Engine::complete_head(Qp& qp, ibv_wc_status st) {
   SendWqe& w = qp.sqe(qp.sq_head_);
-  if (w.rd_counted) {
-    w.rd_counted = false;
-    --qp.req_.rd_atomic;
-  }
   ++qp.sq_head_;
   qp.publish_sq();
   if (qp.sq_next_ - qp.sq_head_ > qp.sq_tail_ - qp.sq_head_)
@@ -928,7 +927,8 @@ void Engine::to_error(Qp& qp) {
   }
   qp.sq_next_ = qp.sq_head_;
   qp.publish_sq();
-  qp.req_.rd_atomic = 0;
+  qp.req_.rd_atomic = 0;  // no response is awaited any more
+  qp.rd_head_ = 0;
   auto flush_recv = [&](uint64_t wr_id) {
     ibv_wc wc{};
     wc.wr_id = wr_id;
@@ -1123,6 +1123,38 @@ bool Qp::uses_memory(const uint8_t* lo, const uint8_t* hi) const {
     if (r.pending && r.kind == RespResource::kRead && in(r.tx_p, r.tx_left))
       return true;
   return false;
+}
+
+const Qp::RdReq* Qp::rd_req_at(uint32_t psn) const {
+  const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
+  for (uint32_t i = 0; i < req_.rd_atomic; ++i) {
+    const RdReq& r = rd_reqs_[(rd_head_ + i) % n];
+    if (psn_diff(psn, r.first_psn) >= 0 && psn_diff(psn, r.last_psn) <= 0)
+      return &r;
+  }
+  return nullptr;
+}
+
+void Qp::retire_rd_reqs() {
+  const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
+  while (req_.rd_atomic && psn_before(rd_reqs_[rd_head_].last_psn, comp_.psn)) {
+    rd_head_ = (rd_head_ + 1) % n;
+    --req_.rd_atomic;
+  }
+}
+
+void Qp::push_rd_req(uint32_t first_psn, uint32_t last_psn) {
+  const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
+  rd_reqs_[(rd_head_ + req_.rd_atomic++) % n] = {first_psn, last_psn};
+}
+
+void Qp::size_rd_reqs() {
+  const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
+  std::vector<RdReq> v(std::max<uint32_t>(max_rd_atomic_, req_.rd_atomic));
+  for (uint32_t i = 0; i < req_.rd_atomic; ++i)
+    v[i] = rd_reqs_[(rd_head_ + i) % n];
+  rd_reqs_ = std::move(v);
+  rd_head_ = 0;
 }
 
 bool Engine::mr_in_use(const Mr& mr) const {

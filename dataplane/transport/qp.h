@@ -118,10 +118,9 @@ struct SendWqe {
   uint32_t npkts = 0;              // PSNs the message uses
   uint32_t first_psn = 0;          // valid once started
   uint32_t last_psn = 0;
-  bool started = false;     // PSNs assigned (at least one packet sent)
-  bool resolved = false;    // host_sg valid
-  bool rd_counted = false;  // holds a max_rd_atomic credit
-  bool done = false;        // READ/ATOMIC response fully received
+  bool started = false;   // PSNs assigned (at least one packet sent)
+  bool resolved = false;  // host_sg valid
+  bool done = false;      // READ/ATOMIC response fully received
   ibv_wc_status local_err = IBV_WC_SUCCESS;  // found when resolving
 };
 
@@ -248,10 +247,31 @@ class Qp {
     uint32_t psn = 0;        // next PSN to send
     uint32_t max_psn = 0;    // one past the highest PSN ever sent
     uint32_t offset = 0;     // bytes of sqe(sq_next_) already sent
-    uint32_t rd_atomic = 0;  // READ/ATOMIC WRs holding a credit
+    uint32_t rd_atomic = 0;  // READ/ATOMIC requests outstanding (rd_reqs_)
     uint32_t pkts_since_ackreq = 0;
     bool ackreq_next = false;  // first packet after a go-back asks for an ACK
   } req_;
+  // The READ/ATOMIC requests sent whose responses have not all arrived,
+  // oldest first: a ring of max_rd_atomic_ slots (more only if the limit
+  // was lowered under outstanding ones), req_.rd_atomic of them from
+  // rd_head_. Each holds a max_rd_atomic credit (a responder resource at
+  // the peer, IBTA 9.7.5.1.5). A READ larger than the window is asked for
+  // in several requests, and a request sent again after a go-back asks
+  // for no more than its record: the same extent the responder holds.
+  struct RdReq {
+    uint32_t first_psn = 0;
+    uint32_t last_psn = 0;
+  };
+  std::vector<RdReq> rd_reqs_;
+  uint32_t rd_head_ = 0;
+  // The outstanding request whose PSNs hold `psn`, or null.
+  const RdReq* rd_req_at(uint32_t psn) const;
+  // Drops the requests the completer has passed (all their responses in).
+  void retire_rd_reqs();
+  // Appends a request (a credit must be free: rd_atomic < max_rd_atomic_).
+  void push_rd_req(uint32_t first_psn, uint32_t last_psn);
+  // Sizes the ring for max_rd_atomic_, keeping what is outstanding.
+  void size_rd_reqs();
 
   // Completer.
   struct Comp {
