@@ -1125,12 +1125,17 @@ bool Qp::uses_memory(const uint8_t* lo, const uint8_t* hi) const {
   return false;
 }
 
+// The ring is walked from the oldest request, where a response usually
+// belongs, without a division per step (its size need not be a power of
+// two: max_rd_atomic).
 const Qp::RdReq* Qp::rd_req_at(uint32_t psn) const {
   const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
-  for (uint32_t i = 0; i < req_.rd_atomic; ++i) {
-    const RdReq& r = rd_reqs_[(rd_head_ + i) % n];
+  uint32_t i = rd_head_;
+  for (uint32_t k = 0; k < req_.rd_atomic; ++k) {
+    const RdReq& r = rd_reqs_[i];
     if (psn_diff(psn, r.first_psn) >= 0 && psn_diff(psn, r.last_psn) <= 0)
       return &r;
+    if (++i == n) i = 0;
   }
   return nullptr;
 }
@@ -1138,14 +1143,16 @@ const Qp::RdReq* Qp::rd_req_at(uint32_t psn) const {
 void Qp::retire_rd_reqs() {
   const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
   while (req_.rd_atomic && psn_before(rd_reqs_[rd_head_].last_psn, comp_.psn)) {
-    rd_head_ = (rd_head_ + 1) % n;
+    if (++rd_head_ == n) rd_head_ = 0;
     --req_.rd_atomic;
   }
 }
 
 void Qp::push_rd_req(uint32_t first_psn, uint32_t last_psn) {
   const uint32_t n = static_cast<uint32_t>(rd_reqs_.size());
-  rd_reqs_[(rd_head_ + req_.rd_atomic++) % n] = {first_psn, last_psn};
+  uint32_t i = rd_head_ + req_.rd_atomic++;
+  if (i >= n) i -= n;
+  rd_reqs_[i] = {first_psn, last_psn};
 }
 
 void Qp::size_rd_reqs() {
