@@ -4591,11 +4591,29 @@ TEST_F(TransportTrace, FencedWriteWaitsForEarlierRead) {
 class ReadPieces : public TransportTrace {
  protected:
   static constexpr uint32_t kLocal = 0x40000;
-  // The responses to `req` (a READ request sent), from its `skip`th on,
-  // as a responder sends them: FIRST (or ONLY) at its PSN, LAST at its end;
-  // `lose` (an offset in the request) is not injected.
-  void answer(const Pkt& req, const std::vector<uint8_t>& remote,
-              uint32_t lose = UINT32_MAX) {
+  // The windows on (32 packets at first), the QP at RTS, READ wr 1 of `len`
+  // bytes from kPeerVa (remote_) posted; its first request, which asks for
+  // the window: 32 packets, not the READ's.
+  void start(uint32_t len, uint8_t seed) {
+    EngineConfig ec;
+    ec.cc.init_window = 32;
+    use_engine(ec);
+    ASSERT_TRUE(up());
+    len_ = len;
+    remote_ = pattern(len, seed);
+    ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(kLocal, len)}, kPeerVa)), 0);
+    poll(0);
+    first_ = sent();
+    ASSERT_EQ(first_.size(), 1u) << dump(first_);
+    EXPECT_EQ(first_[0].f.opcode, op::kRcReadRequest);
+    EXPECT_EQ(first_[0].f.psn, kSqPsn);
+    EXPECT_EQ(first_[0].f.reth_va, kPeerVa);
+    EXPECT_EQ(first_[0].f.reth_len, 32u * 1024);
+    EXPECT_TRUE(first_[0].f.ack_req);
+  }
+  // The responses to READ request `req`, as a responder sends them: FIRST
+  // (or ONLY) at its PSN, LAST at its end; the `lose`th is not injected.
+  void answer(const Pkt& req, uint32_t lose = UINT32_MAX) {
     const uint32_t n = (req.f.reth_len + 1023) / 1024;
     const uint32_t off = static_cast<uint32_t>(req.f.reth_va - kPeerVa);
     for (uint32_t i = 0; i < n; ++i) {
@@ -4606,60 +4624,59 @@ class ReadPieces : public TransportTrace {
       if (i == lose) continue;
       const uint32_t len = std::min(1024u, req.f.reth_len - i * 1024);
       inject(read_resp(opc, req.f.psn + i, ++msn_),
-             slice(remote, off + i * 1024, len));
+             slice(remote_, off + i * 1024, len));
     }
   }
+  // Answers the requests in `p` and every one they let go, 10 us apart
+  // from `t`, until wr 1 completes; checks it and its data. Returns the
+  // requests answered.
+  std::vector<Pkt> answer_until_done(std::vector<Pkt> p, uint64_t t) {
+    std::vector<Pkt> asked;
+    std::vector<ibv_wc> wc;
+    for (int round = 0; round < 10 && wc.empty(); ++round) {
+      for (const Pkt& r : p) {
+        EXPECT_EQ(r.f.opcode, op::kRcReadRequest) << dump(p);
+        answer(r);
+        asked.push_back(r);
+      }
+      t += 10 * kUs;
+      poll(t);
+      p = sent();
+      wc = cq_poll();
+    }
+    EXPECT_EQ(wc.size(), 1u);
+    if (!wc.empty()) {
+      EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
+      EXPECT_EQ(wc[0].byte_len, len_);
+    }
+    EXPECT_EQ(bytes(kLocal, len_), remote_);
+    return asked;
+  }
+  uint32_t len_ = 0;
+  std::vector<uint8_t> remote_;
+  std::vector<Pkt> first_;
   uint32_t msn_ = 0;
 };
 
 TEST_F(ReadPieces, ReadLargerThanTheWindowIsAskedForInPieces) {
-  EngineConfig ec;  // the windows on
-  ec.cc.init_window = 32;
-  use_engine(ec);
-  ASSERT_TRUE(up());
-  const uint32_t kLen = 96 * 1024;
-  const auto remote = pattern(kLen, 0x61);
-  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(kLocal, kLen)}, kPeerVa)), 0);
-  poll(0);
-  auto p = sent();
-  // One request, for the window (32 packets), not the READ's 96.
-  ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
-  EXPECT_EQ(p[0].f.psn, kSqPsn);
-  EXPECT_EQ(p[0].f.reth_va, kPeerVa);
-  EXPECT_EQ(p[0].f.reth_len, 32u * 1024);
-  EXPECT_TRUE(p[0].f.ack_req);
-  // Each answered request lets the next go, from where it ended.
-  uint32_t next = kSqPsn, requests = 0;
-  uint64_t t = 0;
-  std::vector<ibv_wc> wc;
-  while (wc.empty() && requests < 10) {
-    for (const Pkt& r : p) {
-      ASSERT_EQ(r.f.opcode, op::kRcReadRequest) << dump(p);
-      EXPECT_EQ(r.f.psn, next);
-      EXPECT_EQ(r.f.reth_va, kPeerVa + (r.f.psn - kSqPsn) * 1024ull);
-      EXPECT_EQ(r.f.reth_len % 1024, 0u);
-      next += r.f.reth_len / 1024;
-      ++requests;
-    }
-    for (const Pkt& r : p) answer(r, remote);
-    t += 10 * kUs;
-    poll(t);
-    p = sent();
-    wc = cq_poll();
+  ASSERT_NO_FATAL_FAILURE(start(96 * 1024, 0x61));
+  const auto asked = answer_until_done(first_, 0);
+  // Each answered request let the next go, from where the last ended.
+  uint32_t next = kSqPsn;
+  for (const Pkt& r : asked) {
+    EXPECT_EQ(r.f.psn, next);
+    EXPECT_EQ(r.f.reth_va, kPeerVa + (r.f.psn - kSqPsn) * 1024ull);
+    EXPECT_EQ(r.f.reth_len % 1024, 0u);
+    next += r.f.reth_len / 1024;
   }
   EXPECT_EQ(next, kSqPsn + 96);
-  EXPECT_GE(requests, 2u);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
-  EXPECT_EQ(wc[0].byte_len, kLen);
-  EXPECT_EQ(bytes(kLocal, kLen), remote);
+  EXPECT_GE(asked.size(), 2u);
   EXPECT_EQ(ctr(ECtr::retransmits), 0u);
   // The credits are back, and the next request uses P+96.
   EXPECT_EQ(qp_->req_.rd_atomic, 0u);
   ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
-  poll(t + 10 * kUs);
-  p = sent();
+  poll(200 * kUs);
+  const auto p = sent();
   ASSERT_EQ(p.size(), 1u) << dump(p);
   EXPECT_EQ(p[0].f.psn, kSqPsn + 96);
 }
@@ -4667,21 +4684,11 @@ TEST_F(ReadPieces, ReadLargerThanTheWindowIsAskedForInPieces) {
 // A gap in one request's responses asks again for the rest of that request
 // only (the extent the responder holds for it), never past its end.
 TEST_F(ReadPieces, ALostResponseIsAskedAgainWithinItsRequest) {
-  EngineConfig ec;
-  ec.cc.init_window = 32;
-  use_engine(ec);
-  ASSERT_TRUE(up());
-  const uint32_t kLen = 64 * 1024;
-  const auto remote = pattern(kLen, 0x62);
-  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(kLocal, kLen)}, kPeerVa)), 0);
-  poll(0);
-  auto p = sent();
-  ASSERT_EQ(p.size(), 1u) << dump(p);
-  ASSERT_EQ(p[0].f.reth_len, 32u * 1024);
+  ASSERT_NO_FATAL_FAILURE(start(64 * 1024, 0x62));
   // Response P+10 is lost; P+11.. arrive out of sequence.
-  answer(p[0], remote, 10);
+  answer(first_[0], 10);
   poll(10 * kUs);
-  p = sent();
+  const auto p = sent();
   // Asked again: P+10 to the request's end (P+31), 22 responses.
   ASSERT_FALSE(p.empty());
   EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
@@ -4690,20 +4697,7 @@ TEST_F(ReadPieces, ALostResponseIsAskedAgainWithinItsRequest) {
   EXPECT_EQ(p[0].f.reth_len, 22u * 1024);
   EXPECT_EQ(ctr(ECtr::rx_out_of_seq), 21u);  // P+11..P+31, one go-back
   EXPECT_EQ(ctr(ECtr::retransmits), 1u);
-  // Answer everything asked for until the READ completes.
-  std::vector<ibv_wc> wc;
-  uint64_t t = 10 * kUs;
-  for (int round = 0; round < 10 && wc.empty(); ++round) {
-    for (const Pkt& r : p)
-      if (r.f.opcode == op::kRcReadRequest) answer(r, remote);
-    t += 10 * kUs;
-    poll(t);
-    p = sent();
-    wc = cq_poll();
-  }
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
-  EXPECT_EQ(bytes(kLocal, kLen), remote);
+  answer_until_done(p, 10 * kUs);
 }
 
 // A sequence NAK at a request boundary inside a READ (the responder lost
@@ -4712,20 +4706,11 @@ TEST_F(ReadPieces, ALostResponseIsAskedAgainWithinItsRequest) {
 // the NAK's PSN as the oldest unacknowledged left a hole in the READ's
 // data, which test_transport_sim's reference model caught.)
 TEST_F(ReadPieces, NakAtARequestBoundaryAsksForTheMissingResponse) {
-  EngineConfig ec;
-  ec.cc.init_window = 32;
-  use_engine(ec);
-  ASSERT_TRUE(up());
-  const uint32_t kLen = 64 * 1024;
-  const auto remote = pattern(kLen, 0x63);
-  ASSERT_EQ(post(rdma(1, IBV_WR_RDMA_READ, {sge(kLocal, kLen)}, kPeerVa)), 0);
-  poll(0);
-  auto p = sent();
-  ASSERT_EQ(p.size(), 1u) << dump(p);
+  ASSERT_NO_FATAL_FAILURE(start(64 * 1024, 0x63));
   // All responses but the last (P+31) arrive; the second request goes.
-  answer(p[0], remote, 31);
+  answer(first_[0], 31);
   poll(10 * kUs);
-  p = sent();
+  auto p = sent();
   ASSERT_EQ(p.size(), 1u) << dump(p);
   EXPECT_EQ(p[0].f.psn, kSqPsn + 32);
   // The responder lost it: NAK (PSN sequence error) for P+32.
@@ -4739,21 +4724,12 @@ TEST_F(ReadPieces, NakAtARequestBoundaryAsksForTheMissingResponse) {
   EXPECT_EQ(p[0].f.reth_va, kPeerVa + 31 * 1024);
   EXPECT_EQ(p[0].f.reth_len, 1024u);
   EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
-  answer(p[0], remote);
-  poll(30 * kUs);
-  EXPECT_TRUE(cq_poll().empty());
-  p = sent();
-  // The second request again, as first sent.
-  ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.psn, kSqPsn + 32);
-  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 32 * 1024);
-  EXPECT_EQ(p[0].f.reth_len, 32u * 1024);
-  answer(p[0], remote);
-  poll(40 * kUs);
-  auto wc = cq_poll();
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
-  EXPECT_EQ(bytes(kLocal, kLen), remote);
+  // Then the second request again, as first sent.
+  const auto asked = answer_until_done(p, 20 * kUs);
+  ASSERT_EQ(asked.size(), 2u) << dump(asked);
+  EXPECT_EQ(asked[1].f.psn, kSqPsn + 32);
+  EXPECT_EQ(asked[1].f.reth_va, kPeerVa + 32 * 1024);
+  EXPECT_EQ(asked[1].f.reth_len, 32u * 1024);
 }
 
 TEST_F(TransportTrace, MaxRdAtomicOneSerializesReads) {
