@@ -13,9 +13,9 @@ namespace {
 
 using namespace wire::opcode;
 
-// The smallest READ request (unless less is left): 32 KiB at a 1 KiB MTU
+// The smallest READ request (unless less is left): 64 KiB at a 1 KiB MTU
 // (read_request_pkts).
-constexpr uint32_t kMinReadPkts = 32;
+constexpr uint32_t kMinReadPkts = 64;
 
 // Packets (PSNs) the QP may have unacknowledged.
 uint32_t window(const Engine& e, const Qp& qp) {
@@ -74,11 +74,13 @@ uint8_t data_opcode(ibv_qp_type t, ibv_wr_opcode op, bool first, bool last) {
 // go-back-N has the responder send again from the first missing response
 // to the end of its request, and what it sent behind the loss arrives out
 // of sequence and is dropped. One 4 MiB READ at 1 % loss had 92 % of its
-// responses sent again and got 0.23 Gb/s, against 1.45 and 14 % asked for
-// in pieces (perf/README.md, "Large READs on a lossy port"). A request is
-// at least kMinReadPkts (and the window's share of one credit, so that
-// max_rd_atomic requests fill the window): at 1 % random loss the window
-// holds ~8 packets, and READs held to it lost a quarter of their goodput.
+// responses sent again and got 0.23 Gb/s (perf/README.md, "Large READs on
+// a lossy port"). A request is at least kMinReadPkts (and the window's
+// share of one credit, so that max_rd_atomic requests fill the window): at
+// 1 % random loss the window holds ~8 packets, and READs held to it lost a
+// quarter of their goodput, and 33-64 packet READs took a round trip more
+// (two requests, the second waiting for room); with 64, a READ of up to 64
+// packets is one request, as before.
 uint32_t read_request_pkts(const Engine& e, const Qp& qp, const SendWqe& w,
                            int32_t out) {
   const uint32_t left = w.npkts - qp.req_.offset / qp.mtu_;

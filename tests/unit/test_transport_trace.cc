@@ -4591,12 +4591,13 @@ TEST_F(TransportTrace, FencedWriteWaitsForEarlierRead) {
 class ReadPieces : public TransportTrace {
  protected:
   static constexpr uint32_t kLocal = 0x40000;
-  // The windows on (32 packets at first), the QP at RTS, READ wr 1 of `len`
-  // bytes from kPeerVa (remote_) posted; its first request, which asks for
-  // the window: 32 packets, not the READ's.
+  static constexpr uint32_t kPiece = 64;  // the window at first, in packets
+  // The windows on (kPiece packets at first), the QP at RTS, READ wr 1 of
+  // `len` bytes from kPeerVa (remote_) posted; its first request, which
+  // asks for the window, not for the READ.
   void start(uint32_t len, uint8_t seed) {
     EngineConfig ec;
-    ec.cc.init_window = 32;
+    ec.cc.init_window = kPiece;
     use_engine(ec);
     ASSERT_TRUE(up());
     len_ = len;
@@ -4608,7 +4609,7 @@ class ReadPieces : public TransportTrace {
     EXPECT_EQ(first_[0].f.opcode, op::kRcReadRequest);
     EXPECT_EQ(first_[0].f.psn, kSqPsn);
     EXPECT_EQ(first_[0].f.reth_va, kPeerVa);
-    EXPECT_EQ(first_[0].f.reth_len, 32u * 1024);
+    EXPECT_EQ(first_[0].f.reth_len, kPiece * 1024);
     EXPECT_TRUE(first_[0].f.ack_req);
   }
   // The responses to READ request `req`, as a responder sends them: FIRST
@@ -4659,7 +4660,7 @@ class ReadPieces : public TransportTrace {
 };
 
 TEST_F(ReadPieces, ReadLargerThanTheWindowIsAskedForInPieces) {
-  ASSERT_NO_FATAL_FAILURE(start(96 * 1024, 0x61));
+  ASSERT_NO_FATAL_FAILURE(start(3 * kPiece * 1024, 0x61));
   const auto asked = answer_until_done(first_, 0);
   // Each answered request let the next go, from where the last ended.
   uint32_t next = kSqPsn;
@@ -4669,33 +4670,34 @@ TEST_F(ReadPieces, ReadLargerThanTheWindowIsAskedForInPieces) {
     EXPECT_EQ(r.f.reth_len % 1024, 0u);
     next += r.f.reth_len / 1024;
   }
-  EXPECT_EQ(next, kSqPsn + 96);
+  EXPECT_EQ(next, kSqPsn + 3 * kPiece);
   EXPECT_GE(asked.size(), 2u);
   EXPECT_EQ(ctr(ECtr::retransmits), 0u);
-  // The credits are back, and the next request uses P+96.
+  // The credits are back, and the next request uses the next PSN.
   EXPECT_EQ(qp_->req_.rd_atomic, 0u);
   ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
   poll(200 * kUs);
   const auto p = sent();
   ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.psn, kSqPsn + 96);
+  EXPECT_EQ(p[0].f.psn, kSqPsn + 3 * kPiece);
 }
 
 // A gap in one request's responses asks again for the rest of that request
 // only (the extent the responder holds for it), never past its end.
 TEST_F(ReadPieces, ALostResponseIsAskedAgainWithinItsRequest) {
-  ASSERT_NO_FATAL_FAILURE(start(64 * 1024, 0x62));
+  ASSERT_NO_FATAL_FAILURE(start(2 * kPiece * 1024, 0x62));
   // Response P+10 is lost; P+11.. arrive out of sequence.
   answer(first_[0], 10);
   poll(10 * kUs);
   const auto p = sent();
-  // Asked again: P+10 to the request's end (P+31), 22 responses.
+  // Asked again: P+10 to the request's end, not the READ's.
   ASSERT_FALSE(p.empty());
   EXPECT_EQ(p[0].f.opcode, op::kRcReadRequest);
   EXPECT_EQ(p[0].f.psn, kSqPsn + 10);
   EXPECT_EQ(p[0].f.reth_va, kPeerVa + 10 * 1024);
-  EXPECT_EQ(p[0].f.reth_len, 22u * 1024);
-  EXPECT_EQ(ctr(ECtr::rx_out_of_seq), 21u);  // P+11..P+31, one go-back
+  EXPECT_EQ(p[0].f.reth_len, (kPiece - 10) * 1024);
+  // P+11 to the request's end out of sequence, one go-back for them.
+  EXPECT_EQ(ctr(ECtr::rx_out_of_seq), kPiece - 11);
   EXPECT_EQ(ctr(ECtr::retransmits), 1u);
   answer_until_done(p, 10 * kUs);
 }
@@ -4706,30 +4708,32 @@ TEST_F(ReadPieces, ALostResponseIsAskedAgainWithinItsRequest) {
 // the NAK's PSN as the oldest unacknowledged left a hole in the READ's
 // data, which test_transport_sim's reference model caught.)
 TEST_F(ReadPieces, NakAtARequestBoundaryAsksForTheMissingResponse) {
-  ASSERT_NO_FATAL_FAILURE(start(64 * 1024, 0x63));
-  // All responses but the last (P+31) arrive; the second request goes.
-  answer(first_[0], 31);
+  ASSERT_NO_FATAL_FAILURE(start(2 * kPiece * 1024, 0x63));
+  // All responses but the request's last (B-1) arrive; the second request
+  // (from B) goes.
+  const uint32_t b = kSqPsn + kPiece;
+  answer(first_[0], kPiece - 1);
   poll(10 * kUs);
   auto p = sent();
   ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.psn, kSqPsn + 32);
-  // The responder lost it: NAK (PSN sequence error) for P+32.
-  inject(nak(kSqPsn + 32, kNakSeq));
+  EXPECT_EQ(p[0].f.psn, b);
+  // The responder lost it: NAK (PSN sequence error) for B.
+  inject(nak(b, kNakSeq));
   poll(20 * kUs);
   p = sent();
-  // P+31 asked for again (its own request's rest: 1 KiB); the window, cut
+  // B-1 asked for again (its own request's rest: 1 KiB); the window, cut
   // by the loss, has the second request wait for its answer.
   ASSERT_EQ(p.size(), 1u) << dump(p);
-  EXPECT_EQ(p[0].f.psn, kSqPsn + 31);
-  EXPECT_EQ(p[0].f.reth_va, kPeerVa + 31 * 1024);
+  EXPECT_EQ(p[0].f.psn, b - 1);
+  EXPECT_EQ(p[0].f.reth_va, kPeerVa + (kPiece - 1) * 1024);
   EXPECT_EQ(p[0].f.reth_len, 1024u);
   EXPECT_EQ(ctr(ECtr::cc_window_cuts), 1u);
   // Then the second request again, as first sent.
   const auto asked = answer_until_done(p, 20 * kUs);
   ASSERT_EQ(asked.size(), 2u) << dump(asked);
-  EXPECT_EQ(asked[1].f.psn, kSqPsn + 32);
-  EXPECT_EQ(asked[1].f.reth_va, kPeerVa + 32 * 1024);
-  EXPECT_EQ(asked[1].f.reth_len, 32u * 1024);
+  EXPECT_EQ(asked[1].f.psn, b);
+  EXPECT_EQ(asked[1].f.reth_va, kPeerVa + kPiece * 1024);
+  EXPECT_EQ(asked[1].f.reth_len, kPiece * 1024);
 }
 
 TEST_F(TransportTrace, MaxRdAtomicOneSerializesReads) {
