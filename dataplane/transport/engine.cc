@@ -363,8 +363,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.sq_pub_bias_ = qp.rq_pub_bias_ = 0;
   qp.publish_sq();
   qp.publish_rq();
-  qp.req_ = {};
-  qp.rd_head_ = 0;
+  qp.req_ = {};  // and with rd_atomic 0 the request ring is empty
   qp.comp_ = {};
   qp.cc_.reset(cfg_.cc, 0);
   qp.ctr_.cc_window.set(qp.cc_.window());
@@ -928,7 +927,6 @@ void Engine::to_error(Qp& qp) {
   qp.sq_next_ = qp.sq_head_;
   qp.publish_sq();
   qp.req_.rd_atomic = 0;  // no response is awaited any more
-  qp.rd_head_ = 0;
   auto flush_recv = [&](uint64_t wr_id) {
     ibv_wc wc{};
     wc.wr_id = wr_id;

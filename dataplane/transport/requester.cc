@@ -94,8 +94,9 @@ uint32_t read_request_pkts(const Engine& e, const Qp& qp, const SendWqe& w,
 }
 
 // Sends the next packet of `w`; false if TX is full (nothing changed). A
-// READ request asks for `rd_pkts` responses.
-bool send_one(Engine& e, Qp& qp, SendWqe& w, uint32_t rd_pkts) {
+// READ request asks for `rd_pkts` responses; a READ/ATOMIC request that is
+// `rd_new` (not sent before) takes a credit (send_st checked one is free).
+bool send_one(Engine& e, Qp& qp, SendWqe& w, uint32_t rd_pkts, bool rd_new) {
   const bool ud = qp.type_ == IBV_QPT_UD;
   const bool rc = qp.type_ == IBV_QPT_RC;
   // RC/UC: the per-QP template (copied, not zeroed first: this runs for
@@ -210,9 +211,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w, uint32_t rd_pkts) {
     w.first_psn = qp.req_.psn;
     w.last_psn = psn_add(w.first_psn, w.npkts - 1);
   }
-  // A request not sent before takes a credit (send_st checked one is free).
-  if (is_rd_atomic(op) && !qp.rd_req_at(f.psn))
-    qp.push_rd_req(f.psn, psn_add(f.psn, psn_used - 1));
+  if (rd_new) qp.push_rd_req(f.psn, psn_add(f.psn, psn_used - 1));
   const bool resent = psn_before(qp.req_.psn, qp.req_.max_psn);
   if (resent) {
     ++qp.ctr_.retransmits;
@@ -327,9 +326,11 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     // before asks again for (the rest of) its own extent; a new one takes
     // a credit.
     uint32_t need = 1;
+    bool rd_new = false;
     if (rd) {
       const Qp::RdReq* r = qp.rd_req_at(qp.req_.psn);
-      if (!r && qp.req_.rd_atomic >= qp.max_rd_atomic_) break;
+      rd_new = !r;
+      if (rd_new && qp.req_.rd_atomic >= qp.max_rd_atomic_) break;
       if (w.wr.opcode == IBV_WR_RDMA_READ)
         need = r ? static_cast<uint32_t>(psn_diff(r->last_psn, qp.req_.psn)) + 1
                  : read_request_pkts(e, qp, w, out);
@@ -355,7 +356,7 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
     } else if (paced && !e.pace_ok(qp)) {
       break;  // UC: the pace timer makes it ready again
     }
-    if (!send_one(e, qp, w, need)) {
+    if (!send_one(e, qp, w, need, rd_new)) {
       *more = true;
       break;
     }
