@@ -103,9 +103,11 @@ ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {
   if (env_.engines.empty() || env_.engines.size() > kSummaryWords ||
       env_.gates.size() != env_.engines.size())
     throw std::invalid_argument("ShimServer: 1..16 engines, a gate each");
+  for (transport::Engine* e : env_.engines) e->set_recv_source(this);
 }
 
 ShimServer::~ShimServer() {
+  for (transport::Engine* e : env_.engines) e->set_recv_source(nullptr);
   for (auto& [id, c] : clients_) release_all(*c);
   finish_abandoned(true);
 }
@@ -744,6 +746,7 @@ int ShimServer::op_create_srq(Client& c, CtlRequest& req, CtlReply& rep) {
     if (!rc) {
       s->srq->set_publish(&s->sh->done);
       s->srq->set_owner({c.info.id, h});
+      s->srq->set_recv_ring(s.get());
       s->home = pick_home();
       s->doorbell = alloc_doorbell(c, s->home);
       if (s->doorbell == UINT32_MAX) {
@@ -858,6 +861,7 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
         q->qp->pub_sq_done_ = &q->sh->sq_done;
         q->qp->pub_rq_done_ = &q->sh->rq_done;
         q->qp->pub_state_ = &q->sh->state;
+        q->qp->recv_ring_ = q.get();
         q->qp->set_owner({c.info.id, h});
         target(c, q->doorbell) = {q.get(), nullptr};
       }

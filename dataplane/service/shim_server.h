@@ -92,10 +92,10 @@ struct ShimCounters {
       async_deferred{0}, async_dropped{0}, client_limit_refusals{0};
 };
 
-class ShimServer {
+class ShimServer final : public transport::RecvSource {
  public:
   explicit ShimServer(ShimEnv env);
-  ~ShimServer();
+  ~ShimServer() override;
   ShimServer(const ShimServer&) = delete;
   ShimServer& operator=(const ShimServer&) = delete;
 
@@ -122,6 +122,10 @@ class ShimServer {
   // Worker lcore `home`: serves the rung doorbells of the QPs and SRQs
   // homed there; returns WQEs taken and adds the doorbells served to *rung.
   uint32_t doorbells_st(uint32_t home, uint32_t* rung);
+  // The engine's lcore, for a QP or SRQ homed there whose queue it found
+  // empty (transport::RecvSource).
+  bool refill(transport::Qp& qp) override;
+  bool refill(transport::Srq& srq) override;
   // Control thread: QPN -> the pid of the client that owns it.
   std::vector<std::pair<uint32_t, pid_t>> qp_owners() const;
   // QPs over all engines.
@@ -258,6 +262,7 @@ class ShimServer {
   uint32_t pick_home() const;
   std::span<LcoreGate* const> all_gates() const { return env_.gates; }
   bool drain_qp_st(Client& c, QpObj& q, uint32_t* taken);
+  bool drain_rq_st(QpObj& q, uint32_t* taken);
   bool drain_srq_st(SrqObj& s, uint32_t* taken);
   bool send_async(const transport::AsyncEvent& ev);
   // Sends or, if the socket is full, holds in the client's backlog (up to

@@ -90,40 +90,10 @@ void prefetch_slot(const Slot* ring, uint32_t size, uint32_t i) {
 
 // Receive WQEs first: a SEND in the same burst finds its buffer.
 bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
-  if (q.broken) return false;
+  if (!drain_rq_st(q, taken)) return false;
   transport::Engine& eng = *env_.engines[q.home];
   transport::Qp* qp = q.qp;
   uint64_t bad = 0;
-
-  const uint32_t rprod = q.sh->rq_prod.load(std::memory_order_acquire);
-  if (rprod - q.rq_seen > q.rq_size) {
-    q.broken = true;  // an index no correct producer can write
-    ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
-    eng.to_error(*qp);
-    return false;
-  }
-  for (uint32_t i = 0; i < kPrefetchAhead && q.rq_seen + i != rprod; ++i)
-    prefetch_slot(q.rq, q.rq_size, q.rq_seen + i);
-  for (; q.rq_seen != rprod; ++q.rq_seen) {
-    if (rprod - q.rq_seen > kPrefetchAhead)
-      prefetch_slot(q.rq, q.rq_size, q.rq_seen + kPrefetchAhead);
-    // Each byte of the slot is read once: the head, then as many SGEs as
-    // the copied head says (bounded), then validated from the copies.
-    const ShmRecvWqe& slot = q.rq[q.rq_seen & (q.rq_size - 1)];
-    ShmRecvWqe w;
-    std::memcpy(&w, &slot, kRecvHead);
-    transport::Sge sges[kMaxSge];
-    int rc = EINVAL;
-    if (w.num_sge <= kMaxSge) {
-      std::memcpy(sges, slot.sge, w.num_sge * sizeof(ShmSge));
-      rc = eng.post_recv(qp, w.wr_id, w.num_sge, sges);
-    }
-    if (rc) {
-      ++bad;
-      eng.fail_unposted_recv(qp, w.wr_id, IBV_WC_LOC_QP_OP_ERR);
-    }
-    ++*taken;
-  }
 
   const uint32_t sprod = q.sh->sq_prod.load(std::memory_order_acquire);
   if (sprod - q.sq_seen > q.sq_size) {
@@ -191,6 +161,59 @@ bool ShimServer::drain_qp_st(Client& c, QpObj& q, uint32_t* taken) {
   }
   if (bad) ctr_.bad_wqes.fetch_add(bad, std::memory_order_relaxed);
   return true;
+}
+
+bool ShimServer::drain_rq_st(QpObj& q, uint32_t* taken) {
+  if (q.broken) return false;
+  transport::Engine& eng = *env_.engines[q.home];
+  transport::Qp* qp = q.qp;
+  uint64_t bad = 0;
+  const uint32_t rprod = q.sh->rq_prod.load(std::memory_order_acquire);
+  if (rprod - q.rq_seen > q.rq_size) {
+    q.broken = true;  // an index no correct producer can write
+    ctr_.bad_wqes.fetch_add(1, std::memory_order_relaxed);
+    eng.to_error(*qp);
+    return false;
+  }
+  for (uint32_t i = 0; i < kPrefetchAhead && q.rq_seen + i != rprod; ++i)
+    prefetch_slot(q.rq, q.rq_size, q.rq_seen + i);
+  for (; q.rq_seen != rprod; ++q.rq_seen) {
+    if (rprod - q.rq_seen > kPrefetchAhead)
+      prefetch_slot(q.rq, q.rq_size, q.rq_seen + kPrefetchAhead);
+    // Each byte of the slot is read once: the head, then as many SGEs as
+    // the copied head says (bounded), then validated from the copies.
+    const ShmRecvWqe& slot = q.rq[q.rq_seen & (q.rq_size - 1)];
+    ShmRecvWqe w;
+    std::memcpy(&w, &slot, kRecvHead);
+    transport::Sge sges[kMaxSge];
+    int rc = EINVAL;
+    if (w.num_sge <= kMaxSge) {
+      std::memcpy(sges, slot.sge, w.num_sge * sizeof(ShmSge));
+      rc = eng.post_recv(qp, w.wr_id, w.num_sge, sges);
+    }
+    if (rc) {
+      ++bad;
+      eng.fail_unposted_recv(qp, w.wr_id, IBV_WC_LOC_QP_OP_ERR);
+    }
+    ++*taken;
+  }
+  if (bad) ctr_.bad_wqes.fetch_add(bad, std::memory_order_relaxed);
+  return true;
+}
+
+// The responder found the queue empty (transport::RecvSource, counted
+// there): what the application posted since the lcore last served its
+// doorbell. The bit stays rung; serving it later finds nothing new.
+bool ShimServer::refill(transport::Qp& qp) {
+  auto* q = static_cast<QpObj*>(qp.recv_ring_);
+  uint32_t taken = 0;
+  return q && drain_rq_st(*q, &taken) && taken;
+}
+
+bool ShimServer::refill(transport::Srq& srq) {
+  auto* s = static_cast<SrqObj*>(srq.recv_ring());
+  uint32_t taken = 0;
+  return s && drain_srq_st(*s, &taken) && taken;
 }
 
 bool ShimServer::drain_srq_st(SrqObj& s, uint32_t* taken) {

@@ -83,6 +83,22 @@ class PacketIo {
   virtual bool transmit(const TxFrame& f) = 0;
 };
 
+// The host side of the receive queues. An application posts receive WRs
+// to a ring in its own memory and rings a doorbell; the lcore takes them
+// at its next pass. A SEND may arrive in between (the lcore was off the
+// CPU after taking the doorbells, and the peer sent on a credit the
+// application gave after posting): the responder then asks for what was
+// posted before it finds a queue empty, as a NIC reads the RQ's doorbell
+// record when it needs a WQE (dataplane/NOTES.md, "Doorbells").
+class RecvSource {
+ public:
+  virtual ~RecvSource() = default;
+  // Takes the receive WRs posted to this QP's ring (its Qp::recv_ring_) or
+  // this SRQ's into the engine now. True if there were any.
+  virtual bool refill(Qp& qp) = 0;
+  virtual bool refill(Srq& srq) = 0;
+};
+
 // clang-format off
 #define URNIC_ENGINE_COUNTERS(X)                                             \
   X(tx_packets)      X(tx_bytes)        X(tx_full)         X(rx_packets)     \
@@ -101,7 +117,7 @@ class PacketIo {
   X(rx_atomic_misaligned) X(rx_recv_too_small) X(rx_recv_bad_lkey)     \
   X(rx_invalidate_rkey) X(atomic_writes) X(cc_grant_waits)                \
   X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr) X(cc_floor_drops)  \
-  X(probe_pauses)
+  X(probe_pauses)    X(recv_refills)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -172,6 +188,10 @@ class Engine {
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+
+  // Set before the lcore runs, cleared after it stopped (nullptr: the
+  // engine's own queues are all there is, as in the simulations).
+  void set_recv_source(RecvSource* s) { recv_src_ = s; }
 
   // Control path (verbs semantics; 0 or a positive errno).
   int create_qp(QpInitAttr& attr, Qp** out);
@@ -359,6 +379,7 @@ class Engine {
 
   Device& dev_;
   PacketIo& io_;
+  RecvSource* recv_src_ = nullptr;
   EngineConfig cfg_;
   EngineCounters ctr_;
   TimerWheel timers_;

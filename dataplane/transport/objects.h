@@ -180,6 +180,10 @@ class Srq {
   // shared SRQ ring frees a slot for each WQE taken.
   void set_publish(std::atomic<uint32_t>* done) { pub_done_ = done; }
   void set_owner(const Owner& o) { owner_ = o; }
+  // The host's handle of the ring the application posts to (opaque here;
+  // RecvSource::refill's).
+  void set_recv_ring(void* r) { recv_ring_ = r; }
+  void* recv_ring() const { return recv_ring_; }
   // ibv_post_srq_recv: 0, ENOMEM (full) or EINVAL (too many SGEs).
   int post(const RecvWr& wr);
   // Engine side: takes the oldest WQE; raises the limit event when the
@@ -196,6 +200,7 @@ class Srq {
   uint32_t max_sge_ = 0;
   uint32_t limit_ = 0;  // armed when non-zero (ibv_modify_srq IBV_SRQ_LIMIT)
   std::atomic<uint32_t>* pub_done_ = nullptr;
+  void* recv_ring_ = nullptr;
   Owner owner_;
   Pd* pd_ = nullptr;
   Device* dev_ = nullptr;

@@ -387,6 +387,9 @@ class Qp {
   std::atomic<uint32_t>* pub_sq_done_ = nullptr;
   std::atomic<uint32_t>* pub_rq_done_ = nullptr;
   std::atomic<uint32_t>* pub_state_ = nullptr;
+  // The host's handle of the ring the application posts receive WRs to
+  // (opaque here; RecvSource::refill's).
+  void* recv_ring_ = nullptr;
   uint32_t sq_pub_bias_ = 0;
   uint32_t rq_pub_bias_ = 0;
   // Read only when an async event is raised: last, off the lines the

@@ -182,6 +182,15 @@ void complete_recv(Engine& e, Qp& qp, ibv_wc_status st, ibv_wc_opcode op,
   e.push_cqe(qp, qp.recv_cq_, wc, f.se);
 }
 
+// Receive WRs posted but not yet taken (RecvSource): asked for only when a
+// queue is found empty, so the common path costs nothing. What it takes may
+// be refused (a bad WQE, a corrupted ring: the QP is then in error, its
+// queue flushed), so the caller looks at the queue again.
+template <typename Q>
+void refill(Engine& e, Q& q) {
+  if (e.recv_src_ && e.recv_src_->refill(q)) e.ctr_.inc(ECtr::recv_refills);
+}
+
 // Takes the next receive WR (the QP's RQ or its SRQ) and resolves its
 // buffers, as many as hold `need` bytes (all for a message whose length is
 // not known yet). False if none is posted. A bad lkey in a buffer the
@@ -196,9 +205,13 @@ bool take_recv(Engine& e, Qp& qp, Res* res, uint32_t need) {
     return true;
   }
   if (qp.srq_) {
-    if (!qp.srq_->pop(r.recv)) return false;
+    if (!qp.srq_->pop(r.recv)) {
+      refill(e, *qp.srq_);
+      if (!qp.srq_->pop(r.recv)) return false;
+    }
   } else {
-    if (qp.rq_head_ == qp.rq_tail_) return false;
+    if (qp.rq_head_ == qp.rq_tail_) refill(e, qp);
+    if (qp.rq_head_ == qp.rq_tail_ || qp.state_ == IBV_QPS_ERR) return false;
     const RecvWqe& q = qp.rq_[qp.rq_head_ & qp.rq_mask_];
     r.recv.wr_id = q.wr_id;
     r.recv.num_sge = q.num_sge;
@@ -557,6 +570,9 @@ void rc_rx(Engine& e, Qp& qp, const RxPkt& p) {
     case Res::ok:
       break;
     case Res::rnr:
+      // The refill found the application's ring corrupted: the QP is in
+      // error now and answers nothing (as if it had been before).
+      if (qp.state_ == IBV_QPS_ERR) return;
       // No receive WR: RNR NAK with our timer; ePSN stays (9.7.5.2.8).
       e.ctr_.inc(ECtr::naks_rnr_tx);
       ++qp.ctr_.naks_rnr_tx;

@@ -137,18 +137,30 @@ struct ShimServerTest : ::testing::Test {
         work += srv.doorbells_st(h, &rung);
         work += engines[h]->poll(now);
       }
-      while (!io.frames.empty()) {
-        std::vector<uint8_t> b = std::move(io.frames.front());
-        io.frames.pop_front();
-        wire::FrameInfo fi;
-        wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
-        ASSERT_EQ(fi.kind, wire::FrameKind::kRoce);
-        const wire::ConstBuf seg{b.data(), static_cast<uint32_t>(b.size())};
-        engines[engines[0]->home_of(fi.roce.dqpn)]->rx(fi, {&seg, 1}, now);
-        ++work;
-      }
+      work += deliver();
       if (!work) return;
     }
+  }
+  // The frames sent so far, each to the engine its destination QPN names,
+  // and no doorbell served: an lcore that took its doorbells and then the
+  // frames that arrived meanwhile.
+  uint32_t deliver() {
+    uint32_t n = 0;
+    for (; !io.frames.empty(); ++n) {
+      std::vector<uint8_t> b = std::move(io.frames.front());
+      io.frames.pop_front();
+      wire::FrameInfo fi;
+      wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
+      EXPECT_EQ(fi.kind, wire::FrameKind::kRoce);
+      const wire::ConstBuf seg{b.data(), static_cast<uint32_t>(b.size())};
+      engines[engines[0]->home_of(fi.roce.dqpn)]->rx(fi, {&seg, 1}, now);
+    }
+    return n;
+  }
+  uint64_t ectr(transport::ECtr c) const {
+    uint64_t n = 0;
+    for (const auto& e : engines) n += e->counters().get(c);
+    return n;
   }
 
   void open() {
@@ -404,6 +416,154 @@ TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
   EXPECT_EQ(b.sh->rq_done.load(), 1u);
   EXPECT_EQ(rung, 3u);  // then b's receive ring and a's send ring
   EXPECT_EQ(srv.counters().bad_wqes.load(), 0u);
+}
+
+// A SEND that arrives after the application posted its receive, but before
+// the lcore served that receive's doorbell (it took the doorbells, then was
+// off the CPU while the peer sent): the responder takes the posted receive
+// from the ring instead of finding the queue empty. Before, UD and UC lost
+// the message (rx_no_recv: verbs_shim.sh's payload_reuse lost 7 of 5000)
+// and RC sent an RNR NAK.
+TEST_F(ShimServerTest, AReceivePostedBeforeItsSendArrivedIsFoundUnrung) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  std::memcpy(src.p, "posted in time", 15);
+  ShmSendWqe s{};
+  s.wr_id = 10;
+  s.opcode = IBV_WR_SEND;
+  s.send_flags = IBV_SEND_SIGNALED;
+  s.num_sge = 1;
+  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 15, src.lkey};
+  post(a, s);
+  uint32_t r = 0;
+  ASSERT_EQ(srv.doorbells_st(0, &r), 1u);  // the SEND: b's ring is empty
+  engines[0]->poll(now);
+  ASSERT_FALSE(io.frames.empty());
+  // Posted and rung now; the SEND arrives before the doorbell is served.
+  ShmRecvWqe w{};
+  w.wr_id = 9;
+  w.num_sge = 1;
+  w.sge[0] = {reinterpret_cast<uint64_t>(dst.p), 100, dst.lkey};
+  b.rq[0] = w;
+  b.sh->rq_prod.store(1, std::memory_order_release);
+  ring_doorbell(*db, b.doorbell);
+  deliver();
+  EXPECT_EQ(ectr(transport::ECtr::recv_refills), 1u);
+  EXPECT_EQ(ectr(transport::ECtr::rx_no_recv), 0u);
+  EXPECT_EQ(ectr(transport::ECtr::naks_rnr_tx), 0u);
+  run();  // the ACK; serving b's doorbell now finds nothing new
+  std::vector<ibv_wc> got;
+  ibv_wc wc;
+  while (poll(cq, &wc)) got.push_back(wc);
+  ASSERT_EQ(got.size(), 2u);
+  for (const ibv_wc& c : got) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  const ibv_wc& recv = got[0].opcode == IBV_WC_RECV ? got[0] : got[1];
+  EXPECT_EQ(recv.wr_id, 9u);
+  EXPECT_EQ(recv.byte_len, 15u);
+  EXPECT_STREQ(reinterpret_cast<const char*>(dst.p), "posted in time");
+  EXPECT_EQ(b.sh->rq_done.load(), 1u);
+  EXPECT_EQ(ectr(transport::ECtr::recv_wqes), 1u);  // taken once
+  EXPECT_EQ(ectr(transport::ECtr::rx_no_recv), 0u);
+}
+
+// The same for a QP of an SRQ: the SRQ's ring is read when it is empty.
+TEST_F(ShimServerTest, AnSrqReceivePostedBeforeItsSendArrivedIsFoundUnrung) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Reply sr = call(Op::kCreateSrq, CreateSrqReq{pd, 8, 1, 0});
+  ASSERT_EQ(sr.status, 0) << sr.payload;
+  const auto srep = sr.as<CreateSrqRep>();
+  auto* ssh = static_cast<SrqShared*>(map(sr.fds.at(0), srep.map_len));
+  auto* ring = reinterpret_cast<ShmRecvWqe*>(reinterpret_cast<uint8_t*>(ssh) +
+                                             ssh->offset);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h, IBV_QPT_RC, srep.handle);
+  connect(a, b);
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  std::memcpy(src.p, "shared", 7);
+  ShmSendWqe s{};
+  s.wr_id = 10;
+  s.opcode = IBV_WR_SEND;
+  s.send_flags = IBV_SEND_SIGNALED;
+  s.num_sge = 1;
+  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 7, src.lkey};
+  post(a, s);
+  uint32_t r = 0;
+  ASSERT_EQ(srv.doorbells_st(0, &r), 1u);
+  engines[0]->poll(now);
+  ShmRecvWqe w{};
+  w.wr_id = 9;
+  w.num_sge = 1;
+  w.sge[0] = {reinterpret_cast<uint64_t>(dst.p), 100, dst.lkey};
+  ring[0] = w;
+  ssh->prod.store(1, std::memory_order_release);
+  ring_doorbell(*db, srep.doorbell);
+  deliver();
+  EXPECT_EQ(ectr(transport::ECtr::recv_refills), 1u);
+  EXPECT_EQ(ectr(transport::ECtr::naks_rnr_tx), 0u);
+  run();
+  ibv_wc wc;
+  int recvs = 0;
+  while (poll(cq, &wc)) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    recvs += wc.opcode == IBV_WC_RECV;
+  }
+  EXPECT_EQ(recvs, 1);
+  EXPECT_STREQ(reinterpret_cast<const char*>(dst.p), "shared");
+  EXPECT_EQ(ssh->done.load(), 1u);
+}
+
+// The ring the refill reads was corrupted (an index no producer can write):
+// the QP goes to error there and then, and answers the SEND with nothing.
+TEST_F(ShimServerTest, ARefillThatFindsACorruptRingLeavesTheQpInError) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  Buf src = reg(pd, 4096);
+  ShmSendWqe s{};
+  s.opcode = IBV_WR_SEND;
+  s.num_sge = 1;
+  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 8, src.lkey};
+  post(a, s);
+  uint32_t r = 0;
+  ASSERT_EQ(srv.doorbells_st(0, &r), 1u);
+  engines[0]->poll(now);
+  b.sh->rq_prod.store(1000, std::memory_order_release);  // ring: 16 slots
+  deliver();
+  EXPECT_EQ(b.sh->state.load(), IBV_QPS_ERR);
+  EXPECT_EQ(srv.counters().bad_wqes.load(), 1u);
+  EXPECT_EQ(ectr(transport::ECtr::naks_rnr_tx), 0u);
+  EXPECT_EQ(ectr(transport::ECtr::recv_refills), 0u);
+  EXPECT_TRUE(io.frames.empty());              // no answer from b
+  EXPECT_EQ(a.sh->state.load(), IBV_QPS_RTS);  // a is left alone
+}
+
+// Nothing posted: the refill finds nothing, and RC answers with an RNR NAK
+// as before (9.7.5.2.8).
+TEST_F(ShimServerTest, NoReceivePostedIsStillAnRnrNak) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+  connect(a, b);
+  Buf src = reg(pd, 4096);
+  ShmSendWqe s{};
+  s.opcode = IBV_WR_SEND;
+  s.send_flags = IBV_SEND_SIGNALED;
+  s.num_sge = 1;
+  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 8, src.lkey};
+  post(a, s);
+  run();
+  EXPECT_GE(ectr(transport::ECtr::naks_rnr_tx), 1u);
+  EXPECT_EQ(ectr(transport::ECtr::recv_refills), 0u);
+  ibv_wc wc;
+  EXPECT_FALSE(poll(cq, &wc));  // waiting for a receive (rnr_retry 7)
 }
 
 TEST_F(ShimServerTest, BadWqeCompletesInErrorAndCorruptIndexKillsOnlyThatQp) {
