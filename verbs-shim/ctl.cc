@@ -70,6 +70,30 @@ void empty_poll() {
   }
 }
 
+namespace {
+
+// Open MPI 4.1's MPI_Rget (osc ucx) completes its request with a fetch-add
+// issued after the READ and a ucp_worker_fence. Over UCX's rc_verbs that
+// fetch-add is an active message (verbs have no SWAP, so UCX emulates
+// every atomic): a SEND whose reply lands in the receive CQ, while the
+// READ's data reaches the application's buffer only when UCX handles the
+// READ's completion from the send CQ. The READ's responses arrive before
+// the reply (the peer answers after its responder served the READ), but
+// UCX's progress skips the send CQ whenever the receive CQ had something:
+// a rank that was off the CPU meanwhile handles the reply first and
+// returns from MPI_Wait before the data is there (1 881 of 2 000 Rgets on
+// two services and two ranks sharing 2 vCPUs; 0 with the switch below).
+// UCX's own switch polls the send CQ on every progress; it is the default
+// of programs this library is loaded into unless their environment sets
+// it or URNIC_UCX_DEFAULTS=0 (README: Environment; UCX-NOTES.md).
+__attribute__((constructor)) void ucx_defaults() {
+  const char* e = getenv("URNIC_UCX_DEFAULTS");
+  if (e && std::string_view(e) == "0") return;
+  setenv("UCX_RC_VERBS_TX_POLL_ALWAYS", "y", 0);
+}
+
+}  // namespace
+
 int connect_service(const std::string& path, int* fd_out) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
