@@ -122,6 +122,11 @@ int command(CmChannel& ch, const CmCommandReq& req, const void* body,
                nullptr, 0, ch.rx.get(), ctl::kMaxMsg, &r, kCmTimeoutMs);
   if (rc) return rc == ETIMEDOUT ? ETIMEDOUT : ENODEV;  // the service is gone
   r.close_fds();
+  // A feature urnic lacks (multicast) is said, as verbs refusals are; the
+  // other refusals are librdmacm's probes (AF_IB commands, then the IP
+  // ones), which it answers itself, and would only be noise.
+  if (r.status == -EOPNOTSUPP && !quiet())
+    say("rdma_cm: %.*s", static_cast<int>(r.payload.size()), r.payload.data());
   if (r.status < 0) return -r.status;
   *got = std::min(out_len, r.payload.size());
   if (*got) std::memcpy(out, r.payload.data(), *got);

@@ -390,6 +390,11 @@ int CmServer::command(Channel& ch, const shim::CmCommandReq& req,
       return -EAFNOSUPPORT;
     case RDMA_USER_CM_CMD_NOTIFY:
       return 0;  // no alternate paths: nothing to tell the CM
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
+    case RDMA_USER_CM_CMD_JOIN_MCAST:
+    case RDMA_USER_CM_CMD_LEAVE_MCAST:
+      why_ = "multicast joins are not supported by urnic";
+      return -EOPNOTSUPP;
     default:
       why_ = "RDMA CM command " + std::to_string(req.cmd) +
              " is not supported by urnic";
@@ -568,6 +573,12 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
       ip == 0) {
     why_ = "only IPv4 destinations are supported";
     return -EAFNOSUPPORT;
+  }
+  if ((ip & 0xf0000000u) == 0xe0000000u) {  // 224.0.0.0/4 (RFC 5771)
+    // Resolved only to join a group, and urnic has no multicast: say so
+    // now rather than fail the resolution with an unreachable network.
+    why_ = "multicast addresses are not supported by urnic (no joins)";
+    return -EOPNOTSUPP;
   }
   uint16_t sfam, sport;
   uint32_t sip;

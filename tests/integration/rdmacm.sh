@@ -18,7 +18,8 @@
 #     want the device's address on a kernel interface, which urnic's port is
 #     not, so they are not offered);
 #   - refusals: a port nobody listens on is REJECTED with reason 8 at once;
-#     an address nobody answers is ADDR_ERROR; a client killed mid-transfer
+#     an address nobody answers is ADDR_ERROR; mckey's multicast group is
+#     refused at once with the reason; a client killed mid-transfer
 #     is a DISCONNECTED at the server, which exits;
 #   - afterwards no CM id or channel is left in either service, and the
 #     services counted the connections and MADs.
@@ -161,6 +162,18 @@ unreachable() {
     grep -q 'ADDR_ERROR' "$TMP/unr.out"
 }
 check "unreachable address: ADDR_ERROR" unreachable
+
+# Multicast (mckey): refused at once, and the reason printed.
+no_multicast() {
+  local t0=$SECONDS rc=0
+  on "$SB" timeout 20 mckey -m 239.1.1.1 -b 10.98.0.2 >"$TMP/mc.out" 2>&1 ||
+    rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ $((SECONDS - t0)) -lt 5 ] &&
+    grep -q 'multicast addresses are not supported' "$TMP/mc.out"
+}
+if command -v mckey >/dev/null; then
+  check "multicast (mckey): refused at once, with the reason" no_multicast
+fi
 
 # A client killed mid-transfer: its service disconnects it (DREQ), the
 # server sees DISCONNECTED and ends instead of waiting forever.

@@ -1124,6 +1124,27 @@ TEST_F(CmServerTest, WithdrawnRequestCannotBeAccepted) {
 
 // 9a. Commands an application (or a broken shim) should not be able to use
 // to confuse the service.
+// Multicast: refused at once with a reason (mckey used to get an
+// ADDR_ERROR event, "network is unreachable").
+TEST_F(CmServerTest, MulticastIsRefusedWithAReason) {
+  bid = create_id(b, kUidB);
+  rdma_ucm_resolve_ip q{};
+  put_sin(q.dst_addr, 0xef010101, kPort);  // 239.1.1.1
+  q.id = bid;
+  const Res r = ucma(b, RDMA_USER_CM_CMD_RESOLVE_IP, bytes(q));
+  EXPECT_EQ(r.status, -EOPNOTSUPP);
+  EXPECT_NE(r.payload.find("multicast"), std::string::npos) << r.payload;
+  EXPECT_TRUE(events(b).empty());
+  rdma_ucm_join_ip_mcast j{};
+  put_sin(j.addr, 0xef010101, 0);
+  j.id = bid;
+  const Res jr = ucma(b, RDMA_USER_CM_CMD_JOIN_IP_MCAST, bytes(j));
+  EXPECT_EQ(jr.status, -EOPNOTSUPP);
+  EXPECT_NE(jr.payload.find("multicast"), std::string::npos) << jr.payload;
+  // The id is as it was: a unicast resolution still works.
+  EXPECT_EQ(resolve_ip(b, bid, kIpA, kPort), 0);
+}
+
 TEST_F(CmServerTest, HostileCommands) {
   const uint32_t id = create_id(a, kUidA);
   // Each command's struct cut short by one byte: EINVAL, before any id is
