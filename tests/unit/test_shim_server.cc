@@ -340,6 +340,46 @@ struct ShimServerTest : ::testing::Test {
     return w;
   }
 
+  static ShmSendWqe send_wqe(const Buf& from, uint32_t len) {
+    ShmSendWqe w{};
+    w.wr_id = 10;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.num_sge = 1;
+    w.sge[0] = {reinterpret_cast<uint64_t>(from.p), len, from.lkey};
+    return w;
+  }
+  static ShmRecvWqe recv_wqe(const Buf& to, uint32_t len) {
+    ShmRecvWqe w{};
+    w.wr_id = 9;
+    w.num_sge = 1;
+    w.sge[0] = {reinterpret_cast<uint64_t>(to.p), len, to.lkey};
+    return w;
+  }
+  // A client with a PD, a CQ and two connected RC QPs on it.
+  struct Pair {
+    uint32_t pd;
+    Cq cq;
+    Qp a, b;
+  };
+  Pair connected_pair() {
+    open();
+    const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+    Cq cq = create_cq(64);
+    Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
+    connect(a, b);
+    return {pd, cq, a, b};
+  }
+  // Posts `w` on `q` and sends its frame (not yet delivered): the lcore
+  // served the doorbells, and nothing else was posted before it did.
+  void send_now(Qp& q, const ShmSendWqe& w) {
+    post(q, w);
+    uint32_t r = 0;
+    ASSERT_EQ(srv.doorbells_st(0, &r), 1u);
+    engines[0]->poll(now);
+    ASSERT_FALSE(io.frames.empty());
+  }
+
   config::ClientLimitsConfig limits;
   TxMemory* tx_memory;
   transport::Device dev;
@@ -425,30 +465,12 @@ TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
 // the message (rx_no_recv: verbs_shim.sh's payload_reuse lost 7 of 5000)
 // and RC sent an RNR NAK.
 TEST_F(ShimServerTest, AReceivePostedBeforeItsSendArrivedIsFoundUnrung) {
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(64);
-  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
-  connect(a, b);
+  auto [pd, cq, a, b] = connected_pair();
   Buf src = reg(pd, 4096), dst = reg(pd, 4096);
   std::memcpy(src.p, "posted in time", 15);
-  ShmSendWqe s{};
-  s.wr_id = 10;
-  s.opcode = IBV_WR_SEND;
-  s.send_flags = IBV_SEND_SIGNALED;
-  s.num_sge = 1;
-  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 15, src.lkey};
-  post(a, s);
-  uint32_t r = 0;
-  ASSERT_EQ(srv.doorbells_st(0, &r), 1u);  // the SEND: b's ring is empty
-  engines[0]->poll(now);
-  ASSERT_FALSE(io.frames.empty());
+  ASSERT_NO_FATAL_FAILURE(send_now(a, send_wqe(src, 15)));  // b's ring empty
   // Posted and rung now; the SEND arrives before the doorbell is served.
-  ShmRecvWqe w{};
-  w.wr_id = 9;
-  w.num_sge = 1;
-  w.sge[0] = {reinterpret_cast<uint64_t>(dst.p), 100, dst.lkey};
-  b.rq[0] = w;
+  b.rq[0] = recv_wqe(dst, 100);
   b.sh->rq_prod.store(1, std::memory_order_release);
   ring_doorbell(*db, b.doorbell);
   deliver();
@@ -485,21 +507,8 @@ TEST_F(ShimServerTest, AnSrqReceivePostedBeforeItsSendArrivedIsFoundUnrung) {
   connect(a, b);
   Buf src = reg(pd, 4096), dst = reg(pd, 4096);
   std::memcpy(src.p, "shared", 7);
-  ShmSendWqe s{};
-  s.wr_id = 10;
-  s.opcode = IBV_WR_SEND;
-  s.send_flags = IBV_SEND_SIGNALED;
-  s.num_sge = 1;
-  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 7, src.lkey};
-  post(a, s);
-  uint32_t r = 0;
-  ASSERT_EQ(srv.doorbells_st(0, &r), 1u);
-  engines[0]->poll(now);
-  ShmRecvWqe w{};
-  w.wr_id = 9;
-  w.num_sge = 1;
-  w.sge[0] = {reinterpret_cast<uint64_t>(dst.p), 100, dst.lkey};
-  ring[0] = w;
+  ASSERT_NO_FATAL_FAILURE(send_now(a, send_wqe(src, 7)));
+  ring[0] = recv_wqe(dst, 100);
   ssh->prod.store(1, std::memory_order_release);
   ring_doorbell(*db, srep.doorbell);
   deliver();
@@ -520,20 +529,9 @@ TEST_F(ShimServerTest, AnSrqReceivePostedBeforeItsSendArrivedIsFoundUnrung) {
 // The ring the refill reads was corrupted (an index no producer can write):
 // the QP goes to error there and then, and answers the SEND with nothing.
 TEST_F(ShimServerTest, ARefillThatFindsACorruptRingLeavesTheQpInError) {
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(64);
-  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
-  connect(a, b);
+  auto [pd, cq, a, b] = connected_pair();
   Buf src = reg(pd, 4096);
-  ShmSendWqe s{};
-  s.opcode = IBV_WR_SEND;
-  s.num_sge = 1;
-  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 8, src.lkey};
-  post(a, s);
-  uint32_t r = 0;
-  ASSERT_EQ(srv.doorbells_st(0, &r), 1u);
-  engines[0]->poll(now);
+  ASSERT_NO_FATAL_FAILURE(send_now(a, send_wqe(src, 8)));
   b.sh->rq_prod.store(1000, std::memory_order_release);  // ring: 16 slots
   deliver();
   EXPECT_EQ(b.sh->state.load(), IBV_QPS_ERR);
@@ -547,18 +545,9 @@ TEST_F(ShimServerTest, ARefillThatFindsACorruptRingLeavesTheQpInError) {
 // Nothing posted: the refill finds nothing, and RC answers with an RNR NAK
 // as before (9.7.5.2.8).
 TEST_F(ShimServerTest, NoReceivePostedIsStillAnRnrNak) {
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(64);
-  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
-  connect(a, b);
+  auto [pd, cq, a, b] = connected_pair();
   Buf src = reg(pd, 4096);
-  ShmSendWqe s{};
-  s.opcode = IBV_WR_SEND;
-  s.send_flags = IBV_SEND_SIGNALED;
-  s.num_sge = 1;
-  s.sge[0] = {reinterpret_cast<uint64_t>(src.p), 8, src.lkey};
-  post(a, s);
+  post(a, send_wqe(src, 8));
   run();
   EXPECT_GE(ectr(transport::ECtr::naks_rnr_tx), 1u);
   EXPECT_EQ(ectr(transport::ECtr::recv_refills), 0u);
@@ -647,11 +636,7 @@ TEST_F(ShimServerTest, AHostileRingHeaderCannotMoveTheServiceOutOfItsRings) {
 }
 
 TEST_F(ShimServerTest, ModifyToResetKeepsTheApplicationsIndices) {
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(64);
-  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
-  connect(a, b);
+  auto [pd, cq, a, b] = connected_pair();
   Buf src = reg(pd, 4096), dst = reg(pd, 4096);
   post(a, write_wqe(src, dst, 8));
   run();
@@ -1306,11 +1291,7 @@ TEST_F(ShimServerTwoHomesTest, QpsSpreadAndTalkAcrossEnginesThroughOneCq) {
 }
 
 TEST_F(ShimServerTwoHomesTest, EachLcoreServesOnlyItsOwnDoorbells) {
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(64);
-  Qp a = create_qp(pd, cq.h), b = create_qp(pd, cq.h);
-  connect(a, b);
+  auto [pd, cq, a, b] = connected_pair();
   Buf src = reg(pd, 4096), dst = reg(pd, 4096);
   post(a, write_wqe(src, dst, 100));
   const uint32_t other = home(a.qpn) ^ 1;
