@@ -27,7 +27,17 @@ namespace urnic::shim {
 
 void* find_real(const char* name, const char* version) {
   void* p = version ? dlvsym(RTLD_NEXT, name, version) : nullptr;
-  return p ? p : dlsym(RTLD_NEXT, name);
+  if (!p) p = dlsym(RTLD_NEXT, name);
+  // The pointer is kept (URNIC_REAL), so the library it is in must stay:
+  // this one does not link libibverbs or librdmacm, and a plugin that
+  // loaded them may unload them (Open MPI's btl ofi with no provider
+  // unloads libfabric and libibverbs), after which the pointer reached
+  // whatever was mapped there next (SIGSEGV in MPI_Init). RTLD_NODELETE on
+  // the loaded library keeps it; RTLD_NOLOAD never loads another.
+  Dl_info info;
+  if (p && dladdr(p, &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  return p;
 }
 
 void say(const char* fmt, ...) {

@@ -46,12 +46,18 @@ namespace urnic::shim {
 void* find_real(const char* name, const char* version);
 
 // REAL(ibv_alloc_pd, "IBVERBS_1.1") is a pointer of the function's type,
-// looked up once.
-#define URNIC_REAL(fn, ver)                                                  \
-  ([]() {                                                                    \
-    static auto* const p =                                                   \
-        reinterpret_cast<decltype(&fn)>(::urnic::shim::find_real(#fn, ver)); \
-    return p;                                                                \
+// looked up until found (a program may load libibverbs after its first
+// verb reached this library), then kept: find_real pins its library.
+#define URNIC_REAL(fn, ver)                                              \
+  ([]() {                                                                \
+    static std::atomic<void*> urnic_real_cache{nullptr};                 \
+    void* urnic_real = urnic_real_cache.load(std::memory_order_acquire); \
+    if (!urnic_real) {                                                   \
+      urnic_real = ::urnic::shim::find_real(#fn, ver);                   \
+      if (urnic_real)                                                    \
+        urnic_real_cache.store(urnic_real, std::memory_order_release);   \
+    }                                                                    \
+    return reinterpret_cast<decltype(&fn)>(urnic_real);                  \
   }())
 
 // nullptr with errno set: how a verb returning an object fails.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Integration: unmodified libibverbs programs (ibverbs-utils, perftest,
-# tests/shim/verbs_misuse and tests/shim/verbs_extended) run under
+# tests/shim/verbs_misuse, verbs_extended and dl_reload) run under
 # LD_PRELOAD=liburnic-verbs.so against urnicd.
 #  Topology A, one service: urnicd on net_af_packet on a veth end in its
 #   namespace (10.79.0.1; the peer namespace holds 10.79.0.2). Both programs
@@ -20,7 +20,7 @@
 # Every started process is killed by PID and every namespace deleted on
 # exit, pass or fail.
 # usage: verbs_shim.sh URNICD URNICCTL SHIM_SO MISUSE_BIN EXTENDED_BIN
-#   REUSE_BIN (tests/shim/payload_reuse)
+#   REUSE_BIN (tests/shim/payload_reuse) DL_RELOAD_BIN (tests/shim/dl_reload)
 set -euo pipefail
 URNICD=$1
 URNICCTL=$2
@@ -28,6 +28,7 @@ SHIM=$(realpath "$3")
 MISUSE=$(realpath "$4")
 EXTENDED=$(realpath "$5")
 REUSE=$(realpath "$6")
+DL_RELOAD=$(realpath "$7")
 PY=/usr/bin/python3
 
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
@@ -475,6 +476,10 @@ check "A: verbs_misuse" shim_program "$MISUSE"
 echo "       $(grep -c '^ok' "$TMP/out" || true) sub-checks ok, $(grep -c '^FAIL' "$TMP/out" || true) failed"
 check "A: verbs_extended" shim_program "$EXTENDED"
 echo "       $(grep -c '^ok' "$TMP/out" || true) sub-checks ok, $(grep -c '^FAIL' "$TMP/out" || true) failed"
+# libibverbs loaded by dlopen, unloaded and loaded again (Open MPI's
+# plugins do): the shim's pointers into it stay valid.
+check "A: dl_reload (libibverbs dlclosed and dlopened again)" \
+  shim_program "$DL_RELOAD"
 check "A: device line back to its baseline after all programs" \
   wait_devline "$SOCK_A" "$BASE_A"
 
