@@ -106,8 +106,16 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   // Refused before any page is shared (turned into memfd memory): a
   // registration the service would refuse must leave the process's memory
   // as it was, as the kernel checks before it pins anything.
-  if (const int e = urnic::hostif::mr_access_error(access))
+  if (const int e = urnic::hostif::mr_access_error(access)) {
+    // A feature urnic lacks is said (perftest --odp only printed "failed
+    // to create mr"); a malformed flag set is the program's own mistake.
+    if (e == EOPNOTSUPP && !quiet())
+      say("ibv_reg_mr: access 0x%x asks for %s, which urnic does not have",
+          access,
+          (access & IBV_ACCESS_ON_DEMAND) ? "on-demand paging (ODP)"
+                                          : "FLUSH placement rights");
     return fail<ibv_mr>(e);
+  }
   if (!urnic::hostif::mr_iova_valid(reinterpret_cast<uint64_t>(addr), iova) ||
       length > c.info.device.max_mr_size)
     return fail<ibv_mr>(EINVAL);

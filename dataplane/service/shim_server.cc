@@ -415,7 +415,11 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       if (!body_as(req, &a) || !c.pds.count(a.pd)) return EINVAL;
       if (over_limit("max_ah", c.ahs.size(), 1, env_.client_limits.max_ah))
         return ENOMEM;
-      if (a.attr.is_global && env_.warm_neighbour) {
+      if (const char* w = transport::check_av(a.attr, dev.limits())) {
+        why_ = w;  // as ibv_modify_qp says of a QP's AV
+        return EINVAL;
+      }
+      if (env_.warm_neighbour) {
         const int rc =
             env_.warm_neighbour(a.attr.grh.dgid.raw, req.attempt, req.since_ns);
         if (rc == EINPROGRESS) {

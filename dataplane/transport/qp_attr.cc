@@ -310,24 +310,6 @@ bool gid_is_zero(const ibv_gid& g) {
   return true;
 }
 
-// Address vector for RoCE: everything is routed on the GRH (the dgid gives
-// the IP destination), so dlid, src_path_bits and static_rate are not looked
-// at: there is no rate limiter, the rate is whatever the link gives.
-// grh.flow_label is not checked either: like the kernel's drivers, only its
-// low 20 bits are used (UCX passes 0xffffffff for "none").
-const char* check_av(const ibv_ah_attr& ah, const Limits& lim) {
-  if (ah.is_global != 1) return "AV without GRH (is_global 0): RoCE needs one";
-  if (ah.grh.sgid_index >= lim.gid_table_len) {
-    return "ah_attr.grh.sgid_index beyond the GID table";
-  }
-  // 0 means "the QP's port", as several providers accept.
-  if (ah.port_num != 0 && ah.port_num != kPort1) {
-    return "ah_attr.port_num out of range";
-  }
-  if (gid_is_zero(ah.grh.dgid)) return "ah_attr.grh.dgid is all zero";
-  return nullptr;
-}
-
 // Value checks for the attributes in `mask` (already known to be allowed).
 const char* check_values(const ibv_qp_attr& a, uint32_t mask,
                          const Limits& lim) {
@@ -387,6 +369,24 @@ const char* check_values(const ibv_qp_attr& a, uint32_t mask,
 }
 
 }  // namespace
+
+// Address vector for RoCE: everything is routed on the GRH (the dgid gives
+// the IP destination), so dlid, src_path_bits and static_rate are not looked
+// at: there is no rate limiter, the rate is whatever the link gives.
+// grh.flow_label is not checked either: like the kernel's drivers, only its
+// low 20 bits are used (UCX passes 0xffffffff for "none").
+const char* check_av(const ibv_ah_attr& ah, const Limits& lim) {
+  if (ah.is_global != 1) return "AV without GRH (is_global 0): RoCE needs one";
+  if (ah.grh.sgid_index >= lim.gid_table_len) {
+    return "ah_attr.grh.sgid_index beyond the GID table";
+  }
+  // 0 means "the QP's port", as several providers accept.
+  if (ah.port_num != 0 && ah.port_num != kPort1) {
+    return "ah_attr.port_num out of range";
+  }
+  if (gid_is_zero(ah.grh.dgid)) return "ah_attr.grh.dgid is all zero";
+  return nullptr;
+}
 
 int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr& attr,
                     int mask, const Limits& lim, const char** why) {

@@ -23,6 +23,10 @@ namespace urnic::transport {
 int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr& attr,
                     int mask, const Limits& lim, const char** why = nullptr);
 
+// An address vector (a QP's or an AH's): nullptr if RoCE can use it, else
+// what is wrong with it.
+const char* check_av(const ibv_ah_attr& ah, const Limits& lim);
+
 // "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"; "UNKNOWN" otherwise.
 const char* qp_state_name(ibv_qp_state s);
 

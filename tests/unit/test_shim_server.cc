@@ -821,6 +821,26 @@ TEST_F(ShimServerTest, ModifyQpRefusalSaysWhy) {
   EXPECT_NE(r.payload.find("rd_atomic"), std::string::npos) << r.payload;
 }
 
+// An AH refused says why, as a QP's AV does (qperf's UD tests make AHs
+// without a GRH; they got "Invalid argument" and nothing else).
+TEST_F(ShimServerTest, CreateAhRefusalSaysWhy) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  CreateAhReq a;
+  a.pd = pd;
+  a.attr.port_num = 1;
+  a.attr.dlid = 3;  // an InfiniBand AV: no GRH
+  Reply r = call(Op::kCreateAh, a);
+  EXPECT_EQ(r.status, -EINVAL);
+  EXPECT_NE(r.payload.find("GRH"), std::string::npos) << r.payload;
+  a.attr.is_global = 1;  // and a zero destination GID
+  r = call(Op::kCreateAh, a);
+  EXPECT_EQ(r.status, -EINVAL);
+  EXPECT_NE(r.payload.find("dgid"), std::string::npos) << r.payload;
+  std::memcpy(a.attr.grh.dgid.raw, dev.config().gids[0], 16);
+  EXPECT_EQ(call(Op::kCreateAh, a).status, 0);  // its own GID: no ARP
+}
+
 // A controlled Q_Key (bit 31) needs CAP_NET_RAW, as Linux's uverbs asks:
 // a client whose capabilities cannot be read and that is not root gets
 // EPERM and the reason; an ordinary Q_Key is fine; root may.
