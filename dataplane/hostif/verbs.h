@@ -93,4 +93,24 @@ constexpr bool mr_iova_valid(uint64_t addr, uint64_t iova) {
   return (addr & 4095) == (iova & 4095);
 }
 
+// The port's active_width and active_speed (ibv_port_attr's encodings) for
+// an Ethernet link of `mbps`, as Linux reports them for a RoCE port whose
+// driver gives no lane count (ib_get_eth_speed); an unknown speed (0) is
+// taken as 1 Gb/s, as there. UCX estimates a device's bandwidth from them.
+struct IbLinkRate {
+  uint8_t width;  // 1: 1X, 16: 2X, 2: 4X
+  uint8_t speed;  // 1: SDR, 2: DDR, 8: FDR10, 32: EDR, 64: HDR, 128: NDR
+};
+constexpr IbLinkRate ib_link_rate(uint32_t mbps) {
+  if (mbps <= 1000) return {1, 1};     // 1X SDR
+  if (mbps <= 10000) return {1, 8};    // 1X FDR10
+  if (mbps <= 20000) return {2, 2};    // 4X DDR
+  if (mbps <= 25000) return {1, 32};   // 1X EDR
+  if (mbps <= 40000) return {2, 8};    // 4X FDR10
+  if (mbps <= 50000) return {16, 32};  // 2X EDR
+  if (mbps <= 100000) return {2, 32};  // 4X EDR
+  if (mbps <= 200000) return {2, 64};  // 4X HDR
+  return {2, 128};                     // 4X NDR
+}
+
 }  // namespace urnic::hostif

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "dataplane/host/gid_table.h"
+#include "dataplane/hostif/verbs.h"
 #include "dataplane/service/fault.h"
 
 namespace urnic::service {
@@ -105,9 +106,10 @@ shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
   p.sm_lid = 0;
   p.lmc = 0;
   p.max_vl_num = 1;
-  p.active_width = 2;  // 4X
-  p.active_speed = 1;  // SDR: the numbers describe nothing real
-  p.phys_state = 5;    // LinkUp
+  const hostif::IbLinkRate rate = hostif::ib_link_rate(0);  // port_state
+  p.active_width = rate.width;
+  p.active_speed = rate.speed;
+  p.phys_state = 5;  // LinkUp
   p.link_layer = IBV_LINK_LAYER_ETHERNET;
   r.num_gids = dc.num_gids;
   for (uint32_t i = 0; i < dc.num_gids; ++i) {
@@ -222,6 +224,9 @@ ShimEnv Daemon::shim_env() {
     port_read_link(port_, ps);
     pa.state = ps.link_up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     pa.phys_state = ps.link_up ? 5 : 3;  // LinkUp : Disabled
+    const hostif::IbLinkRate rate = hostif::ib_link_rate(ps.link_speed_mbps);
+    pa.active_width = rate.width;
+    pa.active_speed = rate.speed;
   };
   env.warm_neighbour = [this](const uint8_t dgid[16], uint32_t attempt,
                               uint64_t since_ns) {
