@@ -209,6 +209,7 @@ std::vector<std::pair<const char*, uint64_t>> CmServer::stats() const {
           {"cm_ids", v(ctr_.ids)},
           {"cm_commands", v(ctr_.commands)},
           {"cm_command_errors", v(ctr_.command_errors)},
+          {"cm_af_ib_refused", v(ctr_.af_ib_refused)},
           {"cm_mads_rx", v(ctr_.mads_rx)},
           {"cm_mads_tx", v(ctr_.mads_tx)},
           {"cm_mads_bad", v(ctr_.mads_bad)},
@@ -226,6 +227,7 @@ std::vector<std::pair<const char*, uint64_t>> CmServer::stats() const {
 
 void CmServer::handle(CtlRequest& req, CtlReply& rep) {
   why_.clear();
+  af_ib_ = false;
   ctr_.commands.fetch_add(1, std::memory_order_relaxed);
   int rc = 0;
   std::string out;
@@ -276,7 +278,8 @@ void CmServer::handle(CtlRequest& req, CtlReply& rep) {
     }
   }
   if (rc < 0) {
-    ctr_.command_errors.fetch_add(1, std::memory_order_relaxed);
+    (af_ib_ ? ctr_.af_ib_refused : ctr_.command_errors)
+        .fetch_add(1, std::memory_order_relaxed);
     rep.status = rc;
     rep.payload = why_.empty() ? std::string(strerror(-rc)) : why_;
     return;
@@ -387,6 +390,7 @@ int CmServer::command(Channel& ch, const shim::CmCommandReq& req,
     case RDMA_USER_CM_CMD_RESOLVE_ADDR:
     case RDMA_USER_CM_CMD_QUERY:
       why_ = "AF_IB addresses are not supported (IP ids only)";
+      af_ib_ = true;
       return -EAFNOSUPPORT;
     case RDMA_USER_CM_CMD_NOTIFY:
       return 0;  // no alternate paths: nothing to tell the CM

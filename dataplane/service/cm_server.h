@@ -54,8 +54,10 @@ struct CmEnv {
 };
 
 struct CmCounters {
+  // af_ib_refused: librdmacm's AF_IB commands, which it sends first and
+  // falls back from to the IP ones (once per process): not errors.
   std::atomic<uint64_t> channels{0}, ids{0}, commands{0}, command_errors{0},
-      mads_rx{0}, mads_tx{0}, mads_bad{0}, mads_unmatched{0},
+      af_ib_refused{0}, mads_rx{0}, mads_tx{0}, mads_bad{0}, mads_unmatched{0},
       mads_retransmitted{0}, rej_tx{0}, rej_rx{0}, events{0}, events_dropped{0},
       connections{0}, timeouts{0};
 };
@@ -263,6 +265,7 @@ class CmServer {
   uint64_t now_ = 0;
   CmCounters ctr_;
   std::string why_;
+  bool af_ib_ = false;  // the refused command was an AF_IB one
 };
 
 }  // namespace urnic::service

@@ -1223,7 +1223,11 @@ TEST_F(CmServerTest, HostileCommands) {
   bq.id = id;
   bq.addr_size = 48;
   bq.addr.ss_family = 27;  // AF_IB
+  const uint64_t errors = stat(A, "cm_command_errors");
   EXPECT_EQ(ucma(a, RDMA_USER_CM_CMD_BIND, bytes(bq)).status, -EAFNOSUPPORT);
+  // Counted apart: every librdmacm process sends one.
+  EXPECT_EQ(stat(A, "cm_af_ib_refused"), 1u);
+  EXPECT_EQ(stat(A, "cm_command_errors"), errors);
 
   // A control connection without a channel: EBADF; a second channel on
   // one connection: EBUSY; another shim ABI: EPROTO.

@@ -1,8 +1,8 @@
 // The host interface's verbs rules (dataplane/hostif/verbs.h): what the
 // device and its driver, the shim, both decide the same way.
-#include "dataplane/hostif/verbs.h"
-
 #include <gtest/gtest.h>
+
+#include "dataplane/hostif/verbs.h"
 
 namespace urnic::hostif {
 namespace {
@@ -23,16 +23,16 @@ TEST(Hostif, LinkRateAsLinuxReportsARocePort) {
     uint32_t mbps;
     uint8_t width, speed;
   };
-  for (const Row& r : {Row{0, 1, 1}, Row{1000, 1, 1}, Row{10000, 1, 8},
-                       Row{20000, 2, 2}, Row{25000, 1, 32}, Row{40000, 2, 8},
-                       Row{50000, 16, 32}, Row{100000, 2, 32},
-                       Row{200000, 2, 64}, Row{400000, 2, 128}}) {
+  for (const Row& r :
+       {Row{0, 1, 1}, Row{1000, 1, 1}, Row{10000, 1, 8}, Row{20000, 2, 2},
+        Row{25000, 1, 32}, Row{40000, 2, 8}, Row{50000, 16, 32},
+        Row{100000, 2, 32}, Row{200000, 2, 64}, Row{400000, 2, 128}}) {
     const IbLinkRate l = ib_link_rate(r.mbps);
     EXPECT_EQ(l.width, r.width) << r.mbps;
     EXPECT_EQ(l.speed, r.speed) << r.mbps;
   }
   // The encodings are verbs' own.
-  EXPECT_EQ(ib_link_rate(100000).width, 2);  // IB_WIDTH_4X
+  EXPECT_EQ(ib_link_rate(100000).width, 2);   // IB_WIDTH_4X
   EXPECT_EQ(ib_link_rate(100000).speed, 32);  // IB_SPEED_EDR
 }
 
