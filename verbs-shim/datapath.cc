@@ -129,8 +129,11 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
     uint32_t off = 0;
     for (uint32_t i = 0; i < nsge; ++i) {
       const ibv_sge& s = wr->sg_list[i];
-      std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(s.addr),
-                  s.length);
+      // An empty SGE may have no address (UCX's zero-length active
+      // messages): memcpy's source must not be null even for 0 bytes.
+      if (s.length)
+        std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(s.addr),
+                    s.length);
       off += s.length;
     }
     w.num_sge = 0;
@@ -684,7 +687,8 @@ void wr_set_inline_data_list(ibv_qp_ex* qx, size_t n,
   if (total > q.max_inline || total > kMaxInline) return wr_error(q, EINVAL);
   size_t off = 0;
   for (size_t i = 0; i < n; ++i) {
-    std::memcpy(w->inline_data + off, bufs[i].addr, bufs[i].length);
+    if (bufs[i].length)  // as in post_send: an empty one may have no address
+      std::memcpy(w->inline_data + off, bufs[i].addr, bufs[i].length);
     off += bufs[i].length;
   }
   w->send_flags |= IBV_SEND_INLINE;

@@ -993,7 +993,8 @@ void section_wr_rc(Dev& d) {
                     {buf.addr(kSrc + 100), 20, buf.lkey()}};
   char part1[] = "first-";
   char part2[] = "second";
-  ibv_data_buf parts[2] = {{part1, 6}, {part2, 6}};
+  // The empty middle part has no address (UCX's zero-length messages).
+  ibv_data_buf parts[3] = {{part1, 6}, {nullptr, 0}, {part2, 6}};
 
   ibv_wr_start(ax);
   ax->wr_id = 1;
@@ -1013,7 +1014,7 @@ void section_wr_rc(Dev& d) {
   ibv_wr_set_sge_list(ax, 2, two);
   ax->wr_id = 5;
   ibv_wr_rdma_write_imm(ax, buf.rkey(), buf.addr(kWimmDst), htonl(kImmWrite));
-  ibv_wr_set_inline_data_list(ax, 2, parts);
+  ibv_wr_set_inline_data_list(ax, 3, parts);
   ax->wr_id = 6;
   ibv_wr_atomic_fetch_add(ax, buf.rkey(), buf.addr(kAtomic), 3);
   ibv_wr_set_sge(ax, buf.lkey(), buf.addr(kAtomic + 64), 8);
