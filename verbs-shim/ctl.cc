@@ -96,10 +96,33 @@ namespace {
 // UCX's own switch polls the send CQ on every progress; it is the default
 // of programs this library is loaded into unless their environment sets
 // it or URNIC_UCX_DEFAULTS=0 (README: Environment; UCX-NOTES.md).
+//
+// Only where UCX may open rc_verbs: UCX warns about every UCX_* variable no
+// component read ("unused env variable"), so with UCX_TLS=ud_v the switch
+// would only add a warning.
+bool ucx_may_use_rc_verbs(std::string_view tls) {
+  if (tls.empty()) return true;  // UCX's default: every transport
+  const bool exclude = tls.front() == '^';
+  if (exclude) tls.remove_prefix(1);
+  bool named = false;
+  while (!tls.empty()) {
+    const size_t comma = tls.find(',');
+    const std::string_view t = tls.substr(0, comma);
+    // The names and aliases that take in rc_verbs (UCX 1.13's
+    // ucp_tl_aliases; "rc" is rc_verbs or rc_mlx5, whichever exists).
+    named = named || t == "rc_verbs" || t == "rc_v" || t == "rc" || t == "ib" ||
+            t == "all";
+    tls = comma == std::string_view::npos ? "" : tls.substr(comma + 1);
+  }
+  return exclude != named;
+}
+
 __attribute__((constructor)) void ucx_defaults() {
   const char* e = getenv("URNIC_UCX_DEFAULTS");
   if (e && std::string_view(e) == "0") return;
-  setenv("UCX_RC_VERBS_TX_POLL_ALWAYS", "y", 0);
+  const char* tls = getenv("UCX_TLS");
+  if (ucx_may_use_rc_verbs(tls ? tls : ""))
+    setenv("UCX_RC_VERBS_TX_POLL_ALWAYS", "y", 0);
 }
 
 }  // namespace
