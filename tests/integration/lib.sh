@@ -72,7 +72,15 @@ lib_cleanup() {
   for ns in "${NETNS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
   if [ "$fail" -ne 0 ] || [ -n "${KEEP_LOGS:-}" ]; then
     for f in "$TMP"/*.log "$TMP"/*.out; do
-      [ -f "$f" ] && { echo "--- $f"; tail -30 "$f"; }
+      [ -f "$f" ] || continue
+      echo "--- $f"
+      # A sanitizer's report whole (its stack is what says where), else
+      # the end of the log.
+      if grep -q "Sanitizer" "$f"; then
+        sed -n '/Sanitizer/,$p' "$f" | head -200
+      else
+        tail -30 "$f"
+      fi
     done
   fi
   rm -rf "$TMP"
