@@ -210,8 +210,10 @@ bool take_recv(Engine& e, Qp& qp, Res* res, uint32_t need) {
       if (!qp.srq_->pop(r.recv)) return false;
     }
   } else {
-    if (qp.rq_head_ == qp.rq_tail_) refill(e, qp);
-    if (qp.rq_head_ == qp.rq_tail_ || qp.state_ == IBV_QPS_ERR) return false;
+    if (qp.rq_head_ == qp.rq_tail_) {
+      refill(e, qp);  // a refill that put the QP in error flushed the RQ
+      if (qp.rq_head_ == qp.rq_tail_) return false;
+    }
     const RecvWqe& q = qp.rq_[qp.rq_head_ & qp.rq_mask_];
     r.recv.wr_id = q.wr_id;
     r.recv.num_sge = q.num_sge;
