@@ -328,18 +328,6 @@ struct ShimServerTest : ::testing::Test {
     return rep;
   }
 
-  static ShmSendWqe write_wqe(const Buf& from, const Buf& to, uint32_t len) {
-    ShmSendWqe w{};
-    w.wr_id = 42;
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.num_sge = 1;
-    w.sge[0] = {reinterpret_cast<uint64_t>(from.p), len, from.lkey};
-    w.remote_addr = reinterpret_cast<uint64_t>(to.p);
-    w.rkey = to.rkey;
-    return w;
-  }
-
   static ShmSendWqe send_wqe(const Buf& from, uint32_t len) {
     ShmSendWqe w{};
     w.wr_id = 10;
@@ -347,6 +335,14 @@ struct ShimServerTest : ::testing::Test {
     w.send_flags = IBV_SEND_SIGNALED;
     w.num_sge = 1;
     w.sge[0] = {reinterpret_cast<uint64_t>(from.p), len, from.lkey};
+    return w;
+  }
+  static ShmSendWqe write_wqe(const Buf& from, const Buf& to, uint32_t len) {
+    ShmSendWqe w = send_wqe(from, len);
+    w.wr_id = 42;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.remote_addr = reinterpret_cast<uint64_t>(to.p);
+    w.rkey = to.rkey;
     return w;
   }
   static ShmRecvWqe recv_wqe(const Buf& to, uint32_t len) {
