@@ -824,6 +824,27 @@ int ours::ibv_destroy_qp(ibv_qp* qp) {
   return 0;
 }
 
+// --- multicast ---------------------------------------------------------------
+
+namespace {
+int mcast(Op op, const char* verb, ibv_qp* qp, const ibv_gid* gid) {
+  if (!gid) return EINVAL;
+  Qp& q = qp_of(qp);
+  McastReq req;
+  req.qp = q.handle;
+  std::memcpy(req.gid, gid->raw, 16);  // the LID: RoCE has none
+  return q.ctx().call(op, verb, &req, sizeof req, nullptr, 0, nullptr, 0);
+}
+}  // namespace
+
+int ours::ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  return mcast(Op::kAttachMcast, "ibv_attach_mcast", qp, gid);
+}
+
+int ours::ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  return mcast(Op::kDetachMcast, "ibv_detach_mcast", qp, gid);
+}
+
 // --- AH
 // ------------------------------------------------------------------------------------
 

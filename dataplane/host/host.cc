@@ -34,11 +34,6 @@ void solicited_node(const uint8_t target[16], uint8_t out[16]) {
   std::memcpy(out + 13, target + 13, 3);
 }
 
-void ipv6_multicast_mac(const uint8_t ip[16], MacAddr& mac) {
-  mac.b[0] = mac.b[1] = 0x33;
-  std::memcpy(mac.b + 2, ip + 12, 4);
-}
-
 bool is_ipv4_mapped_zero(const uint8_t a[16]) {
   static constexpr uint8_t kZero[16] = {};
   return std::memcmp(a, kZero, 16) == 0;
@@ -294,7 +289,7 @@ HostVerdict handle_icmpv6(const HostAddrs& h, NeighbourTable& nt,
     static constexpr uint8_t kAllNodes[16] = {0xff, 2, 0, 0, 0, 0, 0, 0,
                                               0,    0, 0, 0, 0, 0, 0, 1};
     std::memcpy(ip->dst, kAllNodes, 16);
-    ipv6_multicast_mac(kAllNodes, eth->dst);
+    wire::multicast_mac(kAllNodes, eth->dst);
   } else {
     std::memcpy(ip->dst, ip->src, 16);
     eth->dst = eth->src;
@@ -344,7 +339,7 @@ uint32_t build_neighbour_solicit(const HostAddrs& h, uint16_t vlan_tci,
   uint8_t snm[16];
   solicited_node(target, snm);
   MacAddr dst;
-  ipv6_multicast_mac(snm, dst);
+  wire::multicast_mac(snm, dst);
   const uint32_t l3 = put_eth(buf, dst, h.mac, vlan_tci, kEtherTypeIpv6);
   auto* ip = at<Ipv6Hdr>(buf, l3);
   const uint32_t msg_len = kNdMsgLen + 8;

@@ -63,6 +63,8 @@ enum class Op : uint16_t {
   kResizeCq,        // ResizeCqReq -> CreateCqRep + fd: the CQ's new memory
   kAllocMw,         // AllocMwReq -> AllocMwRep
   kDeallocMw,       // HandleReq
+  kAttachMcast,     // McastReq
+  kDetachMcast,     // McastReq
   // RDMA CM (verbs-shim/rdmacm.cc, dataplane/service/cm_server.cc): one
   // connection per event channel (an open of /dev/infiniband/rdma_cm).
   kCmOpen = 150,  // CmOpenReq + fd: the channel's event socket -> CmOpenRep
@@ -202,6 +204,13 @@ struct QueryQpRep {
   ibv_qp_cap cap{};
   uint32_t sq_sig_all = 0;
   uint32_t pad = 0;
+};
+
+// ibv_attach_mcast / ibv_detach_mcast. The LID is not sent: RoCE has none
+// (rxe ignores it too).
+struct McastReq {
+  uint32_t qp = 0;  // the QP's handle
+  uint8_t gid[16] = {};
 };
 
 struct CreateAhReq {

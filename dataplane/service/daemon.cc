@@ -91,6 +91,9 @@ shim::OpenRep shim_info(const transport::DeviceConfig& dc) {
   d.max_srq = static_cast<int>(l.max_srq);
   d.max_srq_wr = static_cast<int>(l.max_srq_wr);
   d.max_srq_sge = static_cast<int>(l.max_sge);
+  d.max_mcast_grp = static_cast<int>(l.max_mcast_grp);
+  d.max_mcast_qp_attach = static_cast<int>(l.max_mcast_qp_attach);
+  d.max_total_mcast_qp_attach = static_cast<int>(l.max_total_mcast_qp_attach);
   d.max_pkeys = 1;
   d.local_ca_ack_delay = 15;
   d.phys_port_cnt = 1;
@@ -243,6 +246,7 @@ int Daemon::warm_neighbour(const uint8_t dgid[16], uint32_t attempt,
                            uint64_t since_ns) {
   for (uint32_t i = 0; i < dc_.num_gids; ++i)
     if (std::memcmp(dc_.gids[i], dgid, 16) == 0) return 0;  // ours
+  if (wire::gid_is_multicast(dgid)) return 0;  // its MAC is the group's
   wire::MacAddr mac;
   const uint64_t now = now_ns();
   if (neigh_->lookup(dgid, now, mac) == host::Lookup::kHit) return 0;

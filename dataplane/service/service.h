@@ -162,6 +162,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   bool accept_l2_st(const rte_mbuf* m);
   uint32_t local_rx_st(uint64_t now);
   void handoff_rx_st(rte_mbuf* m, uint64_t now);
+  void mcast_rx_st(rte_mbuf* m, const wire::FrameInfo& fi,
+                   std::span<const wire::ConstBuf> segs, uint64_t now);
+  bool to_joined_group(const transport::TxFrame& f) const;
   void hand_off_st(uint32_t home, rte_mbuf* m);
   bool release_held_st();  // true when no frame is held for another worker
   void rx_st(rte_mbuf* m, uint64_t now);  // through the RX fault stage

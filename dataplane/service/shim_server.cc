@@ -452,6 +452,23 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       async_backlog_ |= !flush_async(c);
       return 0;
     }
+    case Op::kAttachMcast:
+    case Op::kDetachMcast: {
+      McastReq r;
+      if (!body_as(req, &r) || !c.qps.count(r.qp)) return EINVAL;
+      QpObj& q = *c.qps[r.qp];
+      const char* why = nullptr;
+      int rc;
+      {
+        // Every lcore reads the device's group table (which frames to take).
+        ParkAll park(all_gates());
+        transport::Engine& e = *env_.engines[q.home];
+        rc = op == Op::kAttachMcast ? e.attach_mcast(q.qp, r.gid, &why)
+                                    : e.detach_mcast(q.qp, r.gid, &why);
+      }
+      if (rc && why) why_ = why;
+      return rc;
+    }
     case Op::kDestroyAh: {
       if (!body_as(req, &hr) || !c.ahs.count(hr.handle)) return EINVAL;
       {
@@ -990,6 +1007,10 @@ int ShimServer::destroy_qp(Client& c, uint32_t h) {
   auto it = c.qps.find(h);
   if (it == c.qps.end()) return EINVAL;
   QpObj& q = *it->second;
+  if (q.qp->mcast_ != 0) {
+    why_ = "the QP is attached to multicast groups: ibv_detach_mcast first";
+    return EBUSY;  // as the kernel's uverbs says
+  }
   {
     ParkGuard park(*env_.gates[q.home]);
     const int rc = env_.engines[q.home]->destroy_qp(q.qp);

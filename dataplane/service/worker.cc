@@ -266,6 +266,35 @@ bool Worker::release_held_st() {
   return held_total_ == 0;
 }
 
+// A UD SEND to a multicast group (DQPN 0xFFFFFF): taken if a QP of this
+// device joined the group, else not ours (the port takes every group's
+// frames: all-multicast). Each worker with members gets the frame, shared
+// (one reference each), and delivers it to its own.
+void Worker::mcast_rx_st(rte_mbuf* m, const wire::FrameInfo& fi,
+                         std::span<const wire::ConstBuf> segs, uint64_t now) {
+  if (!engine_.device().mcast_group(fi.roce.dgid)) {
+    ctr_.inc(Ctr::mcast_not_joined);
+    rte_pktmbuf_free(m);
+    return;
+  }
+  ctr_.inc(Ctr::mcast_rx);
+  if (!peers_.empty()) {
+    std::memcpy(rte_mbuf_to_priv(m), &fi, sizeof fi);
+    for (uint32_t home = 0; home < peers_.size(); ++home) {
+      if (peers_[home] == this ||
+          !peers_[home]->engine_.mcast_member(fi.roce.dgid))
+        continue;
+      rte_mbuf_refcnt_update(m, 1);
+      hand_off_st(home, m);
+    }
+  }
+  if (engine_.mcast_member(fi.roce.dgid)) {
+    ctr_.inc(Ctr::roce_rx);
+    engine_.rx(fi, segs, now);
+  }
+  rte_pktmbuf_free(m);
+}
+
 // A RoCE frame for one of our QPs that another worker received, checked
 // and decoded (handle_st): straight to the engine.
 void Worker::handoff_rx_st(rte_mbuf* m, uint64_t now) {
@@ -342,6 +371,21 @@ void Worker::tx_st(rte_mbuf* m) {
   if (tx_n_ == burst_) tx_flush_st();
 }
 
+// Whether a frame to a multicast MAC goes to a group QPs of this device
+// joined (its IP destination, as a GID).
+bool Worker::to_joined_group(const transport::TxFrame& f) const {
+  bool v6 = false;
+  const uint8_t* ip =
+      wire::roce_ip(const_cast<uint8_t*>(f.hdr), f.hdr_len, &v6);
+  if (!ip) return false;
+  uint8_t gid[16];
+  if (v6)
+    std::memcpy(gid, ip + 24, 16);
+  else
+    wire::gid_from_ipv4(wire::load_be32(ip + 16), gid);
+  return engine_.device().mcast_group(gid);
+}
+
 bool Worker::transmit(const transport::TxFrame& f) {
   // Frames to ourselves wait in loop_ across a possible park (when MRs may
   // go away): they are always copied.
@@ -388,6 +432,17 @@ bool Worker::transmit(const transport::TxFrame& f) {
     loop_[loop_tail_++ % kLoopSize] = head;
     ctr_.inc(Ctr::roce_loopback);
     return true;
+  }
+  if ((f.hdr[0] & 1) && loop_tail_ - loop_head_ < kLoopSize &&
+      to_joined_group(f)) {
+    // To a group QPs of this device joined too: a copy for them, as a
+    // NIC loops a multicast send back to its own members (no switch
+    // sends a frame back out of the port it came in on). Best effort,
+    // as the wire is: no room in loop_, no copy.
+    if (rte_mbuf* copy = rte_pktmbuf_copy(head, port_.pool, 0, UINT32_MAX)) {
+      loop_[loop_tail_++ % kLoopSize] = copy;
+      ctr_.inc(Ctr::mcast_loopback);
+    }
   }
   if (tx_fault_.on())
     tx_fault_.push_st(head, now_);
@@ -584,6 +639,10 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
   uint8_t* frame = rte_pktmbuf_mtod(m, uint8_t*);
   switch (fi.kind) {
     case FrameKind::kRoce:
+      if (fi.roce.dqpn == wire::kMulticastQpn) {
+        mcast_rx_st(m, fi, {segs, n}, now);
+        return;
+      }
       if (gids_.find(fi.roce.dgid) < 0) {
         ctr_.inc(Ctr::not_for_us);
         break;

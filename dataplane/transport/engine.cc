@@ -332,8 +332,61 @@ Qp* Engine::find_qp(uint32_t qpn) const {
   return qp && qp->qpn_ == qpn ? qp : nullptr;  // a stale generation: none
 }
 
+int Engine::attach_mcast(Qp* qp, const uint8_t gid[16], const char** why) {
+  auto fail = [why](const char* w, int err) {
+    if (why != nullptr) *why = w;
+    return err;
+  };
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  if (qp->type_ != IBV_QPT_UD)
+    return fail("only UD QPs join multicast groups (IBTA 10.5.2)", EINVAL);
+  if (!wire::gid_is_multicast(gid))
+    return fail("not a multicast GID (224.0.0.0/4 or ff00::/8)", EINVAL);
+  const Gid g = to_gid(gid);
+  std::vector<Qp*>& m = mcast_[g];
+  if (std::find(m.begin(), m.end(), qp) != m.end()) return 0;  // as rxe
+  if (const int rc = dev_.mcast_join(g)) {
+    if (m.empty()) mcast_.erase(g);
+    return fail(
+        "multicast limit reached (max_mcast_grp, max_mcast_qp_attach or "
+        "max_total_mcast_qp_attach)",
+        rc);
+  }
+  m.push_back(qp);
+  ++qp->mcast_;
+  return 0;
+}
+
+int Engine::detach_mcast(Qp* qp, const uint8_t gid[16], const char** why) {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  const Gid g = to_gid(gid);
+  auto it = mcast_.find(g);
+  auto at = it == mcast_.end()
+                ? std::vector<Qp*>::iterator{}
+                : std::find(it->second.begin(), it->second.end(), qp);
+  if (it == mcast_.end() || at == it->second.end()) {
+    if (why != nullptr) *why = "the QP is not attached to this group";
+    return EINVAL;
+  }
+  it->second.erase(at);
+  if (it->second.empty()) mcast_.erase(it);
+  dev_.mcast_leave(g);
+  --qp->mcast_;
+  return 0;
+}
+
 int Engine::destroy_qp(Qp* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  // Out of its groups (the service refuses a verbs destroy while attached,
+  // as the kernel does; a client that died is cleaned up here).
+  for (auto it = mcast_.begin(); it != mcast_.end();) {
+    std::vector<Qp*>& m = it->second;
+    if (auto at = std::find(m.begin(), m.end(), qp); at != m.end()) {
+      m.erase(at);
+      dev_.mcast_leave(it->first);
+    }
+    it = m.empty() ? mcast_.erase(it) : std::next(it);
+  }
   qp->state_ = IBV_QPS_RESET;  // out of the shared window's count
   cc_sync(*qp);
   qp->rate_.reset(dcqcn_share_);  // out of the limited QPs' count
@@ -648,6 +701,10 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
   now_ = now_ns;
   ctr_.inc(ECtr::rx_packets);
   const wire::RoceFields& f = fi.roce;
+  if (f.dqpn == wire::kMulticastQpn) {
+    mcast_rx(fi, segs);
+    return;
+  }
   Qp* qp = find_qp(f.dqpn);
   if (!qp) {
     ctr_.inc(ECtr::rx_no_qp);
@@ -703,6 +760,37 @@ void Engine::rx(const wire::FrameInfo& fi, std::span<const wire::ConstBuf> segs,
       return;
     }
     Completer::rx_st(*this, *qp, p);
+  }
+}
+
+void Engine::mcast_rx(const wire::FrameInfo& fi,
+                      std::span<const wire::ConstBuf> segs) {
+  const wire::RoceFields& f = fi.roce;
+  // The worker took the frame for a group some engine has members of;
+  // this one may have none.
+  const auto it = mcast_.empty() ? mcast_.end() : mcast_.find(to_gid(f.dgid));
+  if (it == mcast_.end()) return;
+  if (!wire::pkey_ok(f.pkey)) {
+    ctr_.inc(ECtr::rx_bad_pkey);
+    return;
+  }
+  const wire::OpcodeInfo& op = *fi.op;
+  if (!(op.mask & wire::kUd)) {  // only UD SENDs go to groups
+    ctr_.inc(ECtr::rx_bad_type);
+    return;
+  }
+  ctr_.inc(ECtr::rx_mcast);
+  const RxPkt p{fi, f, op, segs};
+  for (Qp* qp : it->second) {
+    // A UD QP receives from RTR on (IBTA 10.3.1); in ERR its RQ is flushed.
+    if (qp->state_ == IBV_QPS_RESET || qp->state_ == IBV_QPS_INIT ||
+        qp->state_ == IBV_QPS_ERR) {
+      ctr_.inc(ECtr::rx_bad_state);
+      continue;
+    }
+    ctr_.inc(ECtr::rx_mcast_copies);
+    ++qp->ctr_.rx_packets;
+    Responder::rx_st(*this, *qp, p);
   }
 }
 

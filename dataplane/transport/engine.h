@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "dataplane/transport/objects.h"
@@ -117,7 +118,7 @@ class RecvSource {
   X(rx_atomic_misaligned) X(rx_recv_too_small) X(rx_recv_bad_lkey)     \
   X(rx_invalidate_rkey) X(atomic_writes) X(cc_grant_waits)                \
   X(rx_msg_too_long) X(ud_too_long) X(rx_bad_addr) X(cc_floor_drops)  \
-  X(probe_pauses)    X(recv_refills)
+  X(probe_pauses)    X(recv_refills)    X(rx_mcast)        X(rx_mcast_copies)
 // clang-format on
 
 enum class ECtr : uint16_t {
@@ -201,6 +202,19 @@ class Engine {
   int query_qp(const Qp* qp, ibv_qp_attr* attr, QpInitAttr* init) const;
   int destroy_qp(Qp* qp);
   Qp* find_qp(uint32_t qpn) const;
+  // ibv_attach_mcast / ibv_detach_mcast: a UD QP of this engine receives
+  // the UD SENDs to group `gid` (DQPN 0xFFFFFF, IBTA 9.8.1, 10.5.2), each
+  // member its own copy, until it detaches or is destroyed. 0, EINVAL (not
+  // a UD QP, not a multicast GID; detach: not attached) or ENOMEM (a
+  // device limit); *why names a refusal. Every lcore parked (the device's
+  // group table is read by all of them).
+  int attach_mcast(Qp* qp, const uint8_t gid[16], const char** why = nullptr);
+  int detach_mcast(Qp* qp, const uint8_t gid[16], const char** why = nullptr);
+  // Whether a QP of this engine joined `gid` (any lcore: the table
+  // changes only while every lcore is parked).
+  bool mcast_member(const uint8_t gid[16]) const {
+    return !mcast_.empty() && mcast_.count(to_gid(gid)) != 0;
+  }
   // The engine (EngineConfig::home) whose QP `qpn` would be; the same
   // answer on every engine of a device.
   uint32_t home_of(uint32_t qpn) const {
@@ -267,6 +281,7 @@ class Engine {
 
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }
+  const Device& device() const { return dev_; }
   const EngineConfig& config() const { return cfg_; }
   // The shared congestion window (congestion.h) and what it counts.
   uint32_t cc_shared_window() const { return cc_shared_.window(); }
@@ -377,6 +392,10 @@ class Engine {
     qp.ctr_.cc_rate_mbps.set(qp.rate_.gauge_mbps());
   }
 
+  // A UD SEND to a group: to every member on this engine.
+  void mcast_rx(const wire::FrameInfo& fi,
+                std::span<const wire::ConstBuf> segs);
+
   Device& dev_;
   PacketIo& io_;
   RecvSource* recv_src_ = nullptr;
@@ -400,6 +419,8 @@ class Engine {
   std::mt19937 qpn_rng_;
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
+  // Multicast groups with members on this engine, and the members.
+  std::unordered_map<Gid, std::vector<Qp*>, GidHash> mcast_;
   // send_packet's copy of a small payload that may change
   // (TxFrame::stable): up to what one CRC call takes with the headers.
   alignas(64) uint8_t bounce_[wire::Icrc::kInlineTail];

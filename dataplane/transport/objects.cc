@@ -10,6 +10,8 @@
 #include <cstring>
 #include <new>
 
+#include "dataplane/wire/codec.h"
+
 namespace urnic::transport {
 namespace {
 
@@ -533,6 +535,8 @@ int Device::resolve_path(const ibv_ah_attr& attr, Path* out) {
     local |= std::memcmp(cfg_.gids[i], p.dgid, 16) == 0;
   if (local) {
     p.dmac = cfg_.mac;
+  } else if (wire::gid_is_multicast(p.dgid)) {
+    wire::multicast_mac(p.dgid, p.dmac);  // no neighbour to ask
   } else {
     if (!resolver_) return EHOSTUNREACH;
     const int rc = resolver_->resolve(p.dgid, &p.dmac);
@@ -540,6 +544,32 @@ int Device::resolve_path(const ibv_ah_attr& attr, Path* out) {
   }
   *out = p;
   return 0;
+}
+
+int Device::mcast_join(const Gid& gid) {
+  const Limits& l = cfg_.limits;
+  if (nmcast_ >= l.max_total_mcast_qp_attach) return ENOMEM;
+  auto it = mcast_.find(gid);
+  if (it == mcast_.end()) {
+    if (mcast_.size() >= l.max_mcast_grp) return ENOMEM;
+    it = mcast_.emplace(gid, 0).first;
+  } else if (it->second >= l.max_mcast_qp_attach) {
+    return ENOMEM;
+  }
+  ++it->second;
+  ++nmcast_;
+  return 0;
+}
+
+void Device::mcast_leave(const Gid& gid) {
+  auto it = mcast_.find(gid);
+  if (it == mcast_.end()) return;
+  --nmcast_;
+  if (--it->second == 0) mcast_.erase(it);
+}
+
+bool Device::mcast_group(const uint8_t gid[16]) const {
+  return !mcast_.empty() && mcast_.count(to_gid(gid)) != 0;
 }
 
 int Device::create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out) {

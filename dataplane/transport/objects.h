@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -359,6 +360,16 @@ class Device {
   uint32_t qp_total() const { return nqp_; }
   void count_qp(int d) { nqp_ += static_cast<uint32_t>(d); }
 
+  // Multicast groups with members on any engine, for the limits and for
+  // the lcores' "is anyone here a member" (frames to other groups are not
+  // ours). Changed by engines' attach/detach with every lcore parked;
+  // read by any lcore.
+  int mcast_join(const Gid& gid);  // 0 or ENOMEM (a limit)
+  void mcast_leave(const Gid& gid);
+  bool mcast_group(const uint8_t gid[16]) const;
+  uint32_t mcast_groups() const { return static_cast<uint32_t>(mcast_.size()); }
+  uint32_t mcast_attached() const { return nmcast_; }
+
   // Engine bookkeeping of which objects QPs use.
   static void hold(Pd* pd) { ++pd->users_; }
   static void release(Pd* pd) { --pd->users_; }
@@ -383,6 +394,8 @@ class Device {
   std::vector<std::unique_ptr<Ah>> ahs_;
   uint32_t npd_ = 0, nmr_ = 0, nmw_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
   uint32_t nqp_ = 0;
+  std::map<Gid, uint32_t> mcast_;  // group -> members
+  uint32_t nmcast_ = 0;            // attachments
   struct EventSlot {
     std::atomic<uint64_t> seq{0};
     AsyncEvent ev;

@@ -217,6 +217,7 @@ class Qp {
   uint8_t max_dest_rd_atomic_ = 1;
   bool sqd_notify_ = false;
   uint16_t udp_sport_ = 0xc000;
+  uint32_t mcast_ = 0;  // multicast groups attached (UD)
 
   // Send queue: [sq_head_, sq_tail_) posted and not completed; the
   // requester's cursor sq_next_ is in between. Indices run freely.

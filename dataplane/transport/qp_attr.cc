@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "dataplane/hostif/verbs.h"
+#include "dataplane/wire/codec.h"
 
 namespace urnic::transport {
 namespace {
@@ -363,6 +364,9 @@ const char* check_values(const ibv_qp_attr& a, uint32_t mask,
   }
   if (mask & kAv) {
     if (const char* w = check_av(a.ah_attr, lim)) return w;
+    // Groups take UD SENDs only (IBTA 10.5.2): a connection has one peer.
+    if (wire::gid_is_multicast(a.ah_attr.grh.dgid.raw))
+      return "ah_attr.grh.dgid is a multicast group: only UD sends to groups";
   }
   // IBV_QP_QKEY: any 32-bit value; IBV_QP_EN_SQD_ASYNC_NOTIFY: a flag.
   return nullptr;

@@ -6,7 +6,9 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <cstdint>
+#include <cstring>
 
 #include "dataplane/hostif/verbs.h"
 
@@ -42,6 +44,27 @@ struct Limits {
   // The largest path MTU the port's MTU carries (an ibv_mtu): the port's
   // max_mtu, as rxe reports its netdev's.
   uint8_t max_path_mtu = IBV_MTU_4096;
+  // Multicast (ibv_attach_mcast), for the device: groups with a member,
+  // members of one group, and attachments in all. Not configured: rxe's
+  // order of magnitude, sized for a table searched per multicast packet.
+  uint32_t max_mcast_grp = 1024;
+  uint32_t max_mcast_qp_attach = 56;
+  uint32_t max_total_mcast_qp_attach = 8192;
+};
+
+// A GID as a value (a multicast group's key).
+using Gid = std::array<uint8_t, 16>;
+inline Gid to_gid(const uint8_t g[16]) {
+  Gid r;
+  std::memcpy(r.data(), g, 16);
+  return r;
+}
+struct GidHash {
+  size_t operator()(const Gid& g) const {  // FNV-1a
+    uint64_t h = 14695981039346656037ull;
+    for (uint8_t b : g) h = (h ^ b) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
 };
 
 // Path MTU in bytes from the verbs enum (IBV_MTU_256 = 1 ... 4096 = 5).

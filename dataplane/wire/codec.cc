@@ -287,6 +287,22 @@ bool gid_is_ipv4(const uint8_t gid[16]) {
 uint32_t gid_to_ipv4(const uint8_t gid[16]) {
   return load_be32(gid + 12);
 }
+bool gid_is_multicast(const uint8_t gid[16]) {
+  return gid_is_ipv4(gid) ? (gid[12] & 0xf0) == 0xe0 : gid[0] == 0xff;
+}
+void multicast_mac(const uint8_t gid[16], MacAddr& mac) {
+  if (gid_is_ipv4(gid)) {
+    mac.b[0] = 0x01;
+    mac.b[1] = 0x00;
+    mac.b[2] = 0x5e;
+    mac.b[3] = gid[13] & 0x7f;
+    mac.b[4] = gid[14];
+    mac.b[5] = gid[15];
+  } else {
+    mac.b[0] = mac.b[1] = 0x33;
+    std::memcpy(mac.b + 2, gid + 12, 4);
+  }
+}
 
 void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
             bool ip_csum_ok) {

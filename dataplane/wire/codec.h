@@ -248,4 +248,14 @@ void gid_from_ipv4(uint32_t addr, uint8_t gid[16]);
 bool gid_is_ipv4(const uint8_t gid[16]);
 uint32_t gid_to_ipv4(const uint8_t gid[16]);
 
+// Multicast: a GID that is an IPv4-mapped 224.0.0.0/4 address (RFC 5771) or
+// an IPv6 ff00::/8 one (RFC 4291 2.7), and the destination QPN of every
+// packet to a group (IBTA 9.6.1.1; Annex A17 keeps it for RoCEv2).
+constexpr uint32_t kMulticastQpn = 0xffffff;
+bool gid_is_multicast(const uint8_t gid[16]);
+// The group's Ethernet address, without ARP or ND: 01:00:5e + the low 23
+// bits of an IPv4 group (RFC 1112 6.4), 33:33 + the low 32 bits of an IPv6
+// one (RFC 2464 7).
+void multicast_mac(const uint8_t gid[16], MacAddr& mac);
+
 }  // namespace urnic::wire

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "dataplane/transport/qp_attr.h"
+#include "dataplane/wire/codec.h"
 
 namespace urnic::transport {
 namespace {
@@ -381,6 +382,15 @@ TEST(QpAttr, AvRequiresGrh) {
   a.ah_attr.dlid = 0xffff;
   a.ah_attr.grh.flow_label = 0xffffffff;
   expect_accepted(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, a, mask, lim);
+  // A connection has one peer: a multicast group (239.1.1.1, ff0e::1) is
+  // never a connected QP's destination.
+  wire::gid_from_ipv4(0xef010101, a.ah_attr.grh.dgid.raw);
+  expect_rejected(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, a, mask, lim);
+  std::memset(a.ah_attr.grh.dgid.raw, 0, sizeof(a.ah_attr.grh.dgid.raw));
+  a.ah_attr.grh.dgid.raw[0] = 0xff;
+  a.ah_attr.grh.dgid.raw[1] = 0x0e;
+  a.ah_attr.grh.dgid.raw[15] = 1;
+  expect_rejected(IBV_QPT_RC, IBV_QPS_INIT, IBV_QPS_RTR, a, mask, lim);
 }
 
 TEST(QpAttr, UnsupportedFeatures) {

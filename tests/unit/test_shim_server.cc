@@ -939,6 +939,47 @@ TEST_F(ShimServerTest, ClosingTheClientReleasesEverything) {
   EXPECT_EQ(srv.counters().clients_closed.load(), 1u);
 }
 
+// ibv_attach_mcast / ibv_detach_mcast through the service: a UD QP joins,
+// a refusal says why, a QP still attached cannot be destroyed (EBUSY, as
+// the kernel's uverbs says), and a client that dies leaves its groups.
+TEST_F(ShimServerTest, MulticastAttachDetachAndDestroy) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(16);
+  Qp u = create_qp(pd, cq.h, IBV_QPT_UD);
+  Qp rc = create_qp(pd, cq.h);
+  McastReq m;
+  m.qp = u.h;
+  wire::gid_from_ipv4(0xef010101, m.gid);  // 239.1.1.1
+  EXPECT_EQ(call(Op::kAttachMcast, m).status, 0);
+  EXPECT_EQ(dev.mcast_attached(), 1u);
+  EXPECT_TRUE(dev.mcast_group(m.gid));
+  McastReq bad = m;
+  bad.qp = rc.h;
+  Reply r = call(Op::kAttachMcast, bad);
+  EXPECT_EQ(r.status, -EINVAL);
+  EXPECT_NE(r.payload.find("UD"), std::string::npos) << r.payload;
+  bad.qp = 999;  // not the client's
+  EXPECT_EQ(call(Op::kAttachMcast, bad).status, -EINVAL);
+  r = call(Op::kDestroyQp, HandleReq{u.h});
+  EXPECT_EQ(r.status, -EBUSY);
+  EXPECT_NE(r.payload.find("ibv_detach_mcast"), std::string::npos) << r.payload;
+  EXPECT_EQ(call(Op::kDetachMcast, m).status, 0);
+  r = call(Op::kDetachMcast, m);
+  EXPECT_EQ(r.status, -EINVAL);
+  EXPECT_NE(r.payload.find("not attached"), std::string::npos) << r.payload;
+  EXPECT_EQ(call(Op::kDestroyQp, HandleReq{u.h}).status, 0);
+  EXPECT_EQ(dev.mcast_attached(), 0u);
+  // Attached when the client goes: out of the group with its QP.
+  Qp v = create_qp(pd, cq.h, IBV_QPT_UD);
+  m.qp = v.h;
+  EXPECT_EQ(call(Op::kAttachMcast, m).status, 0);
+  srv.on_close(ci);
+  EXPECT_EQ(dev.mcast_attached(), 0u);
+  EXPECT_EQ(dev.mcast_groups(), 0u);
+  EXPECT_FALSE(dev.mcast_group(m.gid));
+}
+
 // Zero-copy memory of a PCI port whose DMA mapping (pinning) takes until
 // let_go(): as with a large MR on vfio.
 struct SlowDma final : TxMemory {

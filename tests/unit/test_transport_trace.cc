@@ -29,8 +29,9 @@ namespace op = wire::opcode;
 
 constexpr wire::MacAddr kOurMac{{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}};
 constexpr wire::MacAddr kPeerMac{{0x02, 0x00, 0x00, 0x00, 0x00, 0x02}};
-constexpr uint32_t kOurIp = 0x0a000001;   // 10.0.0.1
-constexpr uint32_t kPeerIp = 0x0a000002;  // 10.0.0.2
+constexpr uint32_t kOurIp = 0x0a000001;    // 10.0.0.1
+constexpr uint32_t kPeerIp = 0x0a000002;   // 10.0.0.2
+constexpr uint32_t kGroupIp = 0xef010101;  // 239.1.1.1
 constexpr uint32_t kPeerQpn = 0x0abcde;
 constexpr uint64_t kPeerVa = 0x00007f0000001000;  // the peer's memory
 constexpr uint32_t kPeerRkey = 0x00c0ffee;
@@ -4292,6 +4293,149 @@ TEST_F(TransportTrace, UdWrongQkeyIsDroppedAndCounted) {
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_WC(wc[0], 3u, IBV_WC_SUCCESS, IBV_WC_RECV);
   EXPECT_EQ(wc[0].byte_len, 10u + kGrhSize);
+}
+
+// Multicast (ibv_attach_mcast): UD QPs only, multicast GIDs only; attaching
+// twice is one attachment; detaching what is not attached is refused.
+TEST_F(TransportTrace, McastAttachTakesUdQpsAndGroupsOnly) {
+  uint8_t group[16], unicast[16];
+  wire::gid_from_ipv4(kGroupIp, group);
+  wire::gid_from_ipv4(kPeerIp, unicast);
+  Qp* rc = create_qp(IBV_QPT_RC);
+  const char* why = nullptr;
+  EXPECT_EQ(engine_->attach_mcast(rc, group, &why), EINVAL);
+  EXPECT_NE(why, nullptr);
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  why = nullptr;
+  EXPECT_EQ(engine_->attach_mcast(qp_, unicast, &why), EINVAL);
+  EXPECT_NE(why, nullptr);
+  EXPECT_EQ(engine_->attach_mcast(qp_, group), 0);
+  EXPECT_EQ(engine_->attach_mcast(qp_, group), 0);
+  EXPECT_EQ(dev_->mcast_groups(), 1u);
+  EXPECT_EQ(dev_->mcast_attached(), 1u);
+  EXPECT_EQ(qp_->mcast_, 1u);
+  EXPECT_TRUE(engine_->mcast_member(group));
+  EXPECT_TRUE(dev_->mcast_group(group));
+  EXPECT_EQ(engine_->detach_mcast(qp_, group), 0);
+  EXPECT_EQ(engine_->detach_mcast(qp_, group), EINVAL);
+  EXPECT_EQ(dev_->mcast_groups(), 0u);
+  EXPECT_EQ(dev_->mcast_attached(), 0u);
+  EXPECT_FALSE(engine_->mcast_member(group));
+  EXPECT_FALSE(dev_->mcast_group(group));
+}
+
+// A UD SEND to a group (DQPN 0xFFFFFF) reaches every member in a state that
+// receives, each with its own copy and completion, the GRH area holding the
+// group as destination; a member with another Q_Key drops it (counted), a
+// QP that detached gets nothing.
+TEST_F(TransportTrace, McastSendReachesEveryMember) {
+  uint8_t group[16];
+  wire::gid_from_ipv4(kGroupIp, group);
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  Qp* a = qp_;
+  Qp* b = up(IBV_QPT_UD);
+  QpOpts other;
+  other.qkey = 0x22222222;
+  Qp* c = up(IBV_QPT_UD, other);
+  Qp* gone = up(IBV_QPT_UD);
+  ASSERT_TRUE(a && b && c && gone);
+  for (Qp* q : {a, b, c, gone}) ASSERT_EQ(engine_->attach_mcast(q, group), 0);
+  ASSERT_EQ(engine_->detach_mcast(gone, group), 0);
+  ASSERT_EQ(engine_->post_recv(a, rwr(1, {sge(0x10000, 1000)})), 0);
+  ASSERT_EQ(engine_->post_recv(b, rwr(2, {sge(0x20000, 1000)})), 0);
+  ASSERT_EQ(engine_->post_recv(c, rwr(3, {sge(0x30000, 1000)})), 0);
+  ASSERT_EQ(engine_->post_recv(gone, rwr(4, {sge(0x40000, 1000)})), 0);
+  const auto data = pattern(100, 0x31);
+  auto f = pkt(op::kUdSendOnly, 7);
+  f.dqpn = wire::kMulticastQpn;
+  f.deth_qkey = 0x11111111;
+  f.deth_src_qp = 0x55;
+  inject_to_ = kGroupIp;
+  inject(f, data);
+  poll(1 * kUs);
+  auto wc = rcq_poll();
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[0].qp_num, a->qpn());
+  EXPECT_WC(wc[1], 2u, IBV_WC_SUCCESS, IBV_WC_RECV);
+  EXPECT_EQ(wc[1].qp_num, b->qpn());
+  for (const ibv_wc& w : wc) {
+    EXPECT_EQ(w.byte_len, 100u + kGrhSize);
+    EXPECT_EQ(w.src_qp, 0x55u);
+    EXPECT_TRUE(w.wc_flags & IBV_WC_GRH);
+  }
+  for (uint64_t off : {0x10000, 0x20000}) {
+    // The IPv4 header in the GRH area: destination 239.1.1.1.
+    EXPECT_EQ(bytes(off + 20 + 16, 4), (std::vector<uint8_t>{239, 1, 1, 1}));
+    EXPECT_EQ(bytes(off + 40, 100), data);
+  }
+  EXPECT_EQ(ctr(ECtr::rx_mcast), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_mcast_copies), 3u);
+  EXPECT_EQ(ctr(ECtr::rx_bad_qkey), 1u);
+  EXPECT_EQ(ctr(ECtr::rx_no_qp), 0u);
+  EXPECT_TRUE(sent().empty());
+  // A group nobody here joined: nothing delivered, nothing else counted.
+  inject_to_ = kGroupIp + 1;
+  inject(f, data);
+  poll(2 * kUs);
+  EXPECT_TRUE(rcq_poll().empty());
+  EXPECT_EQ(ctr(ECtr::rx_mcast), 1u);
+}
+
+// To a group: the AH needs no neighbour (the group's MAC, RFC 1112 6.4),
+// and the frame goes to 01:00:5e:01:01:01, 239.1.1.1, DQPN 0xFFFFFF.
+TEST_F(TransportTrace, McastSendGoesToTheGroupsMac) {
+  ASSERT_TRUE(up(IBV_QPT_UD));
+  ibv_ah_attr attr = peer_ah_attr();
+  wire::gid_from_ipv4(kGroupIp, attr.grh.dgid.raw);  // TestResolver: unknown
+  Ah* ah = nullptr;
+  ASSERT_EQ(dev_->create_ah(pd_, attr, &ah), 0);
+  put(0, pattern(64, 0x44));
+  SendWr w = wr(1, IBV_WR_SEND, {sge(0, 64)});
+  w.ah = ah;
+  w.remote_qpn = wire::kMulticastQpn;
+  w.remote_qkey = 0x11111111;
+  ASSERT_EQ(post(w), 0);
+  poll(0);
+  ASSERT_EQ(io_.frames.size(), 1u);
+  const std::vector<uint8_t>& b = io_.frames[0];
+  wire::FrameInfo fi;
+  wire::decode(b.data(), static_cast<uint32_t>(b.size()), fi);
+  ASSERT_EQ(fi.kind, wire::FrameKind::kRoce);
+  const wire::MacAddr group_mac{{0x01, 0x00, 0x5e, 0x01, 0x01, 0x01}};
+  EXPECT_EQ(fi.roce.dst_mac, group_mac);
+  EXPECT_EQ(wire::gid_to_ipv4(fi.roce.dgid), kGroupIp);
+  EXPECT_EQ(fi.roce.dqpn, wire::kMulticastQpn);
+  EXPECT_EQ(fi.roce.opcode, op::kUdSendOnly);
+  io_.frames.clear();
+  auto wc = cq_poll();
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+}
+
+// The device's limits hold (max_mcast_qp_attach members in one group), and
+// a QP destroyed while attached leaves its groups.
+TEST_F(TransportTrace, McastLimitsAndDestroyLeavesGroups) {
+  uint8_t group[16], second[16];
+  wire::gid_from_ipv4(kGroupIp, group);
+  wire::gid_from_ipv4(kGroupIp + 1, second);
+  const uint32_t max = dev_->limits().max_mcast_qp_attach;
+  std::vector<Qp*> qps;
+  for (uint32_t i = 0; i <= max; ++i) qps.push_back(create_qp(IBV_QPT_UD));
+  for (uint32_t i = 0; i < max; ++i)
+    ASSERT_EQ(engine_->attach_mcast(qps[i], group), 0) << i;
+  const char* why = nullptr;
+  EXPECT_EQ(engine_->attach_mcast(qps[max], group, &why), ENOMEM);
+  EXPECT_NE(why, nullptr);
+  EXPECT_EQ(engine_->attach_mcast(qps[max], second), 0);
+  EXPECT_EQ(engine_->attach_mcast(qps[0], second), 0);
+  EXPECT_EQ(dev_->mcast_attached(), max + 2);
+  EXPECT_EQ(dev_->mcast_groups(), 2u);
+  for (Qp* q : qps) ASSERT_EQ(engine_->destroy_qp(q), 0);
+  EXPECT_EQ(dev_->mcast_attached(), 0u);
+  EXPECT_EQ(dev_->mcast_groups(), 0u);
+  EXPECT_FALSE(engine_->mcast_member(group));
+  EXPECT_FALSE(engine_->mcast_member(second));
 }
 
 // C10-93.1.1: a UD message longer than the port MTU emits no packet and
