@@ -21,6 +21,7 @@
 # exit, pass or fail.
 # usage: verbs_shim.sh URNICD URNICCTL SHIM_SO MISUSE_BIN EXTENDED_BIN
 #   REUSE_BIN (tests/shim/payload_reuse) DL_RELOAD_BIN (tests/shim/dl_reload)
+#   MCAST_BIN (tests/shim/mcast_check)
 set -euo pipefail
 URNICD=$1
 URNICCTL=$2
@@ -29,6 +30,7 @@ MISUSE=$(realpath "$4")
 EXTENDED=$(realpath "$5")
 REUSE=$(realpath "$6")
 DL_RELOAD=$(realpath "$7")
+MCAST=$(realpath "$8")
 PY=/usr/bin/python3
 
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces"; exit 77; }
@@ -349,6 +351,45 @@ check "B: UC sends from a buffer rewritten at each completion (2000, intact)" \
   reuse uc 2000
 check "B: READs of memory rewritten meanwhile (200 x 64 KiB, no bad ICRC)" \
   reuse read 200
+
+# UD multicast with plain verbs (ibv_attach_mcast, an AH to the group):
+# two QPs join on B1 and one on B2, and B2 sends 300 messages to the group.
+# Every member gets every one, checked: B1's two through the veth (one
+# frame, two copies), B2's own through the service's loopback of a frame
+# to a group it has members of (no switch sends it back).
+mcast_counter() {  # mcast_counter SOCK NAME: an lcore counter's total
+  "$URNICCTL" -s "$1" stats --json |
+    $PY -c "import json,sys; print(json.load(sys.stdin)['totals']['$2'])"
+}
+mcast() {
+  local r1 r2 rc=0 rx0 lo0 rx lo
+  rx0=$(mcast_counter "$SOCK_B1" mcast_rx)
+  lo0=$(mcast_counter "$SOCK_B2" mcast_loopback)
+  ip netns exec "$NS_B1" timeout 60 env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
+    URNIC_SOCKET="$SOCK_B1" "$MCAST" recv 239.1.2.3 300 2 >"$TMP/mc1.out" 2>&1 &
+  r1=$!
+  ip netns exec "$NS_B2" timeout 60 env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
+    URNIC_SOCKET="$SOCK_B2" "$MCAST" recv 239.1.2.3 300 >"$TMP/mc2.out" 2>&1 &
+  r2=$!
+  PIDS+=("$r1" "$r2")
+  for _ in $(seq 100); do
+    grep -q ready "$TMP/mc1.out" && grep -q ready "$TMP/mc2.out" && break
+    sleep 0.1
+  done
+  run "$NS_B2" "$SOCK_B2" "$MCAST" send 239.1.2.3 300 1000 || rc=1
+  wait "$r1" || rc=1
+  wait "$r2" || rc=1
+  forget "$r1" "$r2"
+  echo "--- B1 receivers:"; cat "$TMP/mc1.out"
+  echo "--- B2 receiver:"; cat "$TMP/mc2.out"
+  rx=$(mcast_counter "$SOCK_B1" mcast_rx)
+  lo=$(mcast_counter "$SOCK_B2" mcast_loopback)
+  echo "B1 mcast_rx $rx0 -> $rx, B2 mcast_loopback $lo0 -> $lo"
+  [ $((rx - rx0)) -eq 300 ] && [ $((lo - lo0)) -eq 300 ] || rc=1
+  return $rc
+}
+check "B: UD multicast, plain verbs: 300 messages to 2 QPs on B1 and 1 on B2 (loopback), all checked" \
+  mcast
 
 crossed() {  # the B runs went over the veth, both ways
   local r1 r2

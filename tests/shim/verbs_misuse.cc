@@ -1088,7 +1088,7 @@ void section_health(Dev& d) {
         why);
 }
 
-// --- h) verbs urnic does not implement --------------------------------------
+// --- h) verbs urnic does not implement, multicast on RC ---------------------
 // Each gives the documented refusal on urnic objects (verbs-shim/verbs.def,
 // URNIC_VERB_FIXED) and leaves the objects usable.
 void section_unimplemented(Dev& d) {
@@ -1096,10 +1096,14 @@ void section_unimplemented(Dev& d) {
   ibv_qp* qp = sp.p.a.qp;
   ibv_gid mgid{};
   mgid.raw[0] = 0xff;
-  check(ibv_attach_mcast(qp, &mgid, 0) == EOPNOTSUPP,
-        "h) ibv_attach_mcast returns EOPNOTSUPP");
-  check(ibv_detach_mcast(qp, &mgid, 0) == EOPNOTSUPP,
-        "h) ibv_detach_mcast returns EOPNOTSUPP");
+  // Multicast is UD's (IBTA 10.5.2): an RC QP joins nothing, and what it
+  // did not join it cannot leave.
+  check(ibv_attach_mcast(qp, &mgid, 0) == EINVAL,
+        "h) ibv_attach_mcast of an RC QP returns EINVAL");
+  check(ibv_detach_mcast(qp, &mgid, 0) == EINVAL,
+        "h) ibv_detach_mcast of a group not joined returns EINVAL");
+  check(ibv_attach_mcast(qp, nullptr, 0) == EINVAL,
+        "h) ibv_attach_mcast without a GID returns EINVAL");
   ibv_ece ece{};
   check(ibv_query_ece(qp, &ece) == EOPNOTSUPP,
         "h) ibv_query_ece returns EOPNOTSUPP");
