@@ -45,12 +45,23 @@ enum Event : uint32_t {
   kEstablished = 9,
   kDisconnected = 10,
   kDeviceRemoval = 11,
+  kMulticastJoin = 12,
+  kMulticastError = 13,
   kTimewaitExit = 15,
 };
+
+bool mcast_event(uint32_t event) {
+  return event == kMulticastJoin || event == kMulticastError;
+}
 
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY (cma.c)
 constexpr uint8_t kPacketLife = 16;        // CMA_IBOE_PACKET_LIFETIME (cma.c)
 constexpr uint32_t kMaxBacklog = 1024;
+// A multicast group's AH, as Linux's cma makes it for a RoCEv2 join
+// (cma_iboe_join_multicast, cma_make_mc_event): QPN 0xFFFFFF, hop limit
+// IPV6_DEFAULT_HOPLIMIT for an IPv4 group.
+constexpr uint32_t kMcastQpn = 0xFFFFFF;
+constexpr uint8_t kMcastHopLimit = 64;
 constexpr uint16_t kEphemeralLo = 32768, kEphemeralHi = 60999;
 
 // The path's packet life time: RDMA_OPTION_ID_ACK_TIMEOUT - 1 once set (cma.c
@@ -81,6 +92,10 @@ uint8_t ack_timeout(uint8_t ca_ack_delay, uint8_t packet_life) {
   else
     t = ca_ack_delay + (t >= ca_ack_delay - 1);
   return static_cast<uint8_t>(std::min(31, t));
+}
+
+bool multicast(uint32_t ip) {
+  return (ip & 0xf0000000u) == 0xe0000000u;  // 224.0.0.0/4 (RFC 5771)
 }
 
 uint64_t ms_ns(uint64_t ms) {
@@ -220,7 +235,11 @@ std::vector<std::pair<const char*, uint64_t>> CmServer::stats() const {
           {"cm_events", v(ctr_.events)},
           {"cm_events_dropped", v(ctr_.events_dropped)},
           {"cm_connections", v(ctr_.connections)},
-          {"cm_timeouts", v(ctr_.timeouts)}};
+          {"cm_timeouts", v(ctr_.timeouts)},
+          {"cm_mcast_joins", v(ctr_.mcast_joins)},
+          {"cm_mcast_leaves", v(ctr_.mcast_leaves)},
+          {"cm_mcast_refused", v(ctr_.mcast_refused)},
+          {"cm_mcast_groups", v(ctr_.mcast_groups)}};
 }
 
 // --- control requests --------------------------------------------------------
@@ -396,9 +415,44 @@ int CmServer::command(Channel& ch, const shim::CmCommandReq& req,
       return 0;  // no alternate paths: nothing to tell the CM
     case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
     case RDMA_USER_CM_CMD_JOIN_MCAST:
-    case RDMA_USER_CM_CMD_LEAVE_MCAST:
-      why_ = "multicast joins are not supported by urnic";
-      return -EOPNOTSUPP;
+    case RDMA_USER_CM_CMD_LEAVE_MCAST: {
+      int rc;
+      if (req.out < (req.cmd == RDMA_USER_CM_CMD_LEAVE_MCAST
+                         ? sizeof(rdma_ucm_destroy_id_resp)
+                         : sizeof(rdma_ucm_create_id_resp))) {
+        why_ = "no room for the multicast command's response";
+        rc = -ENOSPC;  // ucma_process_join, ucma_leave_multicast
+      } else if (req.cmd == RDMA_USER_CM_CMD_LEAVE_MCAST) {
+        rc =
+            need(sizeof(rdma_ucm_destroy_id))
+                ? cmd_leave(
+                      ch, load<uint32_t>(b + offsetof(rdma_ucm_destroy_id, id)),
+                      out)
+                : -EINVAL;
+      } else if (req.cmd == RDMA_USER_CM_CMD_JOIN_IP_MCAST) {
+        // The kernel makes it a JOIN_MCAST of a full member
+        // (ucma_join_ip_multicast).
+        rc = on(type_identity<rdma_ucm_join_ip_mcast>{}, [&](Id& id) {
+          const auto c = load<rdma_ucm_join_ip_mcast>(b);
+          const uint16_t size = c.addr.sin6_family == AF_INET6
+                                    ? sizeof(sockaddr_in6)
+                                    : sizeof(sockaddr_in);
+          return cmd_join(id, c.uid, b + offsetof(rdma_ucm_join_ip_mcast, addr),
+                          size, RDMA_MC_JOIN_FLAG_FULLMEMBER, out);
+        });
+      } else {
+        rc = on(type_identity<rdma_ucm_join_mcast>{}, [&](Id& id) {
+          const auto c = load<rdma_ucm_join_mcast>(b);
+          return cmd_join(id, c.uid, b + offsetof(rdma_ucm_join_mcast, addr),
+                          c.addr_size, c.join_flags, out);
+        });
+      }
+      if (rc < 0) {
+        ctr_.mcast_refused.fetch_add(1, std::memory_order_relaxed);
+        if (why_.empty()) why_ = "multicast command refused";
+      }
+      return rc;
+    }
     default:
       why_ = "RDMA CM command " + std::to_string(req.cmd) +
              " is not supported by urnic";
@@ -438,6 +492,9 @@ int CmServer::cmd_create(Channel& ch, const uint8_t* b, std::string& out) {
 }
 
 void CmServer::drop(Id& id) {
+  // Its memberships go with it (ucma_cleanup_multicast); events of theirs
+  // still queued carry its count id, which the shim no longer knows.
+  for (uint32_t h : std::vector<uint32_t>(id.mcasts)) drop_mcast(h);
   stop_timer(id);
   if (id.local_comm_id) comm_.erase(id.local_comm_id);
   if (id.ch) {
@@ -578,12 +635,6 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
     why_ = "only IPv4 destinations are supported";
     return -EAFNOSUPPORT;
   }
-  if ((ip & 0xf0000000u) == 0xe0000000u) {  // 224.0.0.0/4 (RFC 5771)
-    // Resolved only to join a group, and urnic has no multicast: say so
-    // now rather than fail the resolution with an unreachable network.
-    why_ = "multicast addresses are not supported by urnic (no joins)";
-    return -EOPNOTSUPP;
-  }
   uint16_t sfam, sport;
   uint32_t sip;
   if (!id.bound && c.src_addr.sin6_family &&
@@ -603,7 +654,9 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
   id.dst_port = port;
   id.st = St::kAddrQuery;
   id.deadline = now + ms_ns(c.timeout_ms ? c.timeout_ms : 2000);
-  if (!on_link(ip) && !local_ip(ip)) {
+  // A group (mckey's rdma_resolve_addr before its join) resolves at once
+  // on the port, as Linux's does (its MAC is the group's, no ARP).
+  if (!on_link(ip) && !local_ip(ip) && !multicast(ip)) {
     // No routing beyond the port's subnet (urnic has no gateway).
     id.st = St::kIdle;
     emit(id, kAddrError, -ENETUNREACH);
@@ -614,6 +667,12 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
 }
 
 int CmServer::cmd_resolve_route(Id& id) {
+  if (multicast(id.dst_ip)) {
+    // A group is joined (JOIN_MCAST), never connected to: no path, and no
+    // REQ or SIDR_REQ to a multicast address.
+    why_ = "the destination is a multicast group: join it, do not route to it";
+    return -EINVAL;
+  }
   if (id.st != St::kAddrResolved) return -EINVAL;
   // RoCE: the path follows from the addresses (cma_resolve_iboe_route).
   id.st = St::kRouteResolved;
@@ -754,6 +813,10 @@ uint64_t CmServer::req_wait_ns(uint8_t life) const {
 
 int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
   const auto c = load<rdma_ucm_connect>(b);
+  if (multicast(id.dst_ip)) {
+    why_ = "the destination is a multicast group: join it, do not connect";
+    return -EINVAL;
+  }
   if (id.st != St::kRouteResolved) return -EINVAL;
   const rdma_ucm_conn_param& p = c.conn_param;
   if (id.qp_type == IBV_QPT_UD) return sidr_connect(id, p, now);
@@ -1047,7 +1110,10 @@ int CmServer::cmd_migrate(Channel& to, Id& id) {
   // Events not yet in the old socket follow the id; ones already there were
   // counted by the shim against the old channel and go with it.
   for (auto it = from.backlog.begin(); it != from.backlog.end();) {
-    if (it->resp.id == id.id) {
+    // A membership's events carry its handle as their id, and the id's as
+    // their count id.
+    if (it->resp.id == id.id ||
+        (mcast_event(it->resp.event) && it->count_id == id.id)) {
       to.backlog.push_back(*it);
       it = from.backlog.erase(it);
     } else {
@@ -1056,6 +1122,160 @@ int CmServer::cmd_migrate(Channel& to, Id& id) {
   }
   flush(to);
   return 0;
+}
+
+// --- multicast
+// -----------------------------------------------------------------
+
+// rdma_join_multicast: the kernel's ucma_process_join, then cma's
+// rdma_join_multicast and cma_iboe_join_multicast, their checks in their
+// order. The group is "joined" at once (a RoCE port has no SA to ask): the
+// reply names the membership, MULTICAST_JOIN follows with the group's AH.
+int CmServer::cmd_join(Id& id, uint64_t uid, const uint8_t* sa,
+                       uint16_t addr_size, uint16_t join_flags,
+                       std::string& out) {
+  const uint16_t family = load<uint16_t>(sa);
+  if (family == AF_IB) {  // librdmacm joins by IP unless it has AF_IB
+    why_ = "AF_IB multicast groups are not supported (IP groups only)";
+    return -EAFNOSUPPORT;
+  }
+  const size_t fsize = family == AF_INET    ? sizeof(sockaddr_in)
+                       : family == AF_INET6 ? sizeof(sockaddr_in6)
+                                            : 0;
+  if (!fsize || addr_size != fsize) {
+    why_ = "JOIN_MCAST: the group's address size is not its family's";
+    return -EINVAL;
+  }
+  if (join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER &&
+      join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+    why_ = "JOIN_MCAST: join_flags " + std::to_string(join_flags) +
+           " is neither a full nor a send-only full member";
+    return -EINVAL;
+  }
+  if (!id.device) {  // ucma_get_ctx_dev
+    why_ =
+        "a multicast join needs an id bound to urnic's port (bind its "
+        "address or resolve one first)";
+    return -EINVAL;
+  }
+  if (id.st != St::kIdle && id.st != St::kAddrResolved) {
+    why_ = "a multicast join needs an id in ADDR_BOUND or ADDR_RESOLVED";
+    return -EINVAL;
+  }
+  if (id.ps == cm::kPsTcp || id.qp_type != IBV_QPT_UD) {
+    why_ = "only UD ids join multicast groups (RDMA_PS_UDP, RDMA_PS_IB UD)";
+    return -EINVAL;
+  }
+  if (id.ps == cm::kPsIpoib) {
+    // Linux never binds an RDMA_PS_IPOIB id to a RoCE port
+    // (cma_acquire_dev_by_src_ip), so it never gets this far.
+    why_ = "RDMA_PS_IPOIB ids cannot join groups on a RoCE port";
+    return -EINVAL;
+  }
+  uint16_t f, port;
+  uint32_t group = 0;
+  const bool ipv4 = parse_addr(sa, &f, &group, &port);
+  if (ipv4 && group == 0) {  // cma_zero_addr
+    why_ = "the multicast group is the zero address";
+    return -EINVAL;
+  }
+  if (family == AF_INET6) {
+    // Linux joins IPv4 groups only on a RoCEv2 port (no MLD):
+    // cma_iboe_join_multicast's ENOTSUPP.
+    why_ = "IPv6 multicast groups are not supported on RoCEv2";
+    return -EOPNOTSUPP;
+  }
+  if (!multicast(group)) {
+    why_ = "the group is not a multicast address (224.0.0.0/4)";
+    return -EINVAL;
+  }
+  if (mcasts_.size() >= kMaxMcasts) {
+    why_ = "too many multicast memberships";
+    return -ENOMEM;
+  }
+  uint32_t h = 0;
+  while (!h) {  // cyclic, so a handle left is not soon given out again
+    const uint32_t n = next_mcast_;
+    next_mcast_ = n == UINT32_MAX ? 1 : n + 1;
+    if (!mcasts_.count(n)) h = n;
+  }
+  // A second join of the same group makes a second membership, as Linux's
+  // (rdma_join_multicast does not look for one).
+  Mcast& mc = mcasts_[h];
+  mc.handle = h;
+  mc.id = id.id;
+  mc.uid = uid;
+  mc.group = group;
+  mc.send_only = join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+  id.mcasts.push_back(h);
+  ctr_.mcast_joins.fetch_add(1, std::memory_order_relaxed);
+  ctr_.mcast_groups.fetch_add(1, std::memory_order_relaxed);
+  rdma_ucm_create_id_resp r{};
+  r.id = h;
+  append(out, r);
+  // No IGMP report goes out: the port is DPDK's, not a netdev's (rxe's
+  // kernel sends one through its netdev, cma_igmp_send).
+  //
+  // The event as cma_make_mc_event / ib_init_ah_from_mcmember make it for
+  // RoCEv2, ucma_set_event_context naming the membership (uid, handle):
+  // MGID ::ffff:a.b.c.d (cma_iboe_set_mgid), no LID, SL, rate, flow label
+  // or traffic class, the Q_Key of the port space (cma_set_default_qkey).
+  emit(id, kMulticastJoin, 0, [&](rdma_ucm_event_resp& e) {
+    e.uid = uid;
+    e.id = h;
+    rdma_ucm_ud_param& u = e.param.ud;
+    u.qp_num = kMcastQpn;
+    u.qkey = kUdpQkey;
+    gid_of(group, u.ah_attr.grh.dgid);
+    u.ah_attr.grh.sgid_index = static_cast<uint8_t>(env_.sgid_index);
+    u.ah_attr.grh.hop_limit = kMcastHopLimit;
+    u.ah_attr.is_global = 1;
+    u.ah_attr.port_num = 1;
+  });
+  return 0;
+}
+
+// rdma_leave_multicast (ucma_leave_multicast): the membership goes, with
+// its events not yet in the socket (ucma_cleanup_mc_events). The reply
+// counts its events the socket got; the shim answers with those it handed
+// out and drops the rest when they come.
+int CmServer::cmd_leave(Channel& ch, uint32_t handle, std::string& out) {
+  auto it = mcasts_.find(handle);
+  if (it == mcasts_.end()) {
+    why_ = "no such multicast membership";
+    return -ENOENT;
+  }
+  auto id = ids_.find(it->second.id);
+  if (id == ids_.end() || id->second.ch != &ch) {
+    why_ = "the multicast membership is another channel's";
+    return -EINVAL;
+  }
+  const uint32_t owner = it->second.id;
+  auto& bl = ch.backlog;
+  bl.erase(std::remove_if(bl.begin(), bl.end(),
+                          [&](const shim::CmEventMsg& m) {
+                            return mcast_event(m.resp.event) &&
+                                   m.resp.id == handle && m.count_id == owner;
+                          }),
+           bl.end());
+  rdma_ucm_destroy_id_resp r{};
+  r.events_reported = it->second.events_sent;
+  append(out, r);
+  drop_mcast(handle);
+  ctr_.mcast_leaves.fetch_add(1, std::memory_order_relaxed);
+  return 0;
+}
+
+void CmServer::drop_mcast(uint32_t handle) {
+  auto it = mcasts_.find(handle);
+  if (it == mcasts_.end()) return;
+  auto id = ids_.find(it->second.id);
+  if (id != ids_.end()) {
+    auto& v = id->second.mcasts;
+    v.erase(std::remove(v.begin(), v.end(), handle), v.end());
+  }
+  mcasts_.erase(it);
+  ctr_.mcast_groups.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // --- events ------------------------------------------------------------------
@@ -1093,6 +1313,12 @@ void CmServer::flush(Channel& ch) {
                                     std::memory_order_relaxed);
       ch.backlog.clear();
       return;
+    }
+    const shim::CmEventMsg& m = ch.backlog.front();
+    if (mcast_event(m.resp.event)) {
+      auto mc = mcasts_.find(m.resp.id);
+      if (mc != mcasts_.end() && mc->second.id == m.count_id)
+        ++mc->second.events_sent;
     }
     ch.backlog.pop_front();
   }
@@ -1744,7 +1970,8 @@ void CmServer::tick(uint64_t now) {
       case St::kAddrQuery: {
         uint8_t g[16];
         gid_of(id.dst_ip, g);
-        const int r = local_ip(id.dst_ip) ? 0 : env_.neighbour(g);
+        const int r =
+            local_ip(id.dst_ip) || multicast(id.dst_ip) ? 0 : env_.neighbour(g);
         if (r == 0) {
           id.st = St::kAddrResolved;
           emit(id, kAddrResolved, 0);

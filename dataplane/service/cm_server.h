@@ -60,6 +60,11 @@ struct CmCounters {
       af_ib_refused{0}, mads_rx{0}, mads_tx{0}, mads_bad{0}, mads_unmatched{0},
       mads_retransmitted{0}, rej_tx{0}, rej_rx{0}, events{0}, events_dropped{0},
       connections{0}, timeouts{0};
+  // Multicast (JOIN_IP_MCAST / JOIN_MCAST / LEAVE_MCAST): joins and leaves
+  // done, those refused, and the memberships held now (freed by a leave,
+  // the id's destruction or its channel's close).
+  std::atomic<uint64_t> mcast_joins{0}, mcast_leaves{0}, mcast_refused{0},
+      mcast_groups{0};
 };
 
 class CmServer {
@@ -154,6 +159,17 @@ class CmServer {
     uint64_t deadline = 0;     // address resolution / timewait end
     // REJ / DREQ / event private data kept for the user.
     uint32_t event_pending = 0;
+    std::vector<uint32_t> mcasts;  // its multicast memberships' handles
+  };
+  // A multicast membership (the kernel's ucma_multicast): its own handle,
+  // which its events carry as their id, and the join's uid.
+  struct Mcast {
+    uint32_t handle = 0;
+    uint32_t id = 0;  // the id that joined
+    uint64_t uid = 0;
+    uint32_t group = 0;  // IPv4, host order
+    bool send_only = false;
+    uint32_t events_sent = 0;  // its events handed to the event socket
   };
   struct Channel {
     uint64_t client = 0;
@@ -182,6 +198,12 @@ class CmServer {
   int cmd_set_option(Id& id, const uint8_t* b, const uint8_t* opt,
                      uint32_t optlen);
   int cmd_migrate(Channel& to, Id& id);
+  // JOIN_IP_MCAST / JOIN_MCAST: `sa` the group's sockaddr, `addr_size` its
+  // length as JOIN_MCAST gives it (JOIN_IP_MCAST: its family's).
+  int cmd_join(Id& id, uint64_t uid, const uint8_t* sa, uint16_t addr_size,
+               uint16_t join_flags, std::string& out);
+  int cmd_leave(Channel& ch, uint32_t handle, std::string& out);
+  void drop_mcast(uint32_t handle);  // forgets a membership
 
   // What a REQ or SIDR_REQ asks for (its RDMA CM header, service ID).
   struct Incoming {
@@ -196,6 +218,7 @@ class CmServer {
   Id* passive_id(Id& lis, const Incoming& in, uint64_t tid);
   void alloc_comm(Id& id);
   static constexpr uint32_t kMaxIds = 65535;
+  static constexpr size_t kMaxMcasts = 65535;
   uint32_t alloc_id();  // 1..kMaxIds, or 0 when all are taken
   Id* find(Channel& ch, uint32_t id);
   Id* by_comm(uint32_t local_comm_id);
@@ -258,6 +281,8 @@ class CmServer {
   std::unordered_map<uint32_t, Id> ids_;
   std::unordered_map<uint32_t, uint32_t> comm_;  // local comm id -> id
   uint32_t next_id_ = 1;
+  std::unordered_map<uint32_t, Mcast> mcasts_;  // by handle
+  uint32_t next_mcast_ = 1;
   uint32_t next_comm_;
   uint32_t psn_ = 0;
   bool shut_down_ = false;                 // of the MADs we send (UD: any PSN)

@@ -41,6 +41,7 @@ enum : uint32_t {
   RDMA_CM_EVENT_REJECTED = 8,
   RDMA_CM_EVENT_ESTABLISHED = 9,
   RDMA_CM_EVENT_DISCONNECTED = 10,
+  RDMA_CM_EVENT_MULTICAST_JOIN = 12,
   RDMA_CM_EVENT_TIMEWAIT_EXIT = 15,
 };
 
@@ -62,6 +63,10 @@ constexpr uint8_t kMaxCmRetries = 15;
 // The uids librdmacm would pass (its id_priv pointers).
 constexpr uint64_t kUidListen = 0x11110000, kUidA = 0xaaaa0000,
                    kUidB = 0xbbbb0000;
+// A group, and the uids librdmacm gives its joins (its cma_multicast
+// pointers).
+constexpr uint32_t kGroup = 0xef010101;  // 239.1.1.1
+constexpr uint64_t kUidMc = 0x3c3c0000, kUidMc2 = 0x3c3c0100;
 
 void gid(uint32_t ip, uint8_t out[16]) {
   wire::gid_from_ipv4(ip, out);
@@ -216,11 +221,12 @@ class CmServerTest : public ::testing::Test {
     return request(c, shim::Op::kCmCommand, bytes(q) + body + opt);
   }
 
-  uint32_t create_id(Chan& c, uint64_t uid, uint16_t ps = cm::kPsTcp) {
+  uint32_t create_id(Chan& c, uint64_t uid, uint16_t ps = cm::kPsTcp,
+                     uint8_t qp_type = IBV_QPT_RC) {
     rdma_ucm_create_id q{};
     q.uid = uid;
     q.ps = ps;
-    q.qp_type = IBV_QPT_RC;
+    q.qp_type = qp_type;
     Res r = ucma(c, RDMA_USER_CM_CMD_CREATE_ID, bytes(q));
     EXPECT_EQ(r.status, 0) << r.payload;
     return r.as<rdma_ucm_create_id_resp>().id;
@@ -333,6 +339,70 @@ class CmServerTest : public ::testing::Test {
     q.optname = name;
     q.optlen = static_cast<uint32_t>(opt.size());
     return ucma(c, RDMA_USER_CM_CMD_SET_OPTION, bytes(q), opt).status;
+  }
+
+  // rdma_join_multicast without AF_IB (librdmacm's JOIN_IP_MCAST).
+  Res join_ip(Chan& c, uint32_t id, uint64_t uid, uint32_t group) {
+    rdma_ucm_join_ip_mcast q{};
+    q.uid = uid;
+    put_sin(q.addr, group, 0);
+    q.id = id;
+    return ucma(c, RDMA_USER_CM_CMD_JOIN_IP_MCAST, bytes(q));
+  }
+  // rdma_join_multicast_ex with AF_IB support (JOIN_MCAST).
+  Res join(Chan& c, uint32_t id, uint64_t uid, uint32_t group, uint16_t flags,
+           uint16_t addr_size = sizeof(sockaddr_in)) {
+    rdma_ucm_join_mcast q{};
+    q.uid = uid;
+    q.id = id;
+    q.addr_size = addr_size;
+    q.join_flags = flags;
+    sockaddr_in s{};
+    s.sin_family = AF_INET;
+    s.sin_addr.s_addr = htonl(group);
+    std::memcpy(&q.addr, &s, sizeof s);
+    return ucma(c, RDMA_USER_CM_CMD_JOIN_MCAST, bytes(q));
+  }
+  Res leave(Chan& c, uint32_t handle) {
+    rdma_ucm_destroy_id q{};
+    q.id = handle;
+    return ucma(c, RDMA_USER_CM_CMD_LEAVE_MCAST, bytes(q));
+  }
+  // A UD id of RDMA_PS_UDP on B, resolved to the group as mckey does.
+  void resolve_group_from_b() {
+    bid = create_id(b, kUidB, cm::kPsUdp, IBV_QPT_UD);
+    ASSERT_EQ(resolve_ip(b, bid, kGroup, 0), 0);
+    ASSERT_EQ(event(b, RDMA_CM_EVENT_ADDR_RESOLVED).resp.id, bid);
+  }
+  // MULTICAST_JOIN as Linux's cma gives it for a RoCEv2 port: the
+  // membership's uid and handle, QPN 0xFFFFFF, RDMA_UDP_QKEY, the MGID
+  // ::ffff:group, the IPv4 GID's index, hop limit 64, nothing else.
+  void expect_join_event(const shim::CmEventMsg& m, uint32_t id, uint64_t uid,
+                         uint32_t handle, uint32_t group) {
+    EXPECT_EQ(m.resp.event, RDMA_CM_EVENT_MULTICAST_JOIN);
+    EXPECT_EQ(m.resp.status, 0u);
+    EXPECT_EQ(m.resp.uid, uid);
+    EXPECT_EQ(m.resp.id, handle);
+    EXPECT_EQ(m.count_id, id);  // the shim counts it against the id too
+    const rdma_ucm_ud_param& u = m.resp.param.ud;
+    EXPECT_EQ(u.qp_num, 0xFFFFFFu);
+    EXPECT_EQ(u.qkey, 0x01234567u);
+    EXPECT_EQ(u.private_data_len, 0);
+    const ib_uverbs_ah_attr& ah = u.ah_attr;
+    std::array<uint8_t, 16> mgid{};
+    mgid[10] = mgid[11] = 0xff;
+    const uint32_t be = htonl(group);
+    std::memcpy(&mgid[12], &be, 4);
+    EXPECT_EQ(arr16(ah.grh.dgid), mgid);
+    EXPECT_EQ(ah.grh.sgid_index, 1);  // CmEnv's sgid_index
+    EXPECT_EQ(ah.grh.hop_limit, 64);
+    EXPECT_EQ(ah.grh.traffic_class, 0);
+    EXPECT_EQ(ah.grh.flow_label, 0u);
+    EXPECT_EQ(ah.is_global, 1);
+    EXPECT_EQ(ah.port_num, 1);
+    EXPECT_EQ(ah.dlid, 0);
+    EXPECT_EQ(ah.sl, 0);
+    EXPECT_EQ(ah.static_rate, 0);
   }
 
   // --- events ---------------------------------------------------------------
@@ -1124,27 +1194,6 @@ TEST_F(CmServerTest, WithdrawnRequestCannotBeAccepted) {
 
 // 9a. Commands an application (or a broken shim) should not be able to use
 // to confuse the service.
-// Multicast: refused at once with a reason (mckey used to get an
-// ADDR_ERROR event, "network is unreachable").
-TEST_F(CmServerTest, MulticastIsRefusedWithAReason) {
-  bid = create_id(b, kUidB);
-  rdma_ucm_resolve_ip q{};
-  put_sin(q.dst_addr, 0xef010101, kPort);  // 239.1.1.1
-  q.id = bid;
-  const Res r = ucma(b, RDMA_USER_CM_CMD_RESOLVE_IP, bytes(q));
-  EXPECT_EQ(r.status, -EOPNOTSUPP);
-  EXPECT_NE(r.payload.find("multicast"), std::string::npos) << r.payload;
-  EXPECT_TRUE(events(b).empty());
-  rdma_ucm_join_ip_mcast j{};
-  put_sin(j.addr, 0xef010101, 0);
-  j.id = bid;
-  const Res jr = ucma(b, RDMA_USER_CM_CMD_JOIN_IP_MCAST, bytes(j));
-  EXPECT_EQ(jr.status, -EOPNOTSUPP);
-  EXPECT_NE(jr.payload.find("multicast"), std::string::npos) << jr.payload;
-  // The id is as it was: a unicast resolution still works.
-  EXPECT_EQ(resolve_ip(b, bid, kIpA, kPort), 0);
-}
-
 TEST_F(CmServerTest, HostileCommands) {
   const uint32_t id = create_id(a, kUidA);
   // Each command's struct cut short by one byte: EINVAL, before any id is
@@ -1308,6 +1357,253 @@ TEST_F(CmServerTest, UnknownDreqGetsDrep) {
   EXPECT_EQ(drep.as<cm::Drep>().remote_comm_id, 0x12345678u);
   EXPECT_TRUE(A.tx.empty());
   EXPECT_TRUE(events(a).empty());
+}
+
+// 10a. mckey's rdma_resolve_addr to a group: ADDR_RESOLVED at once (no ARP:
+// a group's MAC is its own), the id bound to urnic's port and address, and
+// nothing sent. A group is joined, never routed to or connected to.
+TEST_F(CmServerTest, MulticastResolveGivesAddrResolved) {
+  bid = create_id(b, kUidB, cm::kPsUdp, IBV_QPT_UD);
+  ASSERT_EQ(resolve_ip(b, bid, kGroup, 0), 0);
+  const auto ev = event(b, RDMA_CM_EVENT_ADDR_RESOLVED);
+  EXPECT_EQ(ev.resp.id, bid);
+  EXPECT_EQ(ev.resp.uid, kUidB);
+  EXPECT_EQ(ev.resp.status, 0u);
+  EXPECT_FALSE(B.srv->busy());
+  // librdmacm's QUERY_ROUTE on ADDR_RESOLVED: B's address and port, the
+  // group as the destination, no path.
+  const auto qr = query_route(b, bid);
+  EXPECT_EQ(qr.node_guid, B.guid);
+  EXPECT_EQ(qr.port_num, 1);
+  EXPECT_EQ(qr.num_paths, 0);
+  sockaddr_in src, dst;
+  std::memcpy(&src, &qr.src_addr, sizeof src);
+  std::memcpy(&dst, &qr.dst_addr, sizeof dst);
+  EXPECT_EQ(src.sin_family, AF_INET);
+  EXPECT_EQ(ntohl(src.sin_addr.s_addr), kIpB);
+  EXPECT_NE(src.sin_port, 0);
+  EXPECT_EQ(ntohl(dst.sin_addr.s_addr), kGroup);
+  // rdma_create_qp's INIT attributes: RDMA_UDP_QKEY.
+  const auto qa = init_qp_attr(b, bid, IBV_QPS_INIT);
+  EXPECT_EQ(qa.qkey, 0x01234567u);
+  EXPECT_EQ(qa.qp_attr_mask & IBV_QP_QKEY, static_cast<uint32_t>(IBV_QP_QKEY));
+  // No route to a group, no connection: EINVAL with the reason, no MAD.
+  rdma_ucm_resolve_route rq{};
+  rq.id = bid;
+  const Res rr = ucma(b, RDMA_USER_CM_CMD_RESOLVE_ROUTE, bytes(rq));
+  EXPECT_EQ(rr.status, -EINVAL);
+  EXPECT_NE(rr.payload.find("multicast"), std::string::npos) << rr.payload;
+  rdma_ucm_connect cq{};
+  put_param(cq.conn_param, {0x123, 0, 0, ""});
+  cq.id = bid;
+  const Res cr = ucma(b, RDMA_USER_CM_CMD_CONNECT, bytes(cq));
+  EXPECT_EQ(cr.status, -EINVAL);
+  EXPECT_NE(cr.payload.find("multicast"), std::string::npos) << cr.payload;
+  EXPECT_TRUE(events(b).empty());
+  EXPECT_TRUE(B.tx.empty());
+  EXPECT_EQ(stat(B, "cm_mads_tx"), 0u);
+}
+
+// 10b. JOIN_IP_MCAST (librdmacm without AF_IB): the membership's handle in
+// the reply, then MULTICAST_JOIN naming the membership (the join's uid, the
+// handle) with the group's AH. No frame goes out (no IGMP, no MAD).
+TEST_F(CmServerTest, JoinIpMcastGivesHandleAndEvent) {
+  ASSERT_NO_FATAL_FAILURE(resolve_group_from_b());
+  const Res r = join_ip(b, bid, kUidMc, kGroup);
+  ASSERT_EQ(r.status, 0) << r.payload;
+  const uint32_t h = r.as<rdma_ucm_create_id_resp>().id;
+  EXPECT_NE(h, 0u);
+  const auto ev = event(b, RDMA_CM_EVENT_MULTICAST_JOIN);
+  expect_join_event(ev, bid, kUidMc, h, kGroup);
+  EXPECT_TRUE(B.tx.empty());
+  EXPECT_EQ(stat(B, "cm_mcast_joins"), 1u);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 1u);
+  EXPECT_EQ(stat(B, "cm_mcast_refused"), 0u);
+  EXPECT_EQ(stat(B, "cm_command_errors"), 0u);
+}
+
+// 10c. JOIN_MCAST from an id only bound (ADDR_BOUND), as a full and as a
+// send-only full member; the same group twice is two memberships (Linux's
+// rdma_join_multicast does not look for one). Other join_flags, or an
+// address size not the family's: EINVAL, no event.
+TEST_F(CmServerTest, JoinMcastBothFlags) {
+  bid = create_id(b, kUidB, cm::kPsUdp, IBV_QPT_UD);
+  ASSERT_EQ(bind_ip(b, bid, kIpB, kPort), 0);
+  const Res full = join(b, bid, kUidMc, kGroup, RDMA_MC_JOIN_FLAG_FULLMEMBER);
+  ASSERT_EQ(full.status, 0) << full.payload;
+  const uint32_t h1 = full.as<rdma_ucm_create_id_resp>().id;
+  expect_join_event(event(b, RDMA_CM_EVENT_MULTICAST_JOIN), bid, kUidMc, h1,
+                    kGroup);
+  const Res send_only =
+      join(b, bid, kUidMc2, kGroup, RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER);
+  ASSERT_EQ(send_only.status, 0) << send_only.payload;
+  const uint32_t h2 = send_only.as<rdma_ucm_create_id_resp>().id;
+  EXPECT_NE(h2, h1);
+  expect_join_event(event(b, RDMA_CM_EVENT_MULTICAST_JOIN), bid, kUidMc2, h2,
+                    kGroup);
+  // Another group on the same id.
+  const Res other = join(b, bid, kUidMc, 0xe0000001, 0);  // 224.0.0.1
+  ASSERT_EQ(other.status, 0) << other.payload;
+  expect_join_event(event(b, RDMA_CM_EVENT_MULTICAST_JOIN), bid, kUidMc,
+                    other.as<rdma_ucm_create_id_resp>().id, 0xe0000001);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 3u);
+
+  const Res bad_flags = join(b, bid, kUidMc, kGroup, 2);
+  EXPECT_EQ(bad_flags.status, -EINVAL);
+  EXPECT_NE(bad_flags.payload.find("join_flags"), std::string::npos)
+      << bad_flags.payload;
+  EXPECT_EQ(join(b, bid, kUidMc, kGroup, 0xffff).status, -EINVAL);
+  EXPECT_EQ(join(b, bid, kUidMc, kGroup, 0, sizeof(sockaddr_in6)).status,
+            -EINVAL);
+  EXPECT_EQ(join(b, bid, kUidMc, kGroup, 0, 0).status, -EINVAL);
+  EXPECT_TRUE(events(b).empty());
+  EXPECT_EQ(stat(B, "cm_mcast_joins"), 3u);
+  EXPECT_EQ(stat(B, "cm_mcast_refused"), 4u);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 3u);
+}
+
+// 10d. Joins Linux refuses, with its errno, each with a reason and no
+// event.
+TEST_F(CmServerTest, JoinRefusals) {
+  auto refused = [&](const Res& r, int err, std::string_view why) {
+    EXPECT_EQ(r.status, -err) << r.payload;
+    EXPECT_NE(r.payload.find(why), std::string::npos) << r.payload;
+  };
+  // Not bound to the port (ucma_get_ctx_dev): a new id, one bound to the
+  // wildcard address.
+  const uint32_t fresh = create_id(b, 0x51, cm::kPsUdp, IBV_QPT_UD);
+  refused(join_ip(b, fresh, kUidMc, kGroup), EINVAL, "bound");
+  const uint32_t any = create_id(b, 0x52, cm::kPsUdp, IBV_QPT_UD);
+  ASSERT_EQ(bind_ip(b, any, 0, kPort), 0);
+  refused(join_ip(b, any, kUidMc, kGroup), EINVAL, "bound");
+  // An RC id of RDMA_PS_TCP (Linux's are RC: rdma_join_multicast wants UD).
+  const uint32_t rc = create_id(b, 0x53);
+  ASSERT_EQ(resolve_ip(b, rc, kGroup, 0), 0);
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_ADDR_RESOLVED).resp.id, rc);
+  refused(join_ip(b, rc, kUidMc, kGroup), EINVAL, "UD");
+  // RDMA_PS_IPOIB: Linux never binds one to a RoCE port.
+  const uint32_t ipoib = create_id(b, 0x54, cm::kPsIpoib, IBV_QPT_UD);
+  ASSERT_EQ(bind_ip(b, ipoib, kIpB, kPort), 0);
+  refused(join_ip(b, ipoib, kUidMc, kGroup), EINVAL, "IPOIB");
+  // A UD id whose route was resolved (to a unicast peer): not ADDR_BOUND or
+  // ADDR_RESOLVED any more.
+  const uint32_t routed = create_id(b, 0x55, cm::kPsUdp, IBV_QPT_UD);
+  ASSERT_EQ(resolve_ip(b, routed, kIpA, kPort), 0);
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_ADDR_RESOLVED).resp.id, routed);
+  ASSERT_EQ(resolve_route(b, routed), 0);
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_ROUTE_RESOLVED).resp.id, routed);
+  refused(join_ip(b, routed, kUidMc, kGroup), EINVAL, "ADDR_BOUND");
+  // A ready id, groups that are not: unicast, zero, IPv6.
+  ASSERT_NO_FATAL_FAILURE(resolve_group_from_b());
+  refused(join_ip(b, bid, kUidMc, kIpA), EINVAL, "not a multicast");
+  refused(join_ip(b, bid, kUidMc, 0), EINVAL, "zero");
+  rdma_ucm_join_ip_mcast v6{};
+  v6.uid = kUidMc;
+  v6.id = bid;
+  v6.addr.sin6_family = AF_INET6;
+  v6.addr.sin6_addr.s6_addr[0] = 0xff;
+  v6.addr.sin6_addr.s6_addr[1] = 0x0e;
+  v6.addr.sin6_addr.s6_addr[15] = 1;  // ff0e::1
+  refused(ucma(b, RDMA_USER_CM_CMD_JOIN_IP_MCAST, bytes(v6)), EOPNOTSUPP,
+          "IPv6");
+  // No room for the reply (ucma_process_join's ENOSPC).
+  shim::CmCommandReq q;
+  q.cmd = RDMA_USER_CM_CMD_JOIN_IP_MCAST;
+  rdma_ucm_join_ip_mcast j{};
+  j.uid = kUidMc;
+  put_sin(j.addr, kGroup, 0);
+  j.id = bid;
+  q.in = sizeof j;
+  q.out = sizeof(rdma_ucm_create_id_resp) - 1;
+  EXPECT_EQ(request(b, shim::Op::kCmCommand, bytes(q) + bytes(j)).status,
+            -ENOSPC);
+  // Another channel's id.
+  Chan other = open(B);
+  EXPECT_EQ(join_ip(other, bid, kUidMc, kGroup).status, -EINVAL);
+  // Expect: nothing joined, nothing told, every refusal counted.
+  EXPECT_TRUE(events(b).empty());
+  EXPECT_TRUE(events(other).empty());
+  EXPECT_EQ(stat(B, "cm_mcast_joins"), 0u);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 0u);
+  EXPECT_EQ(stat(B, "cm_mcast_refused"), 10u);
+  // The id still joins.
+  EXPECT_EQ(join_ip(b, bid, kUidMc, kGroup).status, 0);
+  EXPECT_EQ(event(b, RDMA_CM_EVENT_MULTICAST_JOIN).resp.uid, kUidMc);
+}
+
+// 10e. LEAVE_MCAST: events_reported counts the membership's events handed
+// to the event socket (the shim answers with those it gave out), and the
+// membership goes: a second leave is ENOENT (ucma_leave_multicast), another
+// channel's leave EINVAL.
+TEST_F(CmServerTest, LeaveReturnsEventsReported) {
+  ASSERT_NO_FATAL_FAILURE(resolve_group_from_b());
+  const Res j = join_ip(b, bid, kUidMc, kGroup);
+  ASSERT_EQ(j.status, 0) << j.payload;
+  const uint32_t h = j.as<rdma_ucm_create_id_resp>().id;
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_MULTICAST_JOIN).resp.id, h);
+  Chan other = open(B);
+  EXPECT_EQ(leave(other, h).status, -EINVAL);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 1u);
+  const Res l = leave(b, h);
+  ASSERT_EQ(l.status, 0) << l.payload;
+  EXPECT_EQ(l.as<rdma_ucm_destroy_id_resp>().events_reported, 1u);
+  EXPECT_EQ(stat(B, "cm_mcast_leaves"), 1u);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 0u);
+  const Res again = leave(b, h);
+  EXPECT_EQ(again.status, -ENOENT);
+  EXPECT_NE(again.payload.find("multicast"), std::string::npos)
+      << again.payload;
+  EXPECT_EQ(leave(b, 0xdead).status, -ENOENT);
+  // A leave cut short: EINVAL.
+  EXPECT_EQ(ucma(b, RDMA_USER_CM_CMD_LEAVE_MCAST,
+                 std::string(sizeof(rdma_ucm_destroy_id) - 1, '\0'))
+                .status,
+            -EINVAL);
+  EXPECT_EQ(stat(B, "cm_mcast_refused"), 4u);
+  EXPECT_EQ(stat(B, "cm_mcast_leaves"), 1u);
+  // The id is as it was: it joins again.
+  const Res j2 = join_ip(b, bid, kUidMc2, kGroup);
+  ASSERT_EQ(j2.status, 0) << j2.payload;
+  EXPECT_NE(j2.as<rdma_ucm_create_id_resp>().id, h);
+  EXPECT_EQ(event(b, RDMA_CM_EVENT_MULTICAST_JOIN).resp.uid, kUidMc2);
+  EXPECT_TRUE(events(other).empty());
+}
+
+// 10f. rdma_destroy_id with memberships, and a client that dies with some:
+// they go with the id (ucma_cleanup_multicast), nothing is left.
+TEST_F(CmServerTest, DestroyAndCloseFreeMemberships) {
+  ASSERT_NO_FATAL_FAILURE(resolve_group_from_b());
+  const uint32_t h1 =
+      join_ip(b, bid, kUidMc, kGroup).as<rdma_ucm_create_id_resp>().id;
+  const uint32_t h2 =
+      join(b, bid, kUidMc2, 0xef010102, 1).as<rdma_ucm_create_id_resp>().id;
+  EXPECT_EQ(events(b).size(), 2u);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 2u);
+  ASSERT_EQ(destroy_id(b, bid), 0);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 0u);
+  EXPECT_EQ(stat(B, "cm_ids"), 0u);
+  EXPECT_EQ(leave(b, h1).status, -ENOENT);
+  EXPECT_EQ(leave(b, h2).status, -ENOENT);
+  EXPECT_EQ(stat(B, "cm_mcast_leaves"), 0u);
+
+  // A second channel whose process dies with two ids, one with a
+  // membership.
+  Chan dying = open(B);
+  ASSERT_EQ(stat(B, "cm_channels"), 2u);
+  const uint32_t x = create_id(dying, 0x61, cm::kPsUdp, IBV_QPT_UD);
+  const uint32_t y = create_id(dying, 0x62, cm::kPsUdp, IBV_QPT_UD);
+  ASSERT_EQ(bind_ip(dying, x, kIpB, kPort), 0);
+  const Res j = join(dying, x, kUidMc, kGroup, 0);
+  ASSERT_EQ(j.status, 0) << j.payload;
+  ASSERT_EQ(bind_ip(dying, y, kIpB, kPort + 1), 0);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 1u);
+  EXPECT_EQ(stat(B, "cm_ids"), 2u);
+  B.srv->on_close(dying.ci);
+  EXPECT_EQ(stat(B, "cm_mcast_groups"), 0u);
+  EXPECT_EQ(stat(B, "cm_ids"), 0u);
+  EXPECT_EQ(stat(B, "cm_channels"), 1u);
+  EXPECT_EQ(leave(b, j.as<rdma_ucm_create_id_resp>().id).status, -ENOENT);
+  EXPECT_EQ(stat(B, "cm_mcast_joins"), 3u);
 }
 
 }  // namespace
