@@ -12,7 +12,8 @@
 // (dataplane/service/cm_server.cc); what only this process can know stays
 // here: how many events of each id were handed out (events_reported, which
 // rdma_destroy_id waits to see acknowledged), and which ids are still ours
-// (events of a destroyed id are dropped, as the kernel drops them).
+// (events of a destroyed id are dropped, as the kernel drops them); the
+// same for multicast memberships (rdma_leave_multicast waits likewise).
 #undef _FORTIFY_SOURCE
 #undef _FILE_OFFSET_BITS
 #include <fcntl.h>
@@ -55,6 +56,16 @@ struct CmChannel {
   std::mutex ev_mu;  // `reported`
   // The ids of this channel and the events handed out for each.
   std::unordered_map<uint32_t, uint32_t> reported;
+  // Multicast memberships by handle: the id that joined and the events of
+  // the membership handed out (counted against the id too, as the
+  // kernel's ucma_get_event does). After a leave, `stale` holds how many
+  // of its events the socket still has: they are dropped when read, as
+  // the kernel drops them at the leave (ucma_cleanup_mc_events).
+  struct Mc {
+    uint32_t id = 0;
+    uint32_t n = 0;
+  };
+  std::unordered_map<uint32_t, Mc> mcs, stale;
   ~CmChannel() {
     if (ctl_fd >= 0) close(ctl_fd);
   }
@@ -155,6 +166,17 @@ int get_event(CmChannel& ch, const uint8_t* body, uint16_t in, uint16_t out) {
     std::lock_guard g(ch.ev_mu);
     auto it = ch.reported.find(m.count_id);
     if (it == ch.reported.end()) continue;  // destroyed: the event goes too
+    if (m.resp.event == 12 || m.resp.event == 13) {  // MULTICAST_JOIN/ERROR
+      auto st = ch.stale.find(m.resp.id);
+      if (st != ch.stale.end()) {  // its membership was left
+        if (--st->second.n == 0) ch.stale.erase(st);
+        continue;
+      }
+      // The event may come before the JOIN's reply is taken.
+      CmChannel::Mc& mc = ch.mcs[m.resp.id];
+      mc.id = m.count_id;
+      ++mc.n;
+    }
     ++it->second;
     if (m.resp.event == 4 /* RDMA_CM_EVENT_CONNECT_REQUEST */)
       ch.reported.emplace(m.resp.id, 0);
@@ -207,6 +229,59 @@ int cm_write(CmChannel& ch, const uint8_t* buf, size_t len) {
           resp.events_reported = it->second;
           ch.reported.erase(it);
         }
+        // Its memberships went with it in the service.
+        std::erase_if(ch.mcs,
+                      [&](const auto& e) { return e.second.id == cmd.id; });
+        std::erase_if(ch.stale,
+                      [&](const auto& e) { return e.second.id == cmd.id; });
+      }
+      std::memcpy(reinterpret_cast<void*>(cmd.response), &resp, sizeof resp);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
+    case RDMA_USER_CM_CMD_JOIN_MCAST: {
+      // Both open with the response pointer, the uid, and name the id.
+      const bool ip = hdr.cmd == RDMA_USER_CM_CMD_JOIN_IP_MCAST;
+      if (hdr.in <
+          (ip ? sizeof(rdma_ucm_join_ip_mcast) : sizeof(rdma_ucm_join_mcast)))
+        return EINVAL;
+      if (hdr.out < sizeof(rdma_ucm_create_id_resp)) return ENOSPC;
+      rdma_ucm_create_id_resp resp{};
+      size_t got = 0;
+      if (const int rc =
+              command(ch, req, body, nullptr, &resp, sizeof resp, &got))
+        return rc;
+      const uint32_t id = ip ? load<rdma_ucm_join_ip_mcast>(body).id
+                             : load<rdma_ucm_join_mcast>(body).id;
+      {
+        std::lock_guard g(ch.ev_mu);
+        ch.mcs.try_emplace(resp.id, CmChannel::Mc{id, 0});
+      }
+      std::memcpy(reinterpret_cast<void*>(load<uint64_t>(body)), &resp,
+                  sizeof resp);
+      return 0;
+    }
+    case RDMA_USER_CM_CMD_LEAVE_MCAST: {
+      // The service answers with the membership's events it put in the
+      // socket; the application is told those it was handed.
+      if (hdr.in < sizeof(rdma_ucm_destroy_id)) return EINVAL;
+      if (hdr.out < sizeof(rdma_ucm_destroy_id_resp)) return ENOSPC;
+      const auto cmd = load<rdma_ucm_destroy_id>(body);
+      rdma_ucm_destroy_id_resp sent{}, resp{};
+      size_t got = 0;
+      if (const int rc =
+              command(ch, req, body, nullptr, &sent, sizeof sent, &got))
+        return rc;
+      {
+        std::lock_guard g(ch.ev_mu);
+        CmChannel::Mc mc;
+        if (auto it = ch.mcs.find(cmd.id); it != ch.mcs.end()) {
+          mc = it->second;
+          ch.mcs.erase(it);
+        }
+        resp.events_reported = mc.n;
+        if (got == sizeof sent && sent.events_reported > mc.n)
+          ch.stale[cmd.id] = CmChannel::Mc{mc.id, sent.events_reported - mc.n};
       }
       std::memcpy(reinterpret_cast<void*>(cmd.response), &resp, sizeof resp);
       return 0;
@@ -232,8 +307,20 @@ int cm_write(CmChannel& ch, const uint8_t* buf, size_t len) {
         }
       }
       {
+        // Its memberships follow it (the old channel's map is locked first
+        // above, then released: no two channel locks are held at once).
+        std::unordered_map<uint32_t, CmChannel::Mc> moved;
+        {
+          std::lock_guard g(old->ev_mu);
+          std::erase_if(old->mcs, [&](const auto& e) {
+            if (e.second.id != cmd.id) return false;
+            moved.insert(e);
+            return true;
+          });
+        }
         std::lock_guard g(ch.ev_mu);
         ch.reported[cmd.id] = 0;
+        ch.mcs.insert(moved.begin(), moved.end());
       }
       std::memcpy(reinterpret_cast<void*>(cmd.response), &resp, sizeof resp);
       return 0;
