@@ -640,6 +640,8 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_qp_init_attr_ex* attr, bool ex,
   req.srq = attr->srq ? attr->srq->handle : kNoHandle;
   req.qp_type = attr->qp_type;
   req.sq_sig_all = attr->sq_sig_all ? 1 : 0;
+  if (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS)
+    req.create_flags = attr->create_flags;
   req.cap = attr->cap;
   CreateQpRep rep;
   int fd;
@@ -734,8 +736,9 @@ ibv_qp* urnic::shim::create_qp_ex(ibv_context* context,
                          IBV_QP_INIT_ATTR_CREATE_FLAGS |
                          IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
   if (attr->comp_mask & ~known) return fail<ibv_qp>(EOPNOTSUPP);
+  // Of the create flags, only IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (mckey -l).
   if (((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
-       attr->create_flags) ||
+       (attr->create_flags & ~IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) &&
        attr->max_tso_header))
     return fail<ibv_qp>(EOPNOTSUPP);

@@ -27,7 +27,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 5;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 6;  // OpenReq.abi must equal this
 using hostif::kMaxInline;
 using hostif::kMaxSge;
 constexpr uint32_t kMaxGids = 16;
@@ -180,6 +180,7 @@ struct CreateQpReq {
   uint32_t srq = kNoHandle;
   uint32_t qp_type = IBV_QPT_RC;
   uint32_t sq_sig_all = 0;
+  uint32_t create_flags = 0;  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB only
   ibv_qp_cap cap{};
 };
 struct CreateQpRep {

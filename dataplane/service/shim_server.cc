@@ -832,6 +832,11 @@ int ShimServer::op_create_qp(Client& c, CtlRequest& req, CtlReply& rep) {
   a.srq = r.srq != kNoHandle ? c.srqs[r.srq]->srq : nullptr;
   a.cap = r.cap;
   a.sq_sig_all = r.sq_sig_all != 0;
+  if (r.create_flags & ~uint32_t{IBV_QP_CREATE_BLOCK_SELF_MCAST_LB}) {
+    why_ = "of the QP create flags urnic takes only BLOCK_SELF_MCAST_LB";
+    return EOPNOTSUPP;
+  }
+  a.block_self_mcast_lb = r.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
   auto q = std::make_unique<QpObj>();
   q->pd = r.pd;
   q->send_cq = r.send_cq;

@@ -433,8 +433,8 @@ bool Worker::transmit(const transport::TxFrame& f) {
     ctr_.inc(Ctr::roce_loopback);
     return true;
   }
-  if ((f.hdr[0] & 1) && loop_tail_ - loop_head_ < kLoopSize &&
-      to_joined_group(f)) {
+  if ((f.hdr[0] & 1) && !f.no_mcast_loopback &&
+      loop_tail_ - loop_head_ < kLoopSize && to_joined_group(f)) {
     // To a group QPs of this device joined too: a copy for them, as a
     // NIC loops a multicast send back to its own members (no switch
     // sends a frame back out of the port it came in on). Best effort,

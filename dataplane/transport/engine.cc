@@ -262,6 +262,7 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   qp->recv_cq_ = a.recv_cq;
   qp->srq_ = a.srq;
   qp->sq_sig_all_ = a.sq_sig_all;
+  qp->block_mcast_lb_ = a.block_self_mcast_lb;
   c.max_send_wr = ring_size(c.max_send_wr);
   c.max_send_sge = c.max_send_sge ? c.max_send_sge : 1;
   // Inline room of at least what the WQE's gather list takes (an ibv_sge
@@ -918,6 +919,7 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
   tf.hdr = hdr;
   tf.hdr_len = hl;
   tf.stable = stable;
+  tf.no_mcast_loopback = qp.block_mcast_lb_;
   wire::ConstBuf copy;
   if (!stable && f.payload_len > sizeof bounce_) {
     // Summed by the PacketIo over the copy it makes anyway.

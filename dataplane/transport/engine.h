@@ -42,6 +42,9 @@ struct TxFrame {
   // payload is the engine's own copy, valid until transmit() returns, or
   // (unsealed) the source itself.
   bool stable = false;
+  // Sent by a QP created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: a frame to
+  // a group goes to the wire only, not to this device's own members.
+  bool no_mcast_loopback = false;
   // Not null for a payload that is not stable and too large for the
   // engine's copy to be cheap: `trailer` is not computed yet. Whoever
   // copies the frame sums its copy of the payload with wire::TrailerSum
@@ -180,6 +183,9 @@ struct QpInitAttr {
   Srq* srq = nullptr;
   ibv_qp_cap cap{};  // on success: what was granted (>= asked)
   bool sq_sig_all = false;
+  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: what it sends to a group is not
+  // looped back to this device's members.
+  bool block_self_mcast_lb = false;
 };
 
 class Engine {

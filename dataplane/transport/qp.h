@@ -217,7 +217,8 @@ class Qp {
   uint8_t max_dest_rd_atomic_ = 1;
   bool sqd_notify_ = false;
   uint16_t udp_sport_ = 0xc000;
-  uint32_t mcast_ = 0;  // multicast groups attached (UD)
+  uint32_t mcast_ = 0;           // multicast groups attached (UD)
+  bool block_mcast_lb_ = false;  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB
 
   // Send queue: [sq_head_, sq_tail_) posted and not completed; the
   // requester's cursor sq_next_ is in between. Indices run freely.

@@ -17,11 +17,12 @@
 #     -c: RDM endpoints over verbs UD QPs, data checked; its MSG endpoints
 #     want the device's address on a kernel interface, which urnic's port is
 #     not, so they are not offered);
+#   - mckey (RDMA_PS_UDP multicast): receivers on both services and a
+#     sender (plain, -l: no loopback, -o: send-only join); every receiver
+#     gets every message, the sender's own service loops them back to its
+#     members unless -l or -o says otherwise;
 #   - refusals: a port nobody listens on is REJECTED with reason 8 at once;
-#     an address nobody answers is ADDR_ERROR; mckey (its check below still
-#     expects the old refusal of multicast: urnicd now joins groups as the
-#     kernel's CM does, and the check is to be rewritten with the data
-#     path's multicast); a client killed mid-transfer
+#     an address nobody answers is ADDR_ERROR; a client killed mid-transfer
 #     is a DISCONNECTED at the server, which exits;
 #   - afterwards no CM id or channel is left in either service, and the
 #     services counted the connections and MADs.
@@ -165,19 +166,52 @@ unreachable() {
 }
 check "unreachable address: ADDR_ERROR" unreachable
 
-# Multicast (mckey). This check predates multicast: urnicd's CM now answers
-# the resolve and the join as the kernel's does (MULTICAST_JOIN), so it will
-# fail until it is rewritten together with the data path's multicast
-# (ibv_attach_mcast, frames to QPN 0xFFFFFF).
-no_multicast() {
-  local t0=$SECONDS rc=0
-  on "$SB" timeout 20 mckey -m 239.1.1.1 -b 10.98.0.2 >"$TMP/mc.out" 2>&1 ||
-    rc=$?
-  [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ $((SECONDS - t0)) -lt 5 ] &&
-    grep -q 'multicast addresses are not supported' "$TMP/mc.out"
+# Multicast (mckey): receivers join first (A always; B too when B_RECV is
+# 1), then a sender on B with SENDER_FLAGS sends 20 messages to the group.
+# Every mckey exits 0: a receiver only once it has all 20. B's service
+# loops the sender's frames back to its own members (mcast_loopback):
+# 20 when the sender joined normally, none with -l (the sender's QP is
+# created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) or -o (a send-only join
+# attaches no QP) and no receiver on B. A takes each frame once (mcast_rx).
+mckey_group() {  # mckey_group GROUP B_RECV "SENDER_FLAGS" LOOPED_ON_B
+  local g=$1 brecv=$2 flags=$3 looped=$4 ra rb="" rc=0 lo0 rx0 lo rx
+  lo0=$(counter "$SB" mcast_loopback)
+  rx0=$(counter "$SA" mcast_rx)
+  bg_on "$SA" timeout 60 mckey -m "$g" -b 10.98.0.1 -C 20 >"$TMP/mca.out" 2>&1 &
+  ra=$!
+  PIDS+=("$ra")
+  if [ "$brecv" = 1 ]; then
+    bg_on "$SB" timeout 60 mckey -m "$g" -b 10.98.0.2 -C 20 \
+      >"$TMP/mcb.out" 2>&1 &
+    rb=$!
+    PIDS+=("$rb")
+  fi
+  for _ in $(seq 100); do
+    grep -q 'joined dgid' "$TMP/mca.out" 2>/dev/null &&
+      { [ -z "$rb" ] || grep -q 'joined dgid' "$TMP/mcb.out" 2>/dev/null; } &&
+      break
+    sleep 0.1
+  done
+  # shellcheck disable=SC2086
+  on "$SB" timeout 60 mckey -m "$g" -b 10.98.0.2 -s -C 20 $flags \
+    >"$TMP/mcs.out" 2>&1 || { echo "  sender: exit $?"; rc=1; }
+  wait "$ra" || { echo "  receiver on A: exit $?"; rc=1; }
+  if [ -n "$rb" ]; then wait "$rb" || { echo "  receiver on B: exit $?"; rc=1; }; fi
+  lo=$(counter "$SB" mcast_loopback)
+  rx=$(counter "$SA" mcast_rx)
+  echo "  B mcast_loopback $lo0 -> $lo (expected +$looped), A mcast_rx $rx0 -> $rx"
+  for f in "$TMP"/mc[abs].out; do
+    [ -f "$f" ] && { echo "  --- $f"; sed 's/^/  /' "$f"; rm -f "$f"; }
+  done
+  [ "$rc" = 0 ] && [ $((lo - lo0)) = "$looped" ] && [ $((rx - rx0)) = 20 ]
 }
 if command -v mckey >/dev/null; then
-  check "multicast (mckey): refused at once, with the reason" no_multicast
+  check "mckey: receivers on A and B, sender on B: all get 20, B's by loopback" \
+    mckey_group 239.1.1.1 1 "" 20
+  check "mckey -l (no loopback): A gets 20, B loops nothing back" \
+    mckey_group 239.1.1.2 0 "-l" 0
+  check "mckey -o (send-only join): A gets 20, B has no member" \
+    mckey_group 239.1.1.3 0 "-o" 0
 fi
 
 # A client killed mid-transfer: its service disconnects it (DREQ), the
@@ -212,6 +246,13 @@ settled() {  # settled SOCK: no CM id or channel left (within 5 s)
 }
 check "no CM id or channel left in A" settled "$SA"
 check "  nor in B" settled "$SB"
+no_groups() {  # no CM multicast membership left in A or B
+  [ "$(counter "$SA" cm_mcast_groups)" = 0 ] &&
+    [ "$(counter "$SB" cm_mcast_groups)" = 0 ]
+}
+if command -v mckey >/dev/null; then
+  check "no multicast membership left in A or B" no_groups
+fi
 at_least() { [ "$(counter "$1" "$2")" -ge "$3" ]; }
 check "A counted the connections it accepted" at_least "$SA" cm_connections 7
 check "B counted a REJ received" at_least "$SB" cm_rej_rx 1

@@ -8,8 +8,8 @@
 //     until each has COUNT messages: every one exactly once, in order, the
 //     bytes the sender wrote, the GRH area naming GROUP as destination.
 //   mcast_check send GROUP COUNT SIZE
-//     COUNT messages of SIZE bytes (12 to 4096, within the path MTU) to GROUP, DQPN 0xFFFFFF, each
-//     waited for (its completion) before the next.
+//     COUNT messages of SIZE bytes (12 to 4096, within the path MTU) to GROUP,
+//     DQPN 0xFFFFFF, each waited for (its completion) before the next.
 // Exit status: 0 all checked; 1 set-up failure; 2 usage; 5 a message was
 // missing, repeated, out of order or wrong.
 #include <arpa/inet.h>
@@ -89,9 +89,8 @@ ibv_qp* ud_qp(Dev& d, ibv_cq* cq, uint32_t recv_wr) {
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
   a.qkey = kQkey;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                        IBV_QP_QKEY))
+  if (ibv_modify_qp(
+          qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
     die("INIT");
   a.qp_state = IBV_QPS_RTR;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) die("RTR");
@@ -106,8 +105,8 @@ int receive(Dev& d, uint32_t count, uint32_t nqp) {
   std::vector<uint8_t> buf(size_t{slot} * count * nqp);
   ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
   if (!mr) die("ibv_reg_mr");
-  ibv_cq* cq = ibv_create_cq(d.ctx, static_cast<int>(count * nqp), nullptr,
-                             nullptr, 0);
+  ibv_cq* cq =
+      ibv_create_cq(d.ctx, static_cast<int>(count * nqp), nullptr, nullptr, 0);
   if (!cq) die("ibv_create_cq");
   std::vector<ibv_qp*> qps;
   for (uint32_t q = 0; q < nqp; ++q) {
@@ -133,7 +132,8 @@ int receive(Dev& d, uint32_t count, uint32_t nqp) {
   uint32_t got = 0, bad_msgs = 0;
   const auto end =
       std::chrono::steady_clock::now() + std::chrono::seconds(kTimeoutS);
-  while (got + bad_msgs < count * nqp && std::chrono::steady_clock::now() < end) {
+  while (got + bad_msgs < count * nqp &&
+         std::chrono::steady_clock::now() < end) {
     ibv_wc wc[16];
     const int n = ibv_poll_cq(cq, 16, wc);
     if (n < 0) die("ibv_poll_cq");

@@ -980,6 +980,32 @@ TEST_F(ShimServerTest, MulticastAttachDetachAndDestroy) {
   EXPECT_FALSE(dev.mcast_group(m.gid));
 }
 
+// Of the QP create flags only BLOCK_SELF_MCAST_LB is taken (mckey -l).
+TEST_F(ShimServerTest, CreateFlagsOnlyBlockSelfMcastLoopback) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(16);
+  CreateQpReq q;
+  q.pd = pd;
+  q.send_cq = q.recv_cq = cq.h;
+  q.qp_type = IBV_QPT_UD;
+  q.cap.max_send_wr = q.cap.max_recv_wr = 4;
+  q.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+  Reply r = call(Op::kCreateQp, q);
+  EXPECT_EQ(r.status, -EOPNOTSUPP);
+  EXPECT_NE(r.payload.find("BLOCK_SELF_MCAST_LB"), std::string::npos)
+      << r.payload;
+  q.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+  r = call(Op::kCreateQp, q);
+  ASSERT_EQ(r.status, 0) << r.payload;
+  for (int fd : r.fds) close(fd);
+  uint32_t blocked = 0;
+  for (auto& e : engines)
+    e->for_each_qp(
+        [&](const transport::Qp& qp) { blocked += qp.block_mcast_lb_; });
+  EXPECT_EQ(blocked, 1u);
+}
+
 // Zero-copy memory of a PCI port whose DMA mapping (pinning) takes until
 // let_go(): as with a large MR on vfio.
 struct SlowDma final : TxMemory {

@@ -124,9 +124,11 @@ class CaptureIo : public PacketIo {
     std::vector<uint8_t> b(f.frame_len());
     EXPECT_EQ(f.copy_to(b.data()), b.size());
     frames.push_back(std::move(b));
+    no_mcast_loopback.push_back(f.no_mcast_loopback);
     return true;
   }
   std::vector<std::vector<uint8_t>> frames;
+  std::vector<bool> no_mcast_loopback;  // TxFrame's, per frame
   int64_t room = -1;  // frames the TX queue still takes; -1: unlimited
 };
 
@@ -4407,10 +4409,27 @@ TEST_F(TransportTrace, McastSendGoesToTheGroupsMac) {
   EXPECT_EQ(wire::gid_to_ipv4(fi.roce.dgid), kGroupIp);
   EXPECT_EQ(fi.roce.dqpn, wire::kMulticastQpn);
   EXPECT_EQ(fi.roce.opcode, op::kUdSendOnly);
+  EXPECT_FALSE(io_.no_mcast_loopback.at(0));  // the device's members too
   io_.frames.clear();
   auto wc = cq_poll();
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  // A QP created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: to the wire only.
+  QpInitAttr a;
+  a.qp_type = IBV_QPT_UD;
+  a.pd = pd_;
+  a.send_cq = scq_;
+  a.recv_cq = rcq_;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  a.block_self_mcast_lb = true;
+  Qp* quiet = nullptr;
+  ASSERT_EQ(engine_->create_qp(a, &quiet), 0);
+  ASSERT_EQ(bring_up(quiet, IBV_QPT_UD, 0, kSqPsn, kRqPsn, IBV_MTU_1024), 0);
+  ASSERT_EQ(engine_->post_send(quiet, w), 0);
+  poll(1 * kUs);
+  ASSERT_EQ(io_.frames.size(), 1u);
+  EXPECT_TRUE(io_.no_mcast_loopback.at(1));
 }
 
 // The device's limits hold (max_mcast_qp_attach members in one group), and
