@@ -2,8 +2,8 @@
 """Writes seed programs for tests/fuzz/fuzz_cm.cc (its header comment has the
 format; keep the two in step): an RC connect/accept/disconnect trace, UD/SIDR
 exchanges, a migrated listener, rejected, timed-out and stale connections,
-MRAs, a connection to the server's own address, neighbour lookups and a full
-event socket.
+MRAs, a connection to the server's own address, neighbour lookups, a full
+event socket and multicast joins and leaves.
 usage: cm_seeds.py OUT_DIR"""
 import os
 import struct
@@ -15,6 +15,7 @@ OPEN, CMD, NET, INJECT, TIME, CLOSE, ENV, STALL = 0, 1, 6, 8, 9, 11, 12, 13
 CREATE, DESTROY, BIND_IP, RESOLVE_IP, RESOLVE_ROUTE, QUERY_ROUTE = range(6)
 CONNECT, LISTEN, ACCEPT, REJECT, DISCONNECT, INIT_QP_ATTR = range(6, 12)
 SET_OPTION, MIGRATE = 12, 13
+JOIN_IP_MCAST, JOIN_MCAST, LEAVE_MCAST = 19, 20, 21
 # Slots: A's channels 0-2, B's 3-5. Nodes: 0 A, 1 B.
 A0, A1, B0 = 0, 1, 3
 A, B = 0, 1
@@ -230,6 +231,17 @@ def stale():
             inject_sent(A, 4, [(27, 0x56), (58, 0x99), (67, 0xa2)]) + net(A))
 
 
+def mcast():
+    # A UD id resolves group 239.0.0.1 (put_addr's selector 6: the address
+    # follows), joins it twice (JOIN_IP_MCAST; JOIN_MCAST send-only), leaves
+    # once, and the channel closes with the other membership.
+    group = list(struct.pack("<I", 0xef000001))
+    return (op_open(B0) + create(B0, 1, UDP, UD) +
+            cmd(B0, RESOLVE_IP, 1, 6, PORT, *group, 0x80, 0, 100) + time(1) +
+            cmd(B0, JOIN_IP_MCAST, 1, 1) + cmd(B0, JOIN_MCAST, 1, 0x05) +
+            cmd(B0, LEAVE_MCAST, 1) + time(1) + close(B0))
+
+
 SEEDS = {
     "rc_trace": rc_trace,
     "rc_lossy": rc_lossy,
@@ -244,6 +256,7 @@ SEEDS = {
     "addr_pending": addr_pending,
     "backlog": backlog,
     "stale": stale,
+    "mcast": mcast,
 }
 
 out = sys.argv[1]

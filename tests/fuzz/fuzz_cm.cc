@@ -13,7 +13,7 @@
 //   - cm_channels is the number of channels open, cm_ids at most the ids
 //     created plus one per MAD received;
 //   - once every channel is closed and the timers have run out, both servers
-//     report cm_ids 0 and cm_channels 0.
+//     report cm_ids 0, cm_channels 0 and cm_mcast_groups 0.
 // Every fd a server holds is closed before the input ends (the event socket
 // pairs themselves are kept for the next input: Pairs).
 //
@@ -389,7 +389,9 @@ class World {
   //   | 8 ACCEPT id uid param | 9 REJECT id reason pdlen | 10 DISCONNECT id
   //   | 11 INIT_QP_ATTR id state | 12 SET_OPTION id level name len value
   //   | 13 MIGRATE_ID id from | 14 NOTIFY id event | 15 BIND, 16 QUERY,
-  //   17 RESOLVE_ADDR, 18 GET_EVENT id | 19 cmd(u32) id
+  //   17 RESOLVE_ADDR, 18 GET_EVENT id | 19 JOIN_IP_MCAST id group | 20
+  //   JOIN_MCAST id group flags | 21 LEAVE_MCAST handle | 22 cmd(u32) id
+  //   group: bit 7 clear: 239.0.0.(g & 3), else an address as put_addr's.
   //   id: a byte, 0xff: a u32 follows. param: qpn(u16) responder_resources
   //   initiator_depth retry rnr flags(1 flow control, 2 srq) pdlen valid.
   //   mode & 3: 0, 1 the struct as librdmacm writes it; 2 then resized by a
@@ -398,23 +400,35 @@ class World {
   //   body, 1 optlen past the maximum, 2 the body shorter than the header.
   void command(Reader& r) {
     Slot& s = slots_[r.u8() % kSlots];
-    const uint8_t sel = r.u8() % 20;
+    const uint8_t sel = r.u8() % 23;
     const uint8_t mode = r.u8();
     Node& n = *s.node;
     const uint32_t peer = kIp[n.index ^ 1];
-    static constexpr uint32_t kCmds[20] = {
-        RDMA_USER_CM_CMD_CREATE_ID,     RDMA_USER_CM_CMD_DESTROY_ID,
-        RDMA_USER_CM_CMD_BIND_IP,       RDMA_USER_CM_CMD_RESOLVE_IP,
-        RDMA_USER_CM_CMD_RESOLVE_ROUTE, RDMA_USER_CM_CMD_QUERY_ROUTE,
-        RDMA_USER_CM_CMD_CONNECT,       RDMA_USER_CM_CMD_LISTEN,
-        RDMA_USER_CM_CMD_ACCEPT,        RDMA_USER_CM_CMD_REJECT,
-        RDMA_USER_CM_CMD_DISCONNECT,    RDMA_USER_CM_CMD_INIT_QP_ATTR,
-        RDMA_USER_CM_CMD_SET_OPTION,    RDMA_USER_CM_CMD_MIGRATE_ID,
-        RDMA_USER_CM_CMD_NOTIFY,        RDMA_USER_CM_CMD_BIND,
-        RDMA_USER_CM_CMD_QUERY,         RDMA_USER_CM_CMD_RESOLVE_ADDR,
-        RDMA_USER_CM_CMD_GET_EVENT,     0};
+    static constexpr uint32_t kCmds[23] = {RDMA_USER_CM_CMD_CREATE_ID,
+                                           RDMA_USER_CM_CMD_DESTROY_ID,
+                                           RDMA_USER_CM_CMD_BIND_IP,
+                                           RDMA_USER_CM_CMD_RESOLVE_IP,
+                                           RDMA_USER_CM_CMD_RESOLVE_ROUTE,
+                                           RDMA_USER_CM_CMD_QUERY_ROUTE,
+                                           RDMA_USER_CM_CMD_CONNECT,
+                                           RDMA_USER_CM_CMD_LISTEN,
+                                           RDMA_USER_CM_CMD_ACCEPT,
+                                           RDMA_USER_CM_CMD_REJECT,
+                                           RDMA_USER_CM_CMD_DISCONNECT,
+                                           RDMA_USER_CM_CMD_INIT_QP_ATTR,
+                                           RDMA_USER_CM_CMD_SET_OPTION,
+                                           RDMA_USER_CM_CMD_MIGRATE_ID,
+                                           RDMA_USER_CM_CMD_NOTIFY,
+                                           RDMA_USER_CM_CMD_BIND,
+                                           RDMA_USER_CM_CMD_QUERY,
+                                           RDMA_USER_CM_CMD_RESOLVE_ADDR,
+                                           RDMA_USER_CM_CMD_GET_EVENT,
+                                           RDMA_USER_CM_CMD_JOIN_IP_MCAST,
+                                           RDMA_USER_CM_CMD_JOIN_MCAST,
+                                           RDMA_USER_CM_CMD_LEAVE_MCAST,
+                                           0};
     shim::CmCommandReq q;
-    q.cmd = sel == 19 ? r.u32() : kCmds[sel];
+    q.cmd = sel == 22 ? r.u32() : kCmds[sel];
     // MIGRATE_ID moves events counted before into another socket.
     poll_due_ |= q.cmd == RDMA_USER_CM_CMD_MIGRATE_ID;
     q.out = 512;
@@ -557,6 +571,41 @@ class World {
           rdma_ucm_notify c{};
           c.id = id_arg();
           c.event = r.u8();
+          body = bytes_of(c);
+          break;
+        }
+        case 19:
+        case 20: {
+          const uint32_t id = id_arg();
+          const uint8_t g = r.u8();
+          sockaddr_in6 a{};
+          if (g & 0x80) {
+            put_addr(r, a, r.u8(), port_arg(r), n.ip, peer);
+          } else {
+            auto* in = reinterpret_cast<sockaddr_in*>(&a);
+            in->sin_family = AF_INET;
+            in->sin_addr.s_addr = htonl(0xef000000u | (g & 3));
+          }
+          if (sel == 19) {
+            rdma_ucm_join_ip_mcast c{};
+            c.uid = 0x2000 | g;
+            c.id = id;
+            c.addr = a;
+            body = bytes_of(c);
+          } else {
+            rdma_ucm_join_mcast c{};
+            c.uid = 0x2000 | g;
+            c.id = id;
+            c.addr_size = (g & 0x40) ? r.u16() : sizeof(sockaddr_in);
+            c.join_flags = (g & 0x20) ? r.u16() : (g >> 2) & 1;
+            std::memcpy(&c.addr, &a, sizeof a);
+            body = bytes_of(c);
+          }
+          break;
+        }
+        case 21: {
+          rdma_ucm_destroy_id c{};
+          c.id = id_arg();
           body = bytes_of(c);
           break;
         }
@@ -880,7 +929,8 @@ class World {
   }
 
   // --- checks -------------------------------------------------------------
-  static bool valid_event(uint32_t e) { return e <= 11 || e == 15; }
+  // ADDR_RESOLVED .. TIMEWAIT_EXIT, MULTICAST_JOIN and _ERROR, ADDR_CHANGE.
+  static bool valid_event(uint32_t e) { return e <= 13 || e == 15; }
 
   void drain(Slot& s) {
     if (s.pair.app < 0) return;
@@ -909,6 +959,13 @@ class World {
       if (m.resp.id == 0 || !n.known.insert(m.resp.id).second)
         fail("CONNECT_REQUEST for an id in use or 0", m.resp.id);
       if (!n.known.count(m.count_id)) deferred_.push_back({&n, m});
+      return;
+    }
+    if (m.resp.event == 12 || m.resp.event == 13) {
+      // MULTICAST_JOIN/ERROR: resp.id is the membership's handle, counted
+      // against the id that joined.
+      if (!n.known.count(m.count_id))
+        fail("a multicast event for an id never created", m.count_id);
       return;
     }
     if (m.count_id != m.resp.id)
@@ -1039,6 +1096,8 @@ class World {
       const uint64_t ids = stat(n, "cm_ids"), ch = stat(n, "cm_channels");
       if (ids != 0 || ch != 0)
         fail("ids or channels left after every channel closed", ids, ch);
+      if (const uint64_t mc = stat(n, "cm_mcast_groups"))
+        fail("multicast memberships left after every channel closed", mc);
     }
   }
 

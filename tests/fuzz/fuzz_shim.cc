@@ -23,7 +23,7 @@
 // the program, before the clients close). Then operations, one byte `op`, its
 // kind op % 16, then its operands:
 //   0-9    REQUEST  sel shape ...  sel&1 the client; (sel>>1)%8: 0-5 a
-//                   verbs op 100 + u8 % 25, 6 any u16, 7 a CM op or 125-199;
+//                   verbs op 100 + u8 % 26, 6 any u16, 7 a CM op or 125-199;
 //                   shape%16: 0-11 the op's struct, 12 hostile length
 //                   (u8 bytes of input), 13 struct +/- 1..4 bytes, 14 empty,
 //                   15 struct with u8%4 byte patches; then the op's fields
@@ -457,7 +457,12 @@ struct Fuzz {
                     : t < 230 ? IBV_QPT_UD
                     : t < 250 ? IBV_QPT_UC
                               : in.u32();
-        r.sq_sig_all = in.u8() & 1;
+        const uint8_t sig = in.u8();
+        r.sq_sig_all = sig & 1;
+        // Bit 7: create flags (mostly the one urnic takes, else any).
+        if (sig & 0x80)
+          r.create_flags =
+              sig & 2 ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : in.u32();
         r.cap.max_send_wr = small(300);
         r.cap.max_recv_wr = small(300);
         r.cap.max_send_sge = small(18);
@@ -525,6 +530,18 @@ struct Fuzz {
         return raw(HandleReq{pick(c, kAh)});
       case Op::kDeallocMw:
         return raw(HandleReq{pick(c, kMw)});
+      case Op::kAttachMcast:
+      case Op::kDetachMcast: {
+        // A QP (UD or not) and a group: one of four, or any 16 bytes.
+        McastReq r;
+        r.qp = pick(c, kQp);
+        const uint8_t g = in.u8();
+        if (g & 0x80)
+          in.bytes(r.gid, 16);
+        else
+          wire::gid_from_ipv4(0xef000000u | (g % 4), r.gid);
+        return raw(r);
+      }
       default:
         return raw(HandleReq{in.u32()});
     }
@@ -544,7 +561,7 @@ struct Fuzz {
         break;
       }
       default:
-        opn = 100 + in.u8() % 25;
+        opn = 100 + in.u8() % 26;
     }
     const Op op = static_cast<Op>(opn);
     const uint8_t shape = in.u8() % 16;
@@ -923,6 +940,7 @@ struct Fuzz {
                      static_cast<unsigned long long>(v));
     CHECK(dev.num_srqs() == 0);
     CHECK(dev.num_ahs() == 0);
+    CHECK(dev.mcast_attached() == 0 && dev.mcast_groups() == 0);
     CHECK(srv.qp_count() == 0);
   }
 

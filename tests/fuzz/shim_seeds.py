@@ -3,8 +3,9 @@
 the format; keep the two in step): two clients that open, allocate a PD, a
 CQ, QPs, MRs, connect the QPs and move data (RDMA WRITE, SEND into a posted
 receive, RDMA READ, an atomic), an SRQ, a completion channel, a UD QP with an
-AH, hostile ring headers, requests with each other's handles and a service
-shutdown with QPs live.
+AH, a UD QP in a multicast group (destroyed while attached, detached, left
+attached at close), hostile ring headers, requests with each other's handles
+and a service shutdown with QPs live.
 usage: shim_seeds.py OUT_DIR"""
 import os
 import struct
@@ -15,6 +16,7 @@ OPEN, QUERY_PORT, ALLOC_PD, DEALLOC_PD, REG_MR, DEREG_MR = range(6)
 CREATE_CHANNEL, DESTROY_CHANNEL, CREATE_CQ, DESTROY_CQ = range(6, 10)
 CREATE_SRQ, MODIFY_SRQ, QUERY_SRQ, DESTROY_SRQ = range(10, 14)
 CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP, CREATE_AH = range(14, 19)
+ATTACH_MCAST, DETACH_MCAST = 24, 25
 INIT, RTR, RTS = 1, 2, 3
 RC, UD = 0, 200
 
@@ -148,6 +150,19 @@ def main():
                               send_wqe(0, 1, 2, sge(0, 0, 64), sge(1)) +
                               req(0, DESTROY_CHANNEL, mine()) +
                               req(0, DESTROY_SRQ, mine()))
+    # A UD QP joins group 239.0.0.1 (and an RC QP tries), a destroy while
+    # attached, a detach, a second join left for the close to undo.
+    seeds['multicast'] = (b'\0' + open_(0) + req(0, ALLOC_PD) + create_cq(0) +
+                          create_qp(0, t=UD) + create_qp(0) +
+                          modify(0, 0, INIT, ud=True) +
+                          modify(0, 0, RTR, ud=True) +
+                          modify(0, 0, RTS, ud=True) +
+                          req(0, ATTACH_MCAST, mine(0) + b'\1') +
+                          req(0, ATTACH_MCAST, mine(1) + b'\1') +
+                          req(0, DESTROY_QP, mine(0)) +
+                          req(0, DETACH_MCAST, mine(0) + b'\1') +
+                          req(0, ATTACH_MCAST, mine(0) + b'\2') +
+                          bytes([RUN, CLOSE, 0]))
     # Hostile ring headers and a forged doorbell page.
     seeds['hostile_rings'] = (b'\0' + basic(0) +
                               bytes([SCRIBBLE, 0, 3, 0xff, 0]) + u32(1 << 30) +

@@ -42,15 +42,16 @@ run_tests() {
     # listen on no TCP port: the server gets a few seconds instead of ss.
     cm=0 peer=$PEER_MGMT
     case "$prog $args " in
-      rping* | ucmatose* | udaddy* | *" -R "*) cm=1 peer=$PEER_ROCE ;;
+      rping* | ucmatose* | udaddy* | mckey* | *" -R "*) cm=1 peer=$PEER_ROCE ;;
     esac
-    # udaddy's -p is the port space, not the port: it keeps its default.
+    # udaddy's and mckey's -p is the port space, not the port: they keep
+    # their default.
     pa="-p $port"
-    [ "$prog" = udaddy ] && pa=
+    [ "$prog" = udaddy ] || [ "$prog" = mckey ] && pa=
     case "$prog" in
       ibv_* | */sdr | */netfr) devargs="-d $DEV -g $GIDX" ;;
       rping) devargs= ;;
-      ucmatose | udaddy) devargs="-b $ROCE_IP" ;;
+      ucmatose | udaddy | mckey) devargs="-b $ROCE_IP" ;;
       *) devargs="-d $DEV -x $GIDX" ;;
     esac
     pre_test "$n" "$name"
@@ -94,6 +95,9 @@ run_tests() {
       case "$prog" in
         rping) devargs="-c -a $peer" dest= ;;
         ucmatose | udaddy) devargs="-s $peer" dest= ;;
+        # mckey: the "server" receives (joined first), the client sends to
+        # the group the test names.
+        mckey) devargs="-b $ROCE_IP -s" dest= ;;
       esac
       echo "+ $prog $devargs $args $pa $dest" > "$out"
       log "test $n $name: client: $prog $devargs $args $pa $dest"
