@@ -53,6 +53,7 @@ constexpr wire::MacAddr kOurMac{{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}};
 constexpr wire::MacAddr kPeerMac{{0x02, 0x00, 0x00, 0x00, 0x00, 0x02}};
 constexpr uint32_t kOurIp = 0x0a000001;
 constexpr uint32_t kPeerIp = 0x0a000002;
+constexpr uint32_t kGroupIp = 0xef000001;  // 239.0.0.1, the UD QP's group
 constexpr uint32_t kPeerQpn[3] = {0x0abcde, 0x0abcdf, 0x0abce0};
 constexpr uint64_t kPeerVa = 0x00007f0000001000;
 constexpr uint32_t kPeerRkey = 0x00c0ffee;
@@ -187,6 +188,11 @@ class Fuzz {
       types_[i] = types[i];
       bring_up(i);
     }
+    // The UD QP is a member of group 239.0.0.1: frames to DQPN 0xFFFFFF
+    // for it reach it (Engine::mcast_rx).
+    uint8_t group[16];
+    wire::gid_from_ipv4(kGroupIp, group);
+    if (engine_->attach_mcast(qps_[2], group)) fail("set-up: attach_mcast");
     for (int i = 0; i < 3; ++i)
       for (int k = 0; k < 4; ++k) post_recv(i);
     // The initial sends.
@@ -583,10 +589,17 @@ class Fuzz {
     f.opcode = pick_opcode(i);
     const wire::OpcodeInfo& info = wire::opcode_info(f.opcode);
     f.dqpn = qp->qpn();
-    if (in_.ConsumeIntegralInRange<int>(0, 31) == 0)
+    bool to_group = false;
+    if (in_.ConsumeIntegralInRange<int>(0, 31) == 0) {
       f.dqpn = in_.ConsumeBool()
                    ? qps_[in_.ConsumeIntegralInRange<int>(0, 2)]->qpn()
                    : (in_.ConsumeIntegral<uint32_t>() & kPsnMask);
+      // A top byte of 0xff in that number: to the group, or its QPN alone.
+      if ((f.dqpn >> 16) == 0xff) {
+        to_group = f.dqpn & 1;
+        f.dqpn = wire::kMulticastQpn;
+      }
+    }
     if (info.valid() && info.has(wire::kResp))
       f.psn = resp_psn(*qp);
     else
@@ -645,7 +658,8 @@ class Fuzz {
     f.dst_mac = kOurMac;
     f.src_mac = kPeerMac;
     wire::gid_from_ipv4(kPeerIp, f.sgid);
-    wire::gid_from_ipv4(kOurIp, f.dgid);
+    wire::gid_from_ipv4(to_group ? kGroupIp : kOurIp, f.dgid);
+    if (to_group) wire::multicast_mac(f.dgid, f.dst_mac);
     if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) f.vlan = true;
 
     payload_.assign(plen, 0);
