@@ -17,13 +17,17 @@
 #    handed to the QP's home worker (counted); nothing was lost there, and
 #    no frame met an unknown QP;
 #  - af_packet: a backlog of 8000 frames built while A was stopped: none is
-#    lost between A's workers (held while the other's ring is full).
+#    lost between A's workers (held while the other's ring is full);
+#  - UD multicast (tests/shim/mcast_check): 4 QPs of A on both lcores join
+#    a group, B sends 200 messages: every QP gets every one, checked; each
+#    frame reached A's other worker once (hand-off), 800 copies in all.
 # Every started process is stopped by PID on exit, pass or fail.
-# usage: workers.sh URNICD URNICCTL SHIM_SO URNIC_PERF TOPO
+# usage: workers.sh URNICD URNICCTL SHIM_SO URNIC_PERF TOPO MCAST_CHECK
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 TOPO=${5:-af_packet}
+MCAST=$(realpath "$6")
 shim_test_init wk-$$ "${@:1:4}"
 
 SA=$TMP/a.sock
@@ -137,6 +141,29 @@ for s in "$SA" "$SB"; do
   check "service $n: both lcores served doorbells ($(lcore_json "$s" "[l['doorbells'] for l in j['lcores']]"))" \
     test "$(lcore_json "$s" "all(l['doorbells'] > 0 for l in j['lcores'])")" = True
 done
+# UD multicast over two workers: the frame lands on one of A's queues, and
+# the worker there hands it to the other, whose QPs joined too.
+mcast_two() {
+  local r rc=0 h0 c0 h c
+  h0=$(counter "$SA" roce_handoff)
+  c0=$(counter "$SA" rx_mcast_copies)
+  "${ON_A[@]}" timeout 60 "$MCAST" recv 239.4.4.4 200 4 >"$TMP/mc-r.out" 2>&1 &
+  r=$!
+  PIDS+=("$r")
+  for _ in $(seq 100); do grep -q ready "$TMP/mc-r.out" && break; sleep 0.1; done
+  echo "A's QPs by lcore: $(qp_lcores "$SA")"
+  "${ON_B[@]}" timeout 60 "$MCAST" send 239.4.4.4 200 1000 >"$TMP/mc-s.out" 2>&1 ||
+    rc=1
+  wait "$r" || rc=1
+  cat "$TMP/mc-r.out" "$TMP/mc-s.out"
+  h=$(($(counter "$SA" roce_handoff) - h0))
+  c=$(($(counter "$SA" rx_mcast_copies) - c0))
+  echo "A: handed over $h, copies to members $c"
+  [ "$rc" = 0 ] && [ "$h" = 200 ] && [ "$c" = 800 ]
+}
+check "multicast: 4 QPs over A's two lcores get 200 messages each, checked" \
+  mcast_two
+
 handed=$(($(counter "$SA" roce_handoff) + $(counter "$SB" roce_handoff)))
 if [ "$TOPO" = af_packet ]; then
   check "frames on the other worker's queue were handed to the QP's home ($handed)" \
