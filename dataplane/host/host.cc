@@ -393,6 +393,55 @@ uint32_t build_icmp_echo_request(const HostAddrs& h, uint16_t vlan_tci,
   return l3 + sizeof(Ipv4Hdr) + sizeof(IcmpHdr) + kData;
 }
 
+uint32_t build_igmp(const HostAddrs& h, uint16_t vlan_tci, uint32_t group,
+                    bool leave, uint8_t* buf) {
+  constexpr uint32_t kAllRouters = 0xe0000002;  // 224.0.0.2
+  const uint32_t dst = leave ? kAllRouters : group;
+  uint8_t dgid[16];
+  gid_from_ipv4(dst, dgid);
+  MacAddr mac;
+  multicast_mac(dgid, mac);
+  const uint32_t l3 = put_eth(buf, mac, h.mac, vlan_tci, kEtherTypeIpv4);
+  constexpr uint32_t kIpLen = sizeof(Ipv4Hdr) + 4;  // + Router Alert
+  constexpr uint32_t kIgmpLen = 8;
+  auto* ip = at<Ipv4Hdr>(buf, l3);
+  ip->version_ihl = 0x46;
+  ip->tos = 0xc0;  // network control, as Linux sends IGMP
+  ip->total_length.set(kIpLen + kIgmpLen);
+  ip->id.set(0);
+  ip->frag.set(0x4000);
+  ip->ttl = 1;
+  ip->protocol = kIpProtoIgmp;
+  ip->checksum.set(0);
+  ip->src.set(h.ipv4);
+  ip->dst.set(dst);
+  uint8_t* opt = buf + l3 + sizeof(Ipv4Hdr);
+  opt[0] = 0x94;  // Router Alert (RFC 2113): copied, option 20, length 4
+  opt[1] = 4;
+  opt[2] = opt[3] = 0;
+  ip->checksum.set(ipv4_checksum(buf + l3, kIpLen));
+  uint8_t* g = buf + l3 + kIpLen;
+  g[0] = leave ? 0x17 : 0x16;  // v2 Leave Group / v2 Membership Report
+  g[1] = 0;                    // max response time: queries only
+  store_be16(g + 2, 0);
+  store_be32(g + 4, group);
+  store_be16(g + 2,
+             static_cast<uint16_t>(~csum_fold(csum_partial(g, kIgmpLen))));
+  const uint32_t len = l3 + kIpLen + kIgmpLen;
+  if (len < 60) {
+    std::memset(buf + len, 0, 60 - len);
+    return 60;
+  }
+  return len;
+}
+
+bool igmp_query(const uint8_t* l4, uint32_t len, uint32_t* group) {
+  if (len < 8 || l4[0] != 0x11) return false;
+  if (csum_fold(csum_partial(l4, len)) != 0xffff) return false;
+  *group = load_be32(l4 + 4);
+  return true;
+}
+
 uint32_t build_resolve_request(const HostAddrs& h, uint16_t vlan_tci,
                                const uint8_t gid[16], uint8_t* buf) {
   if (gid_is_ipv4(gid))

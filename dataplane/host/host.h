@@ -61,6 +61,18 @@ uint32_t build_neighbour_solicit(const HostAddrs& h, uint16_t vlan_tci,
 uint32_t build_icmp_echo_request(const HostAddrs& h, uint16_t vlan_tci,
                                  uint32_t dst_ipv4, uint16_t id, uint16_t seq,
                                  uint8_t* buf);
+// IGMPv2 (RFC 2236): a Membership Report for IPv4 group `group` (to the
+// group), or with `leave` a Leave Group (to 224.0.0.2, all routers), with
+// the IP Router Alert option and TTL 1 (section 2), the destination MAC
+// the group's. Switches that snoop IGMP learn from these where to send the
+// group's frames.
+uint32_t build_igmp(const HostAddrs& h, uint16_t vlan_tci, uint32_t group,
+                    bool leave, uint8_t* buf);
+// An IGMP Membership Query (type 0x11: v1, v2 and v3 queries, RFC 3376
+// 4.1) in the `len` bytes at `l4`, its checksum valid: true, and *group
+// the group it asks about (0: every group).
+bool igmp_query(const uint8_t* l4, uint32_t len, uint32_t* group);
+
 // Picks ARP or NS by the address family of the GID.
 uint32_t build_resolve_request(const HostAddrs& h, uint16_t vlan_tci,
                                const uint8_t gid[16], uint8_t* buf);

@@ -2,6 +2,8 @@
 
 #include <bit>
 
+#include "dataplane/wire/codec.h"
+
 namespace urnic::host {
 namespace {
 constexpr uint32_t kMaxProbe = 16;
@@ -32,6 +34,10 @@ void NeighbourTable::unlock() const {
 
 Lookup NeighbourTable::lookup(const uint8_t a[16], uint64_t now,
                               wire::MacAddr& mac) const {
+  if (wire::gid_is_multicast(a)) {  // no ARP or ND for a group
+    wire::multicast_mac(a, mac);
+    return Lookup::kHit;
+  }
   uint32_t s = slot_of(a);
   for (uint32_t i = 0; i < kMaxProbe; ++i, s = (s + 1) & (cap_ - 1)) {
     const Entry& e = e_[s];

@@ -1213,8 +1213,10 @@ int CmServer::cmd_join(Id& id, uint64_t uid, const uint8_t* sa,
   rdma_ucm_create_id_resp r{};
   r.id = h;
   append(out, r);
-  // No IGMP report goes out: the port is DPDK's, not a netdev's (rxe's
-  // kernel sends one through its netdev, cma_igmp_send).
+  // No IGMP report goes out from here (the kernel's cma_igmp_send does,
+  // for a full member): urnicd reports a group when a QP of the device
+  // first attaches to it (ibv_attach_mcast, which librdmacm calls on this
+  // event for a full member), Daemon::mcast_changed.
   //
   // The event as cma_make_mc_event / ib_init_ah_from_mcmember make it for
   // RoCEv2, ucma_set_event_context naming the membership (uid, handle):

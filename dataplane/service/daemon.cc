@@ -231,11 +231,29 @@ ShimEnv Daemon::shim_env() {
     pa.active_width = rate.width;
     pa.active_speed = rate.speed;
   };
+  env.mcast_changed = [this](const uint8_t gid[16], bool joined) {
+    mcast_changed(gid, joined);
+  };
   env.warm_neighbour = [this](const uint8_t dgid[16], uint32_t attempt,
                               uint64_t since_ns) {
     return warm_neighbour(dgid, attempt, since_ns);
   };
   return env;
+}
+
+// IGMPv2 for an IPv4 group (a report when the device's first QP joins, a
+// leave when its last one goes), so that switches snooping IGMP send the
+// group's frames to this port, as the kernel's IGMP does for rxe. No MLD
+// for IPv6 groups. The workers answer queries (Worker::igmp_query_st).
+void Daemon::mcast_changed(const uint8_t gid[16], bool joined) {
+  if (!wire::gid_is_ipv4(gid)) return;
+  uint8_t frame[128];
+  const uint32_t group = wire::gid_to_ipv4(gid);
+  const uint32_t len =
+      host::build_igmp(addrs_, cfg_.port.vlan, group, !joined, frame);
+  uint8_t dst[16];
+  wire::gid_from_ipv4(joined ? group : 0xe0000002u, dst);
+  cm_send_frame(dst, frame, len);
 }
 
 // Asks worker 0 to resolve (at the first attempt and every 500th: about
@@ -246,7 +264,6 @@ int Daemon::warm_neighbour(const uint8_t dgid[16], uint32_t attempt,
                            uint64_t since_ns) {
   for (uint32_t i = 0; i < dc_.num_gids; ++i)
     if (std::memcmp(dc_.gids[i], dgid, 16) == 0) return 0;  // ours
-  if (wire::gid_is_multicast(dgid)) return 0;  // its MAC is the group's
   wire::MacAddr mac;
   const uint64_t now = now_ns();
   if (neigh_->lookup(dgid, now, mac) == host::Lookup::kHit) return 0;

@@ -52,6 +52,7 @@ class Daemon {
   void start_workers();
   ShimEnv shim_env();
   CmEnv cm_env();
+  void mcast_changed(const uint8_t gid[16], bool joined);
   int warm_neighbour(const uint8_t dgid[16], uint32_t attempt,
                      uint64_t since_ns);
   int cm_neighbour(const uint8_t dgid[16]);

@@ -165,6 +165,8 @@ class alignas(64) Worker final : public transport::PacketIo {
   void mcast_rx_st(rte_mbuf* m, const wire::FrameInfo& fi,
                    std::span<const wire::ConstBuf> segs, uint64_t now);
   bool to_joined_group(const transport::TxFrame& f) const;
+  void igmp_rx_st(const uint8_t* frame, uint32_t len, const wire::FrameInfo& fi,
+                  uint64_t now);
   void hand_off_st(uint32_t home, rte_mbuf* m);
   bool release_held_st();  // true when no frame is held for another worker
   void rx_st(rte_mbuf* m, uint64_t now);  // through the RX fault stage
@@ -192,6 +194,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   host::PendingQueue<rte_mbuf*> pending_;
   uint16_t tx_n_ = 0;
   uint16_t ping_seq_ = 0;
+  uint64_t igmp_answered_ns_ = 0;  // when an IGMP query was last answered
   rte_mbuf* tx_[config::kMaxBurst];
   transport::Engine engine_;
   LcoreGate gate_;

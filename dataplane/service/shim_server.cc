@@ -144,6 +144,7 @@ void ShimServer::on_close(const ClientInfo& ci) {
 // destroyed QP answers nothing more, so an RC peer sees its retries run
 // out and completes with an error, as with a crashed host.
 void ShimServer::release_all(Client& c) {
+  const std::vector<transport::Gid> groups = env_.dev->mcast_group_list();
   {
     ParkAll park(all_gates());
     for (auto& [h, q] : c.qps) env_.engines[q->home]->destroy_qp(q->qp);
@@ -158,6 +159,9 @@ void ShimServer::release_all(Client& c) {
     for (auto& [h, pd] : c.pds) env_.dev->dealloc_pd(pd);
     std::erase(live_, &c);
   }
+  // The groups its QPs were the device's last members of.
+  for (const transport::Gid& g : groups)
+    if (!env_.dev->mcast_group(g.data())) mcast_changed(g, false);
   for (auto& [h, q] : c.qps) unmap(q->mem);
   for (auto& [h, s] : c.srqs) unmap(s->mem);
   for (auto& [h, q] : c.cqs) unmap(q.mem);
@@ -459,6 +463,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       QpObj& q = *c.qps[r.qp];
       const char* why = nullptr;
       int rc;
+      const bool had = env_.dev->mcast_group(r.gid);
       {
         // Every lcore reads the device's group table (which frames to take).
         ParkAll park(all_gates());
@@ -467,6 +472,8 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
                                     : e.detach_mcast(q.qp, r.gid, &why);
       }
       if (rc && why) why_ = why;
+      if (env_.dev->mcast_group(r.gid) != had)
+        mcast_changed(transport::to_gid(r.gid), !had);
       return rc;
     }
     case Op::kDestroyAh: {
@@ -1175,6 +1182,12 @@ void ShimServer::shutdown() {
   broadcast({IBV_EVENT_DEVICE_FATAL, 0});
 }
 
+void ShimServer::mcast_changed(const transport::Gid& g, bool joined) {
+  (joined ? ctr_.mcast_joins : ctr_.mcast_leaves)
+      .fetch_add(1, std::memory_order_relaxed);
+  if (env_.mcast_changed) env_.mcast_changed(g.data(), joined);
+}
+
 std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
   auto r = [](const std::atomic<uint64_t>& a) {
     return a.load(std::memory_order_relaxed);
@@ -1191,6 +1204,10 @@ std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
           {"async_deferred", r(ctr_.async_deferred)},
           {"async_dropped", r(ctr_.async_dropped)},
           {"client_limit_refusals", r(ctr_.client_limit_refusals)},
+          {"mcast_joins", r(ctr_.mcast_joins)},
+          {"mcast_leaves", r(ctr_.mcast_leaves)},
+          {"mcast_groups", d.mcast_groups()},
+          {"mcast_attached", d.mcast_attached()},
           {"qps", qp_count()},
           {"mrs", d.num_mrs()},
           {"cqs", d.num_cqs()},

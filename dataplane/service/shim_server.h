@@ -83,13 +83,17 @@ struct ShimEnv {
   std::function<void(ibv_port_attr&)> port_state;  // live link state
   TxMemory* tx_memory = nullptr;  // null: the lcore copies every payload
   config::ClientLimitsConfig client_limits;  // 0s: no per-client limit
+  // A multicast group got its first member on the device (`joined`) or
+  // lost its last: the service tells the link (IGMP). Control thread.
+  std::function<void(const uint8_t gid[16], bool joined)> mcast_changed;
 };
 
 // Counters the control thread keeps (read by stats).
 struct ShimCounters {
   std::atomic<uint64_t> clients{0}, clients_closed{0}, requests{0},
       request_errors{0}, doorbells{0}, bad_wqes{0}, async_events{0},
-      async_deferred{0}, async_dropped{0}, client_limit_refusals{0};
+      async_deferred{0}, async_dropped{0}, client_limit_refusals{0},
+      mcast_joins{0}, mcast_leaves{0};  // groups new to / gone from the device
 };
 
 class ShimServer final : public transport::RecvSource {
@@ -234,6 +238,8 @@ class ShimServer final : public transport::RecvSource {
   int destroy_qp(Client& c, uint32_t h);
   int destroy_srq(Client& c, uint32_t h);
   void release_all(Client& c);
+  // A group new to the device (`joined`) or gone from it: counted, told.
+  void mcast_changed(const transport::Gid& g, bool joined);
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
                   Mapping* view);

@@ -295,6 +295,40 @@ void Worker::mcast_rx_st(rte_mbuf* m, const wire::FrameInfo& fi,
   rte_pktmbuf_free(m);
 }
 
+// An IGMP frame (RFC 2236): a router's query is answered with a v2 report
+// for each IPv4 group the device has members of (or the one it asks
+// about), at once rather than after a random delay (one host per port
+// here, no report of another host to suppress ours); at most one answer per
+// 100 ms, so that a flood of queries costs at most that. Reports of other
+// hosts and leaves are not ours.
+void Worker::igmp_rx_st(const uint8_t* frame, uint32_t len,
+                        const wire::FrameInfo& fi, uint64_t now) {
+  const uint32_t l4_len = fi.l3_len - fi.ip_hdr_len;
+  uint32_t group = 0;
+  if (fi.l4_off + l4_len > len ||
+      !host::igmp_query(frame + fi.l4_off, l4_len, &group)) {
+    ctr_.inc(Ctr::igmp_other);
+    return;
+  }
+  ctr_.inc(Ctr::igmp_queries_rx);
+  if (igmp_answered_ns_ != 0 && now - igmp_answered_ns_ < 100'000'000) {
+    ctr_.inc(Ctr::igmp_queries_ignored);
+    return;
+  }
+  igmp_answered_ns_ = now;
+  engine_.device().for_each_mcast_group([&](const transport::Gid& g) {
+    if (!wire::gid_is_ipv4(g.data())) return;
+    const uint32_t ip = wire::gid_to_ipv4(g.data());
+    if (group != 0 && ip != group) return;
+    rte_mbuf* r = rte_pktmbuf_alloc(port_.pool);
+    if (!r) return;  // counted by the pool; the next query asks again
+    r->data_len = r->pkt_len = static_cast<uint16_t>(host::build_igmp(
+        addrs_, vlan_tci_, ip, false, rte_pktmbuf_mtod(r, uint8_t*)));
+    ctr_.inc(Ctr::igmp_reports_tx);
+    tx_st(r);
+  });
+}
+
 // A RoCE frame for one of our QPs that another worker received, checked
 // and decoded (handle_st): straight to the engine.
 void Worker::handoff_rx_st(rte_mbuf* m, uint64_t now) {
@@ -689,7 +723,10 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
         ctr_.inc(Ctr::icmp6_other);
       break;
     case FrameKind::kOtherIp:
-      ctr_.inc(Ctr::non_roce_ignored);
+      if (fi.l4_proto == wire::kIpProtoIgmp && m->nb_segs == 1)
+        igmp_rx_st(frame, m->data_len, fi, now);
+      else
+        ctr_.inc(Ctr::non_roce_ignored);
       break;
     case FrameKind::kOtherL2:
       ctr_.inc(Ctr::other_l2);

@@ -568,6 +568,12 @@ void Device::mcast_leave(const Gid& gid) {
   if (--it->second == 0) mcast_.erase(it);
 }
 
+std::vector<Gid> Device::mcast_group_list() const {
+  std::vector<Gid> v;
+  for (const auto& [g, n] : mcast_) v.push_back(g);
+  return v;
+}
+
 bool Device::mcast_group(const uint8_t gid[16]) const {
   return !mcast_.empty() && mcast_.count(to_gid(gid)) != 0;
 }

@@ -369,6 +369,12 @@ class Device {
   bool mcast_group(const uint8_t gid[16]) const;
   uint32_t mcast_groups() const { return static_cast<uint32_t>(mcast_.size()); }
   uint32_t mcast_attached() const { return nmcast_; }
+  std::vector<Gid> mcast_group_list() const;  // control thread
+  // f(const Gid&) for every group (any lcore; no allocation).
+  template <class F>
+  void for_each_mcast_group(F&& f) const {
+    for (const auto& e : mcast_) f(e.first);
+  }
 
   // Engine bookkeeping of which objects QPs use.
   static void hold(Pd* pd) { ++pd->users_; }

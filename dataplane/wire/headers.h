@@ -16,6 +16,7 @@ constexpr uint16_t kEtherTypeQinQ = 0x88a8;
 constexpr uint16_t kEtherTypeIpv6 = 0x86dd;
 constexpr uint16_t kRoceV2Port = 4791;  // IANA, Annex A17.2.3
 constexpr uint8_t kIpProtoIcmp = 1;
+constexpr uint8_t kIpProtoIgmp = 2;
 constexpr uint8_t kIpProtoUdp = 17;
 constexpr uint8_t kIpProtoIcmpv6 = 58;
 

@@ -353,7 +353,9 @@ check "B: READs of memory rewritten meanwhile (200 x 64 KiB, no bad ICRC)" \
   reuse read 200
 
 # UD multicast with plain verbs (ibv_attach_mcast, an AH to the group):
-# two QPs join on B1 and one on B2, and B2 sends 300 messages to the group.
+# two QPs join on B1 and one on B2 (B1 counts one new group, and answers an
+# IGMP query from B2's namespace with a valid report for it), and B2 sends
+# 300 messages to the group.
 # Every member gets every one, checked: B1's two through the veth (one
 # frame, two copies), B2's own through the service's loopback of a frame
 # to a group it has members of (no switch sends it back).
@@ -361,10 +363,54 @@ mcast_counter() {  # mcast_counter SOCK NAME: an lcore counter's total
   "$URNICCTL" -s "$1" stats --json |
     $PY -c "import json,sys; print(json.load(sys.stdin)['totals']['$2'])"
 }
+# igmp_query IFACE GROUP SRC: an IGMPv2 general query on IFACE (from this
+# namespace); exit 0 once a valid v2 report for GROUP from SRC (TTL 1,
+# Router Alert, both checksums) comes back within 3 s.
+cat >"$TMP/igmp_query.py" <<'PY'
+import socket, struct, sys, time
+iface, group, src = sys.argv[1], sys.argv[2], sys.argv[3]
+def csum(b):
+    if len(b) % 2: b += b'\0'
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+igmp = bytearray(struct.pack('!BBH4s', 0x11, 100, 0, bytes(4)))
+struct.pack_into('!H', igmp, 2, csum(bytes(igmp)))
+ip = bytearray(struct.pack('!BBHHHBBH4s4s', 0x46, 0xc0, 32, 0, 0x4000, 1, 2, 0,
+                           socket.inet_aton('10.80.0.12'),
+                           socket.inet_aton('224.0.0.1')) + b'\x94\x04\0\0')
+struct.pack_into('!H', ip, 10, csum(bytes(ip)))
+eth = bytes.fromhex('01005e000001') + bytes.fromhex('020000000099') + b'\x08\x00'
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind((iface, 0))
+s.send(eth + bytes(ip) + bytes(igmp))
+end = time.time() + 3
+while time.time() < end:
+    s.settimeout(max(0.01, end - time.time()))
+    try:
+        f = s.recv(2048)
+    except socket.timeout:
+        break
+    p = f[14:]
+    if len(p) < 28 or p[9] != 2 or socket.inet_ntoa(p[12:16]) != src:
+        continue
+    ihl = (p[0] & 15) * 4
+    g = p[ihl:ihl + 8]
+    if (g[0] == 0x16 and socket.inet_ntoa(g[4:8]) == group and p[8] == 1 and
+            p[20:24] == b'\x94\x04\0\0' and csum(p[:ihl]) == 0 and
+            csum(g) == 0 and f[:6] == bytes.fromhex('01005e') + g[5:8]):
+        print('report for', group, 'from', src)
+        sys.exit(0)
+print('no valid report for', group, 'from', src)
+sys.exit(1)
+PY
 mcast() {
-  local r1 r2 rc=0 rx0 lo0 rx lo
+  local r1 r2 rc=0 rx0 lo0 rx lo j0 q0 j q
   rx0=$(mcast_counter "$SOCK_B1" mcast_rx)
   lo0=$(mcast_counter "$SOCK_B2" mcast_loopback)
+  j0=$("$URNICCTL" -s "$SOCK_B1" stats --json |
+    $PY -c "import json,sys; print(json.load(sys.stdin)['shim']['mcast_joins'])")
+  q0=$(mcast_counter "$SOCK_B1" igmp_reports_tx)
   ip netns exec "$NS_B1" timeout 60 env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
     URNIC_SOCKET="$SOCK_B1" "$MCAST" recv 239.1.2.3 300 2 >"$TMP/mc1.out" 2>&1 &
   r1=$!
@@ -376,6 +422,17 @@ mcast() {
     grep -q ready "$TMP/mc1.out" && grep -q ready "$TMP/mc2.out" && break
     sleep 0.1
   done
+  # B1 told the link (an IGMP report when the group got its first member)
+  # and answers a router's query for it.
+  j=$("$URNICCTL" -s "$SOCK_B1" stats --json |
+    $PY -c "import json,sys; print(json.load(sys.stdin)['shim']['mcast_joins'])")
+  echo "B1 mcast_joins $j0 -> $j"
+  [ $((j - j0)) = 1 ] || rc=1
+  ip netns exec "$NS_B2" $PY "$TMP/igmp_query.py" "vsb${id}2" 239.1.2.3 \
+    10.80.0.1 || rc=1
+  q=$(mcast_counter "$SOCK_B1" igmp_reports_tx)
+  echo "B1 igmp_reports_tx $q0 -> $q"
+  [ $((q - q0)) -ge 1 ] || rc=1
   run "$NS_B2" "$SOCK_B2" "$MCAST" send 239.1.2.3 300 1000 || rc=1
   wait "$r1" || rc=1
   wait "$r2" || rc=1
@@ -385,6 +442,14 @@ mcast() {
   rx=$(mcast_counter "$SOCK_B1" mcast_rx)
   lo=$(mcast_counter "$SOCK_B2" mcast_loopback)
   echo "B1 mcast_rx $rx0 -> $rx, B2 mcast_loopback $lo0 -> $lo"
+  # The receivers detached: B1's group is gone (an IGMP leave), none left.
+  "$URNICCTL" -s "$SOCK_B1" stats --json | $PY -c "
+import json, sys
+s = json.load(sys.stdin)['shim']
+print('B1 mcast_leaves', s['mcast_leaves'], 'groups', s['mcast_groups'],
+      'attached', s['mcast_attached'])
+sys.exit(0 if s['mcast_leaves'] == s['mcast_joins'] and s['mcast_groups'] == 0
+         and s['mcast_attached'] == 0 else 1)" || rc=1
   [ $((rx - rx0)) -eq 300 ] && [ $((lo - lo0)) -eq 300 ] || rc=1
   return $rc
 }

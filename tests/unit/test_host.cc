@@ -264,3 +264,62 @@ TEST_F(HostTest, Icmpv6WithoutIpv6ConfiguredIsNotForUs) {
   EXPECT_EQ(c.get(Ctr::not_for_us), 1u);
   EXPECT_EQ(c.get(Ctr::nd_tx_na), 0u);
 }
+
+// IGMPv2 (RFC 2236): a report goes to the group, a leave to 224.0.0.2, each
+// with TTL 1, the Router Alert option, valid IP and IGMP checksums and the
+// group's MAC; the decoder takes it as IP that is not RoCE (protocol 2).
+TEST_F(HostTest, IgmpReportAndLeave) {
+  constexpr uint32_t kGroup = 0xef810203;  // 239.129.2.3
+  for (const bool leave : {false, true}) {
+    uint8_t buf[128];
+    const uint32_t n = host::build_igmp(h, 0, kGroup, leave, buf);
+    ASSERT_EQ(n, 60u);
+    std::vector<uint8_t> f(buf, buf + n);
+    const FrameInfo fi = classify(f);
+    ASSERT_EQ(fi.kind, FrameKind::kOtherIp);
+    EXPECT_EQ(fi.l4_proto, kIpProtoIgmp);
+    EXPECT_EQ(fi.ip_hdr_len, 24u);
+    EXPECT_EQ(fi.l3_len, 32u);
+    const uint8_t* ip = buf + 14;
+    EXPECT_EQ(ip[8], 1);  // TTL
+    EXPECT_EQ(std::vector<uint8_t>(ip + 20, ip + 24),
+              (std::vector<uint8_t>{0x94, 4, 0, 0}));
+    EXPECT_EQ(csum_fold(csum_partial(ip, 24)), 0xffff);
+    EXPECT_EQ(load_be32(ip + 12), kOurIp);
+    const uint32_t dst = leave ? 0xe0000002 : kGroup;
+    EXPECT_EQ(load_be32(ip + 16), dst);
+    const MacAddr mac = leave ? MacAddr{{0x01, 0x00, 0x5e, 0x00, 0x00, 0x02}}
+                              : MacAddr{{0x01, 0x00, 0x5e, 0x01, 0x02, 0x03}};
+    EXPECT_EQ(reinterpret_cast<const EthHdr*>(buf)->dst, mac);
+    const uint8_t* g = ip + 24;
+    EXPECT_EQ(g[0], leave ? 0x17 : 0x16);
+    EXPECT_EQ(load_be32(g + 4), kGroup);
+    EXPECT_EQ(csum_fold(csum_partial(g, 8)), 0xffff);
+    // Not a query.
+    uint32_t asked = 1;
+    EXPECT_FALSE(host::igmp_query(g, 8, &asked));
+  }
+}
+
+// A query (type 0x11) names the group it asks about, 0 for all; a bad
+// checksum or a short message is no query.
+TEST_F(HostTest, IgmpQueryIsRecognised) {
+  uint8_t q[12] = {0x11, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // v3: 12 bytes
+  auto seal = [&](uint32_t len) {
+    q[2] = q[3] = 0;
+    const uint16_t s = static_cast<uint16_t>(~csum_fold(csum_partial(q, len)));
+    q[2] = static_cast<uint8_t>(s >> 8);
+    q[3] = static_cast<uint8_t>(s);
+  };
+  seal(8);
+  uint32_t group = 1;
+  EXPECT_TRUE(host::igmp_query(q, 8, &group));
+  EXPECT_EQ(group, 0u);
+  q[4] = 239, q[5] = 1, q[6] = 2, q[7] = 3;
+  seal(12);
+  EXPECT_TRUE(host::igmp_query(q, 12, &group));
+  EXPECT_EQ(group, 0xef010203u);
+  q[7] = 4;  // checksum no longer matches
+  EXPECT_FALSE(host::igmp_query(q, 12, &group));
+  EXPECT_FALSE(host::igmp_query(q, 7, &group));
+}

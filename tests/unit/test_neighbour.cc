@@ -101,3 +101,18 @@ TEST(Pending, SendsOnResolveDropsOnFailureAndBoundsTheQueue) {
   EXPECT_EQ(q.size(), 0u);
   EXPECT_EQ(requests.size(), 4u);  // b: 3 tries; a: 1
 }
+
+// A multicast group needs no ARP or ND: its MAC is the group's (RFC 1112
+// 6.4: 01:00:5e + low 23 bits; RFC 2464 7: 33:33 + low 32 bits), at once.
+TEST(Neighbour, GroupsResolveToTheirMacWithoutAsking) {
+  host::NeighbourTable nt(params());
+  uint8_t g[16];
+  gid(0xef810203, g);  // 239.129.2.3: bit 24 of the group is not in the MAC
+  wire::MacAddr m;
+  EXPECT_EQ(nt.lookup(g, 0, m), Lookup::kHit);
+  EXPECT_EQ(m, (wire::MacAddr{{0x01, 0x00, 0x5e, 0x01, 0x02, 0x03}}));
+  const uint8_t v6[16] = {0xff, 0x0e, 0, 0, 0,    0,    0,    0,
+                          0,    0,    0, 0, 0x12, 0x34, 0x56, 0x78};
+  EXPECT_EQ(nt.lookup(v6, 0, m), Lookup::kHit);
+  EXPECT_EQ(m, (wire::MacAddr{{0x33, 0x33, 0x12, 0x34, 0x56, 0x78}}));
+}

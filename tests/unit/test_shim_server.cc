@@ -103,8 +103,12 @@ struct ShimServerTest : ::testing::Test {
     e.info.num_gids = 1;
     e.client_limits = limits;
     e.tx_memory = tx_memory;
+    e.mcast_changed = [this](const uint8_t g[16], bool joined) {
+      group_changes.push_back(std::to_string(g[15]) + (joined ? "+" : "-"));
+    };
     return e;
   }
+  std::vector<std::string> group_changes;  // ShimEnv::mcast_changed calls
 
   template <typename T>
   Reply call(Op op, const T& body, std::vector<int> fds = {}) {
@@ -952,6 +956,7 @@ TEST_F(ShimServerTest, MulticastAttachDetachAndDestroy) {
   m.qp = u.h;
   wire::gid_from_ipv4(0xef010101, m.gid);  // 239.1.1.1
   EXPECT_EQ(call(Op::kAttachMcast, m).status, 0);
+  EXPECT_EQ(call(Op::kAttachMcast, m).status, 0);  // again: one membership
   EXPECT_EQ(dev.mcast_attached(), 1u);
   EXPECT_TRUE(dev.mcast_group(m.gid));
   McastReq bad = m;
@@ -978,6 +983,9 @@ TEST_F(ShimServerTest, MulticastAttachDetachAndDestroy) {
   EXPECT_EQ(dev.mcast_attached(), 0u);
   EXPECT_EQ(dev.mcast_groups(), 0u);
   EXPECT_FALSE(dev.mcast_group(m.gid));
+  // The service was told when the group got its first member and lost
+  // its last (IGMP report, leave): by the detach, then by the close.
+  EXPECT_EQ(group_changes, (std::vector<std::string>{"1+", "1-", "1+", "1-"}));
 }
 
 // Of the QP create flags only BLOCK_SELF_MCAST_LB is taken (mckey -l).
