@@ -3,6 +3,7 @@
 
 #include <rte_cycles.h>
 #include <rte_eal.h>
+#include <rte_ethdev.h>
 #include <rte_lcore.h>
 
 #include <cinttypes>
@@ -246,7 +247,7 @@ ShimEnv Daemon::shim_env() {
 // group's frames to this port, as the kernel's IGMP does for rxe. No MLD
 // for IPv6 groups. The workers answer queries (Worker::igmp_query_st).
 void Daemon::mcast_changed(const uint8_t gid[16], bool joined) {
-  if (!wire::gid_is_ipv4(gid)) return;
+  if (!wire::gid_is_ipv4(gid) || lcores_stopped_) return;
   uint8_t frame[128];
   const uint32_t group = wire::gid_to_ipv4(gid);
   const uint32_t len =
@@ -254,6 +255,24 @@ void Daemon::mcast_changed(const uint8_t gid[16], bool joined) {
   uint8_t dst[16];
   wire::gid_from_ipv4(joined ? group : 0xe0000002u, dst);
   cm_send_frame(dst, frame, len);
+}
+
+// The service stops with groups still joined: each one's IGMP leave goes
+// out now, from this thread on queue 0 (the workers have stopped), as when
+// the last member leaves. The leaves the shim server's release of its
+// clients reports afterwards would find no worker to send them.
+void Daemon::leave_groups() {
+  lcores_stopped_ = true;
+  if (!port_.started || !device_) return;
+  device_->for_each_mcast_group([&](const transport::Gid& g) {
+    if (!wire::gid_is_ipv4(g.data())) return;
+    rte_mbuf* m = rte_pktmbuf_alloc(port_.pool);
+    if (!m) return;
+    m->data_len = m->pkt_len = static_cast<uint16_t>(
+        host::build_igmp(addrs_, cfg_.port.vlan, wire::gid_to_ipv4(g.data()),
+                         true, rte_pktmbuf_mtod(m, uint8_t*)));
+    if (rte_eth_tx_burst(port_.port_id, 0, &m, 1) != 1) rte_pktmbuf_free(m);
+  });
 }
 
 // Asks worker 0 to resolve (at the first attempt and every 500th: about
@@ -422,6 +441,7 @@ void Daemon::check_link() {
 
 void Daemon::stop() {
   rte_eal_mp_wait_lcore();
+  leave_groups();
   cm_->shutdown(now_ns());
   if (const size_t live = shim_->clients_open()) {
     shim_->shutdown();

@@ -53,6 +53,7 @@ class Daemon {
   ShimEnv shim_env();
   CmEnv cm_env();
   void mcast_changed(const uint8_t gid[16], bool joined);
+  void leave_groups();
   int warm_neighbour(const uint8_t dgid[16], uint32_t attempt,
                      uint64_t since_ns);
   int cm_neighbour(const uint8_t dgid[16]);
@@ -100,6 +101,7 @@ class Daemon {
   uint64_t t0_ = 0;
   stats::Snapshot last_query_, last_print_;
   bool link_up_ = false;
+  bool lcores_stopped_ = false;  // leave_groups ran: no IGMP frame is posted
   uint64_t next_link_check_ = 0, next_print_ = 0;
 };
 

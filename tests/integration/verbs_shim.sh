@@ -363,12 +363,15 @@ mcast_counter() {  # mcast_counter SOCK NAME: an lcore counter's total
   "$URNICCTL" -s "$1" stats --json |
     $PY -c "import json,sys; print(json.load(sys.stdin)['totals']['$2'])"
 }
-# igmp_query IFACE GROUP SRC: an IGMPv2 general query on IFACE (from this
-# namespace); exit 0 once a valid v2 report for GROUP from SRC (TTL 1,
-# Router Alert, both checksums) comes back within 3 s.
+# igmp_query IFACE GROUP SRC [leave]: an IGMPv2 general query on IFACE
+# (from this namespace); exit 0 once a valid v2 report for GROUP from SRC
+# (TTL 1, Router Alert, both checksums, the group's MAC) comes back within
+# 3 s. With `leave`: no query; wait 60 s for SRC's Leave Group for GROUP
+# (to 224.0.0.2).
 cat >"$TMP/igmp_query.py" <<'PY'
 import socket, struct, sys, time
 iface, group, src = sys.argv[1], sys.argv[2], sys.argv[3]
+leave = len(sys.argv) > 4
 def csum(b):
     if len(b) % 2: b += b'\0'
     s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
@@ -383,8 +386,12 @@ struct.pack_into('!H', ip, 10, csum(bytes(ip)))
 eth = bytes.fromhex('01005e000001') + bytes.fromhex('020000000099') + b'\x08\x00'
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
 s.bind((iface, 0))
-s.send(eth + bytes(ip) + bytes(igmp))
-end = time.time() + 3
+if leave:
+    print('listening', flush=True)
+else:
+    s.send(eth + bytes(ip) + bytes(igmp))
+end = time.time() + (60 if leave else 3)
+want, to = (0x17, '224.0.0.2') if leave else (0x16, group)
 while time.time() < end:
     s.settimeout(max(0.01, end - time.time()))
     try:
@@ -396,12 +403,14 @@ while time.time() < end:
         continue
     ihl = (p[0] & 15) * 4
     g = p[ihl:ihl + 8]
-    if (g[0] == 0x16 and socket.inet_ntoa(g[4:8]) == group and p[8] == 1 and
-            p[20:24] == b'\x94\x04\0\0' and csum(p[:ihl]) == 0 and
-            csum(g) == 0 and f[:6] == bytes.fromhex('01005e') + g[5:8]):
-        print('report for', group, 'from', src)
+    dst = socket.inet_aton(to)
+    if (g[0] == want and socket.inet_ntoa(g[4:8]) == group and p[8] == 1 and
+            p[16:20] == dst and p[20:24] == b'\x94\x04\0\0' and
+            csum(p[:ihl]) == 0 and csum(g) == 0 and
+            f[:6] == bytes.fromhex('01005e') + bytes([dst[1] & 0x7f]) + dst[2:]):
+        print('leave' if leave else 'report', 'for', group, 'from', src)
         sys.exit(0)
-print('no valid report for', group, 'from', src)
+print('no valid', 'leave' if leave else 'report', 'for', group, 'from', src)
 sys.exit(1)
 PY
 mcast() {
@@ -590,6 +599,21 @@ check "A: device line back to its baseline after all programs" \
   wait_devline "$SOCK_A" "$BASE_A"
 
 # --- the services are still healthy and stop cleanly ------------------------------------
+# B2 stops with a receiver still joined to 239.1.2.5: its IGMP leave for
+# the group must reach the link (B1's veth end, listened to from B1's
+# namespace), as when the group's last member leaves.
+ip netns exec "$NS_B2" timeout 120 env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
+  URNIC_SOCKET="$SOCK_B2" "$MCAST" recv 239.1.2.5 1 >"$TMP/mc-last.out" 2>&1 &
+LAST_RECV=$!
+PIDS+=("$LAST_RECV")
+ip netns exec "$NS_B1" $PY "$TMP/igmp_query.py" "vsb${id}1" 239.1.2.5 \
+  10.80.0.2 leave >"$TMP/leave.out" 2>&1 &
+SNIFF=$!
+PIDS+=("$SNIFF")
+for _ in $(seq 100); do
+  grep -q ready "$TMP/mc-last.out" && grep -q listening "$TMP/leave.out" && break
+  sleep 0.1
+done
 for s in A B1 B2; do
   pid_var=PID_$s
   pid=${!pid_var}
@@ -606,6 +630,16 @@ for s in A B1 B2; do
     check "$s: urnicd exited 0 on SIGTERM" bash -c "[ $rc = 0 ] || { tail -20 '$TMP/urnicd-$s.log'; exit 1; }"
   fi
 done
+
+left() {  # the leave was seen; the receiver lost its service and ended
+  local rc=0
+  wait "$SNIFF" || rc=1
+  cat "$TMP/leave.out"
+  stop_pid "$LAST_RECV" || true
+  return $rc
+}
+check "B2 stopped with a group joined: its IGMP leave reached the link" left
+forget "$SNIFF" "$LAST_RECV"
 
 echo "$pass passed, $fail failed ($((SECONDS - t_start)) s)"
 [ "$fail" = 0 ]
