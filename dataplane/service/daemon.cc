@@ -245,7 +245,7 @@ ShimEnv Daemon::shim_env() {
 // IGMPv2 for an IPv4 group (a report when the device's first QP joins, a
 // leave when its last one goes), so that switches snooping IGMP send the
 // group's frames to this port, as the kernel's IGMP does for rxe. No MLD
-// for IPv6 groups. The workers answer queries (Worker::igmp_query_st).
+// for IPv6 groups. The workers answer queries (Worker::igmp_rx_st).
 void Daemon::mcast_changed(const uint8_t gid[16], bool joined) {
   if (!wire::gid_is_ipv4(gid) || lcores_stopped_) return;
   uint8_t frame[128];

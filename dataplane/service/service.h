@@ -164,7 +164,6 @@ class alignas(64) Worker final : public transport::PacketIo {
   void handoff_rx_st(rte_mbuf* m, uint64_t now);
   void mcast_rx_st(rte_mbuf* m, const wire::FrameInfo& fi,
                    std::span<const wire::ConstBuf> segs, uint64_t now);
-  bool to_joined_group(const transport::TxFrame& f) const;
   void igmp_rx_st(const uint8_t* frame, uint32_t len, const wire::FrameInfo& fi,
                   uint64_t now);
   void hand_off_st(uint32_t home, rte_mbuf* m);

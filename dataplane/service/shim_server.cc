@@ -104,11 +104,15 @@ ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {
       env_.gates.size() != env_.engines.size())
     throw std::invalid_argument("ShimServer: 1..16 engines, a gate each");
   for (transport::Engine* e : env_.engines) e->set_recv_source(this);
+  env_.dev->set_mcast_hook([this](const transport::Gid& g, bool joined) {
+    mcast_changed(g, joined);
+  });
 }
 
 ShimServer::~ShimServer() {
   for (transport::Engine* e : env_.engines) e->set_recv_source(nullptr);
   for (auto& [id, c] : clients_) release_all(*c);
+  env_.dev->set_mcast_hook(nullptr);
   finish_abandoned(true);
 }
 
@@ -144,7 +148,6 @@ void ShimServer::on_close(const ClientInfo& ci) {
 // destroyed QP answers nothing more, so an RC peer sees its retries run
 // out and completes with an error, as with a crashed host.
 void ShimServer::release_all(Client& c) {
-  const std::vector<transport::Gid> groups = env_.dev->mcast_group_list();
   {
     ParkAll park(all_gates());
     for (auto& [h, q] : c.qps) env_.engines[q->home]->destroy_qp(q->qp);
@@ -159,9 +162,6 @@ void ShimServer::release_all(Client& c) {
     for (auto& [h, pd] : c.pds) env_.dev->dealloc_pd(pd);
     std::erase(live_, &c);
   }
-  // The groups its QPs were the device's last members of.
-  for (const transport::Gid& g : groups)
-    if (!env_.dev->mcast_group(g.data())) mcast_changed(g, false);
   for (auto& [h, q] : c.qps) unmap(q->mem);
   for (auto& [h, s] : c.srqs) unmap(s->mem);
   for (auto& [h, q] : c.cqs) unmap(q.mem);
@@ -463,7 +463,6 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       QpObj& q = *c.qps[r.qp];
       const char* why = nullptr;
       int rc;
-      const bool had = env_.dev->mcast_group(r.gid);
       {
         // Every lcore reads the device's group table (which frames to take).
         ParkAll park(all_gates());
@@ -472,8 +471,6 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
                                     : e.detach_mcast(q.qp, r.gid, &why);
       }
       if (rc && why) why_ = why;
-      if (env_.dev->mcast_group(r.gid) != had)
-        mcast_changed(transport::to_gid(r.gid), !had);
       return rc;
     }
     case Op::kDestroyAh: {

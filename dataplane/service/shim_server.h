@@ -238,7 +238,8 @@ class ShimServer final : public transport::RecvSource {
   int destroy_qp(Client& c, uint32_t h);
   int destroy_srq(Client& c, uint32_t h);
   void release_all(Client& c);
-  // A group new to the device (`joined`) or gone from it: counted, told.
+  // A group new to the device (`joined`) or gone from it (the device's
+  // hook, under ParkAll or with the lcores stopped): counted, told.
   void mcast_changed(const transport::Gid& g, bool joined);
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,

@@ -405,21 +405,6 @@ void Worker::tx_st(rte_mbuf* m) {
   if (tx_n_ == burst_) tx_flush_st();
 }
 
-// Whether a frame to a multicast MAC goes to a group QPs of this device
-// joined (its IP destination, as a GID).
-bool Worker::to_joined_group(const transport::TxFrame& f) const {
-  bool v6 = false;
-  const uint8_t* ip =
-      wire::roce_ip(const_cast<uint8_t*>(f.hdr), f.hdr_len, &v6);
-  if (!ip) return false;
-  uint8_t gid[16];
-  if (v6)
-    std::memcpy(gid, ip + 24, 16);
-  else
-    wire::gid_from_ipv4(wire::load_be32(ip + 16), gid);
-  return engine_.device().mcast_group(gid);
-}
-
 bool Worker::transmit(const transport::TxFrame& f) {
   // Frames to ourselves wait in loop_ across a possible park (when MRs may
   // go away): they are always copied.
@@ -467,12 +452,10 @@ bool Worker::transmit(const transport::TxFrame& f) {
     ctr_.inc(Ctr::roce_loopback);
     return true;
   }
-  if ((f.hdr[0] & 1) && !f.no_mcast_loopback &&
-      loop_tail_ - loop_head_ < kLoopSize && to_joined_group(f)) {
-    // To a group QPs of this device joined too: a copy for them, as a
-    // NIC loops a multicast send back to its own members (no switch
-    // sends a frame back out of the port it came in on). Best effort,
-    // as the wire is: no room in loop_, no copy.
+  if (f.loop_to_members && loop_tail_ - loop_head_ < kLoopSize) {
+    // A copy for the device's own members of the group (no switch sends a
+    // frame back out of the port it came in on). Best effort, as the wire
+    // is: no room in loop_, no copy.
     if (rte_mbuf* copy = rte_pktmbuf_copy(head, port_.pool, 0, UINT32_MAX)) {
       loop_[loop_tail_++ % kLoopSize] = copy;
       ctr_.inc(Ctr::mcast_loopback);

@@ -360,20 +360,23 @@ int Engine::attach_mcast(Qp* qp, const uint8_t gid[16], const char** why) {
 
 int Engine::detach_mcast(Qp* qp, const uint8_t gid[16], const char** why) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
-  const Gid g = to_gid(gid);
-  auto it = mcast_.find(g);
-  auto at = it == mcast_.end()
-                ? std::vector<Qp*>::iterator{}
-                : std::find(it->second.begin(), it->second.end(), qp);
-  if (it == mcast_.end() || at == it->second.end()) {
-    if (why != nullptr) *why = "the QP is not attached to this group";
-    return EINVAL;
+  if (const auto it = mcast_.find(to_gid(gid)); it != mcast_.end()) {
+    std::vector<Qp*>& m = it->second;
+    if (const auto at = std::find(m.begin(), m.end(), qp); at != m.end()) {
+      leave_group(it, at);
+      return 0;
+    }
   }
-  it->second.erase(at);
-  if (it->second.empty()) mcast_.erase(it);
-  dev_.mcast_leave(g);
-  --qp->mcast_;
-  return 0;
+  if (why != nullptr) *why = "the QP is not attached to this group";
+  return EINVAL;
+}
+
+Engine::McastMap::iterator Engine::leave_group(McastMap::iterator g,
+                                               std::vector<Qp*>::iterator at) {
+  --(*at)->mcast_;
+  g->second.erase(at);
+  dev_.mcast_leave(g->first);
+  return g->second.empty() ? mcast_.erase(g) : std::next(g);
 }
 
 int Engine::destroy_qp(Qp* qp) {
@@ -382,11 +385,8 @@ int Engine::destroy_qp(Qp* qp) {
   // as the kernel does; a client that died is cleaned up here).
   for (auto it = mcast_.begin(); it != mcast_.end();) {
     std::vector<Qp*>& m = it->second;
-    if (auto at = std::find(m.begin(), m.end(), qp); at != m.end()) {
-      m.erase(at);
-      dev_.mcast_leave(it->first);
-    }
-    it = m.empty() ? mcast_.erase(it) : std::next(it);
+    const auto at = std::find(m.begin(), m.end(), qp);
+    it = at == m.end() ? std::next(it) : leave_group(it, at);
   }
   qp->state_ = IBV_QPS_RESET;  // out of the shared window's count
   cc_sync(*qp);
@@ -919,7 +919,10 @@ bool Engine::send_packet(Qp& qp, wire::RoceFields& f,
   tf.hdr = hdr;
   tf.hdr_len = hl;
   tf.stable = stable;
-  tf.no_mcast_loopback = qp.block_mcast_lb_;
+  tf.loop_to_members = qp.type_ == IBV_QPT_UD && !qp.block_mcast_lb_ &&
+                       dev_.mcast_groups() != 0 &&
+                       wire::gid_is_multicast(f.dgid) &&
+                       dev_.mcast_group(f.dgid);
   wire::ConstBuf copy;
   if (!stable && f.payload_len > sizeof bounce_) {
     // Summed by the PacketIo over the copy it makes anyway.

@@ -42,9 +42,10 @@ struct TxFrame {
   // payload is the engine's own copy, valid until transmit() returns, or
   // (unsealed) the source itself.
   bool stable = false;
-  // Sent by a QP created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: a frame to
-  // a group goes to the wire only, not to this device's own members.
-  bool no_mcast_loopback = false;
+  // To a multicast group QPs of this device joined, from a QP not created
+  // with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: the PacketIo gives the device a
+  // copy too, as a NIC loops a group's frame back to its own members.
+  bool loop_to_members = false;
   // Not null for a payload that is not stable and too large for the
   // engine's copy to be cheap: `trailer` is not computed yet. Whoever
   // copies the frame sums its copy of the payload with wire::TrailerSum
@@ -287,7 +288,6 @@ class Engine {
 
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }
-  const Device& device() const { return dev_; }
   const EngineConfig& config() const { return cfg_; }
   // The shared congestion window (congestion.h) and what it counts.
   uint32_t cc_shared_window() const { return cc_shared_.window(); }
@@ -401,6 +401,11 @@ class Engine {
   // A UD SEND to a group: to every member on this engine.
   void mcast_rx(const wire::FrameInfo& fi,
                 std::span<const wire::ConstBuf> segs);
+  using McastMap = std::unordered_map<Gid, std::vector<Qp*>, GidHash>;
+  // Takes member `at` out of group `g` (and the group out of the table when
+  // it was the last); returns the group after it.
+  McastMap::iterator leave_group(McastMap::iterator g,
+                                 std::vector<Qp*>::iterator at);
 
   Device& dev_;
   PacketIo& io_;
@@ -426,7 +431,7 @@ class Engine {
   size_t nqp_ = 0;
   QpList<&Qp::ready_link_> ready_;  // QPs with transmit work
   // Multicast groups with members on this engine, and the members.
-  std::unordered_map<Gid, std::vector<Qp*>, GidHash> mcast_;
+  McastMap mcast_;
   // send_packet's copy of a small payload that may change
   // (TxFrame::stable): up to what one CRC call takes with the headers.
   alignas(64) uint8_t bounce_[wire::Icrc::kInlineTail];

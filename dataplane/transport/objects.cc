@@ -556,8 +556,8 @@ int Device::mcast_join(const Gid& gid) {
   } else if (it->second >= l.max_mcast_qp_attach) {
     return ENOMEM;
   }
-  ++it->second;
   ++nmcast_;
+  if (++it->second == 1 && mcast_hook_) mcast_hook_(gid, true);
   return 0;
 }
 
@@ -565,13 +565,9 @@ void Device::mcast_leave(const Gid& gid) {
   auto it = mcast_.find(gid);
   if (it == mcast_.end()) return;
   --nmcast_;
-  if (--it->second == 0) mcast_.erase(it);
-}
-
-std::vector<Gid> Device::mcast_group_list() const {
-  std::vector<Gid> v;
-  for (const auto& [g, n] : mcast_) v.push_back(g);
-  return v;
+  if (--it->second != 0) return;
+  mcast_.erase(it);
+  if (mcast_hook_) mcast_hook_(gid, false);
 }
 
 bool Device::mcast_group(const uint8_t gid[16]) const {

@@ -369,7 +369,10 @@ class Device {
   bool mcast_group(const uint8_t gid[16]) const;
   uint32_t mcast_groups() const { return static_cast<uint32_t>(mcast_.size()); }
   uint32_t mcast_attached() const { return nmcast_; }
-  std::vector<Gid> mcast_group_list() const;  // control thread
+  // Called (control thread) when a group gets its first member on the
+  // device (`joined`) or loses its last, however that happens.
+  using McastHook = std::function<void(const Gid& gid, bool joined)>;
+  void set_mcast_hook(McastHook h) { mcast_hook_ = std::move(h); }
   // f(const Gid&) for every group (any lcore; no allocation).
   template <class F>
   void for_each_mcast_group(F&& f) const {
@@ -402,6 +405,7 @@ class Device {
   uint32_t nqp_ = 0;
   std::map<Gid, uint32_t> mcast_;  // group -> members
   uint32_t nmcast_ = 0;            // attachments
+  McastHook mcast_hook_;
   struct EventSlot {
     std::atomic<uint64_t> seq{0};
     AsyncEvent ev;

@@ -9,6 +9,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <string_view>
 
 #include "dataplane/hostif/verbs.h"
 
@@ -60,10 +62,9 @@ inline Gid to_gid(const uint8_t g[16]) {
   return r;
 }
 struct GidHash {
-  size_t operator()(const Gid& g) const {  // FNV-1a
-    uint64_t h = 14695981039346656037ull;
-    for (uint8_t b : g) h = (h ^ b) * 1099511628211ull;
-    return static_cast<size_t>(h);
+  size_t operator()(const Gid& g) const {
+    return std::hash<std::string_view>{}(
+        {reinterpret_cast<const char*>(g.data()), g.size()});
   }
 };
 

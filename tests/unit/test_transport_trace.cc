@@ -124,11 +124,11 @@ class CaptureIo : public PacketIo {
     std::vector<uint8_t> b(f.frame_len());
     EXPECT_EQ(f.copy_to(b.data()), b.size());
     frames.push_back(std::move(b));
-    no_mcast_loopback.push_back(f.no_mcast_loopback);
+    loop_to_members.push_back(f.loop_to_members);
     return true;
   }
   std::vector<std::vector<uint8_t>> frames;
-  std::vector<bool> no_mcast_loopback;  // TxFrame's, per frame
+  std::vector<bool> loop_to_members;  // TxFrame's, per frame
   int64_t room = -1;  // frames the TX queue still takes; -1: unlimited
 };
 
@@ -4385,7 +4385,9 @@ TEST_F(TransportTrace, McastSendReachesEveryMember) {
 }
 
 // To a group: the AH needs no neighbour (the group's MAC, RFC 1112 6.4),
-// and the frame goes to 01:00:5e:01:01:01, 239.1.1.1, DQPN 0xFFFFFF.
+// and the frame goes to 01:00:5e:01:01:01, 239.1.1.1, DQPN 0xFFFFFF. It
+// is looped back to the device's own members only when there are some and
+// the sender was not created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB.
 TEST_F(TransportTrace, McastSendGoesToTheGroupsMac) {
   ASSERT_TRUE(up(IBV_QPT_UD));
   ibv_ah_attr attr = peer_ah_attr();
@@ -4409,11 +4411,19 @@ TEST_F(TransportTrace, McastSendGoesToTheGroupsMac) {
   EXPECT_EQ(wire::gid_to_ipv4(fi.roce.dgid), kGroupIp);
   EXPECT_EQ(fi.roce.dqpn, wire::kMulticastQpn);
   EXPECT_EQ(fi.roce.opcode, op::kUdSendOnly);
-  EXPECT_FALSE(io_.no_mcast_loopback.at(0));  // the device's members too
+  EXPECT_FALSE(io_.loop_to_members.at(0));  // no member here
   io_.frames.clear();
   auto wc = cq_poll();
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_WC(wc[0], 1u, IBV_WC_SUCCESS, IBV_WC_SEND);
+  uint8_t group[16];
+  wire::gid_from_ipv4(kGroupIp, group);
+  ASSERT_EQ(engine_->attach_mcast(qp_, group), 0);
+  ASSERT_EQ(post(w), 0);
+  poll(1 * kUs);
+  ASSERT_EQ(io_.frames.size(), 1u);
+  EXPECT_TRUE(io_.loop_to_members.at(1));  // the sender itself is one
+  io_.frames.clear();
   // A QP created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: to the wire only.
   QpInitAttr a;
   a.qp_type = IBV_QPT_UD;
@@ -4427,9 +4437,9 @@ TEST_F(TransportTrace, McastSendGoesToTheGroupsMac) {
   ASSERT_EQ(engine_->create_qp(a, &quiet), 0);
   ASSERT_EQ(bring_up(quiet, IBV_QPT_UD, 0, kSqPsn, kRqPsn, IBV_MTU_1024), 0);
   ASSERT_EQ(engine_->post_send(quiet, w), 0);
-  poll(1 * kUs);
+  poll(2 * kUs);
   ASSERT_EQ(io_.frames.size(), 1u);
-  EXPECT_TRUE(io_.no_mcast_loopback.at(1));
+  EXPECT_FALSE(io_.loop_to_members.at(2));
 }
 
 // The device's limits hold (max_mcast_qp_attach members in one group), and
