@@ -266,12 +266,10 @@ void Daemon::leave_groups() {
   if (!port_.started || !device_) return;
   device_->for_each_mcast_group([&](const transport::Gid& g) {
     if (!wire::gid_is_ipv4(g.data())) return;
-    rte_mbuf* m = rte_pktmbuf_alloc(port_.pool);
-    if (!m) return;
-    m->data_len = m->pkt_len = static_cast<uint16_t>(
-        host::build_igmp(addrs_, cfg_.port.vlan, wire::gid_to_ipv4(g.data()),
-                         true, rte_pktmbuf_mtod(m, uint8_t*)));
-    if (rte_eth_tx_burst(port_.port_id, 0, &m, 1) != 1) rte_pktmbuf_free(m);
+    rte_mbuf* m = igmp_frame(port_.pool, addrs_, cfg_.port.vlan,
+                             wire::gid_to_ipv4(g.data()), true);
+    if (m && rte_eth_tx_burst(port_.port_id, 0, &m, 1) != 1)
+      rte_pktmbuf_free(m);
   });
 }
 

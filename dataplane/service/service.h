@@ -226,6 +226,11 @@ class alignas(64) Worker final : public transport::PacketIo {
   wire::FrameInfo rx_fi_;
 };
 
+// An IGMPv2 report (or with `leave` a Leave Group) for IPv4 `group` in a
+// new mbuf of `pool` (host::build_igmp), or null when the pool is empty.
+rte_mbuf* igmp_frame(rte_mempool* pool, const host::HostAddrs& a,
+                     uint16_t vlan_tci, uint32_t group, bool leave);
+
 // Device attributes of the port: MAC, GIDs, limits, and the largest IB MTU
 // whose RoCEv2 packets fit the IP MTU.
 transport::DeviceConfig device_config(const config::Config& cfg,

@@ -320,10 +320,8 @@ void Worker::igmp_rx_st(const uint8_t* frame, uint32_t len,
     if (!wire::gid_is_ipv4(g.data())) return;
     const uint32_t ip = wire::gid_to_ipv4(g.data());
     if (group != 0 && ip != group) return;
-    rte_mbuf* r = rte_pktmbuf_alloc(port_.pool);
+    rte_mbuf* r = igmp_frame(port_.pool, addrs_, vlan_tci_, ip, false);
     if (!r) return;  // counted by the pool; the next query asks again
-    r->data_len = r->pkt_len = static_cast<uint16_t>(host::build_igmp(
-        addrs_, vlan_tci_, ip, false, rte_pktmbuf_mtod(r, uint8_t*)));
     ctr_.inc(Ctr::igmp_reports_tx);
     tx_st(r);
   });
@@ -466,6 +464,15 @@ bool Worker::transmit(const transport::TxFrame& f) {
   else
     tx_st(head);
   return true;
+}
+
+rte_mbuf* igmp_frame(rte_mempool* pool, const host::HostAddrs& a,
+                     uint16_t vlan_tci, uint32_t group, bool leave) {
+  rte_mbuf* m = rte_pktmbuf_alloc(pool);
+  if (m)
+    m->data_len = m->pkt_len = static_cast<uint16_t>(host::build_igmp(
+        a, vlan_tci, group, leave, rte_pktmbuf_mtod(m, uint8_t*)));
+  return m;
 }
 
 transport::DeviceConfig device_config(const config::Config& cfg,
