@@ -58,9 +58,8 @@ constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY (cma.c)
 constexpr uint8_t kPacketLife = 16;        // CMA_IBOE_PACKET_LIFETIME (cma.c)
 constexpr uint32_t kMaxBacklog = 1024;
 // A multicast group's AH, as Linux's cma makes it for a RoCEv2 join
-// (cma_iboe_join_multicast, cma_make_mc_event): QPN 0xFFFFFF, hop limit
-// IPV6_DEFAULT_HOPLIMIT for an IPv4 group.
-constexpr uint32_t kMcastQpn = 0xFFFFFF;
+// (cma_iboe_join_multicast, cma_make_mc_event): hop limit
+// IPV6_DEFAULT_HOPLIMIT for an IPv4 group (and QPN 0xFFFFFF).
 constexpr uint8_t kMcastHopLimit = 64;
 constexpr uint16_t kEphemeralLo = 32768, kEphemeralHi = 60999;
 
@@ -92,10 +91,6 @@ uint8_t ack_timeout(uint8_t ca_ack_delay, uint8_t packet_life) {
   else
     t = ca_ack_delay + (t >= ca_ack_delay - 1);
   return static_cast<uint8_t>(std::min(31, t));
-}
-
-bool multicast(uint32_t ip) {
-  return (ip & 0xf0000000u) == 0xe0000000u;  // 224.0.0.0/4 (RFC 5771)
 }
 
 uint64_t ms_ns(uint64_t ms) {
@@ -656,7 +651,7 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
   id.deadline = now + ms_ns(c.timeout_ms ? c.timeout_ms : 2000);
   // A group (mckey's rdma_resolve_addr before its join) resolves at once
   // on the port, as Linux's does (its MAC is the group's, no ARP).
-  if (!on_link(ip) && !local_ip(ip) && !multicast(ip)) {
+  if (!on_link(ip) && !local_ip(ip) && !wire::ipv4_is_multicast(ip)) {
     // No routing beyond the port's subnet (urnic has no gateway).
     id.st = St::kIdle;
     emit(id, kAddrError, -ENETUNREACH);
@@ -667,7 +662,7 @@ int CmServer::cmd_resolve_ip(Id& id, const uint8_t* b, uint64_t now) {
 }
 
 int CmServer::cmd_resolve_route(Id& id) {
-  if (multicast(id.dst_ip)) {
+  if (wire::ipv4_is_multicast(id.dst_ip)) {
     // A group is joined (JOIN_MCAST), never connected to: no path, and no
     // REQ or SIDR_REQ to a multicast address.
     why_ = "the destination is a multicast group: join it, do not route to it";
@@ -813,7 +808,7 @@ uint64_t CmServer::req_wait_ns(uint8_t life) const {
 
 int CmServer::cmd_connect(Id& id, const uint8_t* b, uint64_t now) {
   const auto c = load<rdma_ucm_connect>(b);
-  if (multicast(id.dst_ip)) {
+  if (wire::ipv4_is_multicast(id.dst_ip)) {
     why_ = "the destination is a multicast group: join it, do not connect";
     return -EINVAL;
   }
@@ -1185,7 +1180,7 @@ int CmServer::cmd_join(Id& id, uint64_t uid, const uint8_t* sa,
     why_ = "IPv6 multicast groups are not supported on RoCEv2";
     return -EOPNOTSUPP;
   }
-  if (!multicast(group)) {
+  if (!wire::ipv4_is_multicast(group)) {
     why_ = "the group is not a multicast address (224.0.0.0/4)";
     return -EINVAL;
   }
@@ -1201,12 +1196,9 @@ int CmServer::cmd_join(Id& id, uint64_t uid, const uint8_t* sa,
   }
   // A second join of the same group makes a second membership, as Linux's
   // (rdma_join_multicast does not look for one).
-  Mcast& mc = mcasts_[h];
-  mc.handle = h;
-  mc.id = id.id;
-  mc.uid = uid;
-  mc.group = group;
-  mc.send_only = join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+  // (Send-only or not changes nothing here: a send-only member's QP is not
+  // attached, librdmacm's ucma_process_join.)
+  mcasts_[h].id = id.id;
   id.mcasts.push_back(h);
   ctr_.mcast_joins.fetch_add(1, std::memory_order_relaxed);
   ctr_.mcast_groups.fetch_add(1, std::memory_order_relaxed);
@@ -1226,7 +1218,7 @@ int CmServer::cmd_join(Id& id, uint64_t uid, const uint8_t* sa,
     e.uid = uid;
     e.id = h;
     rdma_ucm_ud_param& u = e.param.ud;
-    u.qp_num = kMcastQpn;
+    u.qp_num = wire::kMulticastQpn;
     u.qkey = kUdpQkey;
     gid_of(group, u.ah_attr.grh.dgid);
     u.ah_attr.grh.sgid_index = static_cast<uint8_t>(env_.sgid_index);
@@ -1972,8 +1964,7 @@ void CmServer::tick(uint64_t now) {
       case St::kAddrQuery: {
         uint8_t g[16];
         gid_of(id.dst_ip, g);
-        const int r =
-            local_ip(id.dst_ip) || multicast(id.dst_ip) ? 0 : env_.neighbour(g);
+        const int r = local_ip(id.dst_ip) ? 0 : env_.neighbour(g);
         if (r == 0) {
           id.st = St::kAddrResolved;
           emit(id, kAddrResolved, 0);

@@ -44,8 +44,9 @@ struct CmEnv {
   std::function<bool(const uint8_t dgid[16], const uint8_t* frame,
                      uint32_t len)>
       send_frame;
-  // Whether `dgid`'s MAC is known: 0 yes, EINPROGRESS asked (ask again
-  // later), EHOSTUNREACH resolution failed.
+  // Whether `dgid`'s MAC is known: 0 yes (a multicast group's always: it
+  // is the group's), EINPROGRESS asked (ask again later), EHOSTUNREACH
+  // resolution failed.
   std::function<int(const uint8_t dgid[16])> neighbour;
   // CM response timeout (IBTA 12.7.29: 4.096 us * 2^t) and retries of a REQ,
   // REP or DREQ, as Linux's cma uses them.
@@ -161,14 +162,10 @@ class CmServer {
     uint32_t event_pending = 0;
     std::vector<uint32_t> mcasts;  // its multicast memberships' handles
   };
-  // A multicast membership (the kernel's ucma_multicast): its own handle,
-  // which its events carry as their id, and the join's uid.
+  // A multicast membership (the kernel's ucma_multicast), by its handle,
+  // which its events carry as their id (and the join's uid).
   struct Mcast {
-    uint32_t handle = 0;
-    uint32_t id = 0;  // the id that joined
-    uint64_t uid = 0;
-    uint32_t group = 0;  // IPv4, host order
-    bool send_only = false;
+    uint32_t id = 0;           // the id that joined
     uint32_t events_sent = 0;  // its events handed to the event socket
   };
   struct Channel {

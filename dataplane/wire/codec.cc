@@ -288,7 +288,8 @@ uint32_t gid_to_ipv4(const uint8_t gid[16]) {
   return load_be32(gid + 12);
 }
 bool gid_is_multicast(const uint8_t gid[16]) {
-  return gid_is_ipv4(gid) ? (gid[12] & 0xf0) == 0xe0 : gid[0] == 0xff;
+  return gid_is_ipv4(gid) ? ipv4_is_multicast(gid_to_ipv4(gid))
+                          : gid[0] == 0xff;
 }
 void multicast_mac(const uint8_t gid[16], MacAddr& mac) {
   if (gid_is_ipv4(gid)) {

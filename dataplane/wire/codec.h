@@ -252,6 +252,9 @@ uint32_t gid_to_ipv4(const uint8_t gid[16]);
 // an IPv6 ff00::/8 one (RFC 4291 2.7), and the destination QPN of every
 // packet to a group (IBTA 9.6.1.1; Annex A17 keeps it for RoCEv2).
 constexpr uint32_t kMulticastQpn = 0xffffff;
+constexpr bool ipv4_is_multicast(uint32_t addr) {  // host order
+  return (addr & 0xf0000000u) == 0xe0000000u;
+}
 bool gid_is_multicast(const uint8_t gid[16]);
 // The group's Ethernet address, without ARP or ND: 01:00:5e + the low 23
 // bits of an IPv4 group (RFC 1112 6.4), 33:33 + the low 32 bits of an IPv6
