@@ -736,11 +736,10 @@ ibv_qp* urnic::shim::create_qp_ex(ibv_context* context,
                          IBV_QP_INIT_ATTR_CREATE_FLAGS |
                          IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
   if (attr->comp_mask & ~known) return fail<ibv_qp>(EOPNOTSUPP);
-  // Of the create flags, only IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (mckey -l).
-  if (((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
-       (attr->create_flags & ~IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)) ||
-      ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) &&
-       attr->max_tso_header))
+  // The create flags go to the service, which takes
+  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB only and says why it refuses others.
+  if ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) &&
+      attr->max_tso_header)
     return fail<ibv_qp>(EOPNOTSUPP);
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd ||
       attr->pd->context != context)

@@ -1104,6 +1104,26 @@ void section_unimplemented(Dev& d) {
         "h) ibv_detach_mcast of a group not joined returns EINVAL");
   check(ibv_attach_mcast(qp, nullptr, 0) == EINVAL,
         "h) ibv_attach_mcast without a GID returns EINVAL");
+  // Of the QP create flags urnic takes BLOCK_SELF_MCAST_LB only.
+  ibv_qp_init_attr_ex xa{};
+  xa.qp_type = IBV_QPT_UD;
+  xa.send_cq = xa.recv_cq = sp.p.a.scq;
+  xa.cap.max_send_wr = xa.cap.max_recv_wr = 4;
+  xa.cap.max_send_sge = xa.cap.max_recv_sge = 1;
+  xa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  xa.pd = d.pd;
+  xa.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+  errno = 0;
+  check(ibv_create_qp_ex(d.ctx, &xa) == nullptr && errno == EOPNOTSUPP,
+        "h) ibv_create_qp_ex with IBV_QP_CREATE_SCATTER_FCS fails with "
+        "EOPNOTSUPP",
+        err_text(errno));
+  xa.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+  ibv_qp* quiet = ibv_create_qp_ex(d.ctx, &xa);
+  check(quiet != nullptr,
+        "h) ibv_create_qp_ex with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB succeeds",
+        err_text(errno));
+  if (quiet) ibv_destroy_qp(quiet);
   ibv_ece ece{};
   check(ibv_query_ece(qp, &ece) == EOPNOTSUPP,
         "h) ibv_query_ece returns EOPNOTSUPP");
