@@ -209,15 +209,21 @@ struct ShimServerTest : ::testing::Test {
     ShmSendWqe* sq;
     ShmRecvWqe* rq;
   };
-  Qp create_qp(uint32_t pd, uint32_t cq, ibv_qp_type t = IBV_QPT_RC,
-               uint32_t srq = kNoHandle) {
+  // A create request of `wr` WRs and one SGE each way, one CQ for both.
+  static CreateQpReq qp_req(uint32_t pd, uint32_t cq,
+                            ibv_qp_type t = IBV_QPT_RC, uint32_t wr = 4) {
     CreateQpReq q;
     q.pd = pd;
     q.send_cq = q.recv_cq = cq;
     q.qp_type = t;
+    q.cap.max_send_wr = q.cap.max_recv_wr = wr;
+    q.cap.max_send_sge = q.cap.max_recv_sge = 1;
+    return q;
+  }
+  Qp create_qp(uint32_t pd, uint32_t cq, ibv_qp_type t = IBV_QPT_RC,
+               uint32_t srq = kNoHandle) {
+    CreateQpReq q = qp_req(pd, cq, t, 16);
     q.srq = srq;
-    q.cap.max_send_wr = 16;
-    q.cap.max_recv_wr = 16;
     q.cap.max_send_sge = q.cap.max_recv_sge = 2;
     q.cap.max_inline_data = 64;
     Reply r = call(Op::kCreateQp, q);
@@ -883,11 +889,8 @@ TEST_F(ShimServerTest, RefusesForeignHandlesAndUnsealedMemory) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
   Cq cq = create_cq(16);
-  CreateQpReq q;
-  q.pd = pd;
-  q.send_cq = cq.h;
+  CreateQpReq q = qp_req(pd, cq.h);
   q.recv_cq = 12345;  // not ours
-  q.cap.max_send_wr = q.cap.max_recv_wr = 4;
   EXPECT_EQ(call(Op::kCreateQp, q).status, -EINVAL);
   Buf loose = reg(pd, 4096, /*seal=*/false);
   EXPECT_EQ(loose.h, 0u);  // could be shrunk under the service: refused
@@ -993,11 +996,7 @@ TEST_F(ShimServerTest, CreateFlagsOnlyBlockSelfMcastLoopback) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
   Cq cq = create_cq(16);
-  CreateQpReq q;
-  q.pd = pd;
-  q.send_cq = q.recv_cq = cq.h;
-  q.qp_type = IBV_QPT_UD;
-  q.cap.max_send_wr = q.cap.max_recv_wr = 4;
+  CreateQpReq q = qp_req(pd, cq.h, IBV_QPT_UD);
   q.create_flags = IBV_QP_CREATE_SCATTER_FCS;
   Reply r = call(Op::kCreateQp, q);
   EXPECT_EQ(r.status, -EOPNOTSUPP);
@@ -1302,11 +1301,7 @@ TEST_F(ShimServerLimitTest, EachLimitRefusesWithEnomemAndGivesBackOnDestroy) {
   CreateSrqReq s{pd, 8, 1, 0};
   Reply sr = call(Op::kCreateSrq, s);
   ASSERT_EQ(sr.status, 0) << sr.payload;
-  CreateQpReq q;
-  q.pd = pd;
-  q.send_cq = q.recv_cq = cq.h;
-  q.cap.max_send_wr = q.cap.max_recv_wr = 1;
-  q.cap.max_send_sge = q.cap.max_recv_sge = 1;
+  const CreateQpReq q = qp_req(pd, cq.h, IBV_QPT_RC, 1);
   r = call(Op::kCreateQp, q);
   EXPECT_EQ(r.status, -ENOMEM);
   EXPECT_NE(r.payload.find("max_qp"), std::string::npos) << r.payload;
