@@ -651,7 +651,12 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
   // check; BAD or UNKNOWN fall through to it, so counting stays in one place.
   const bool ip_ok = (m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) ==
                      RTE_MBUF_F_RX_IP_CKSUM_GOOD;
-  wire::decode({segs, n}, m->pkt_len, fi, ip_ok);
+  // The ICRC check may mask the headers in place (one CRC call instead of
+  // two) in a first segment this lcore alone holds.
+  uint8_t* own = RTE_MBUF_DIRECT(m) && rte_mbuf_refcnt_read(m) == 1
+                     ? rte_pktmbuf_mtod(m, uint8_t*)
+                     : nullptr;
+  wire::decode({segs, n}, m->pkt_len, fi, ip_ok, own);
 
   if (fi.kind == FrameKind::kMalformed) {
     ctr_.add_malformed(fi.why);

@@ -74,7 +74,7 @@ T* at(uint8_t* base, uint32_t off) {
 }
 
 void decode_roce(std::span<const ConstBuf> segs, const uint8_t* p,
-                 uint32_t first_len, FrameInfo& out) {
+                 uint32_t first_len, uint8_t* writable, FrameInfo& out) {
   const auto* udp = at<UdpHdr>(p, out.l4_off);
   const uint32_t udp_len = udp->length.get();
   const uint32_t l4_room = out.l3_len - out.ip_hdr_len;
@@ -127,13 +127,19 @@ void decode_roce(std::span<const ConstBuf> segs, const uint8_t* p,
   }
 
   // ICRC over everything after the BTH up to the ICRC itself: with the
-  // headers in one call where the payload is small and in the first
-  // segment.
+  // headers in one call where the packet is in the first segment (a small
+  // payload copied after them, a larger one masked in place where the
+  // caller lets us), else chained.
   Icrc icrc;
   const uint32_t icrc_off = out.bth_off + roce_len - kIcrcSize;
   const uint32_t rest_off = out.bth_off + op.hdr_len;
   const bool ipv6 = out.ether_type == kEtherTypeIpv6;
-  if (icrc_off <= first_len && icrc_off - rest_off <= Icrc::kInlineTail) {
+  if (writable && icrc_off <= first_len &&
+      icrc_off - rest_off > Icrc::kInlineTail && out.l3_off >= 8) {
+    icrc.in_place(writable + out.l3_off, out.ip_hdr_len, ipv6,
+                  icrc_off - out.l3_off);
+  } else if (icrc_off <= first_len &&
+             icrc_off - rest_off <= Icrc::kInlineTail) {
     icrc.begin(p + out.l3_off, out.ip_hdr_len, ipv6, op.hdr_len - sizeof(Bth),
                p + rest_off, icrc_off - rest_off, 0);
   } else {
@@ -306,7 +312,7 @@ void multicast_mac(const uint8_t gid[16], MacAddr& mac) {
 }
 
 void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
-            bool ip_csum_ok) {
+            bool ip_csum_ok, uint8_t* writable) {
   // Zero-fill (FrameInfo is trivially copyable): cheaper than assigning a
   // value-initialised temporary. Decode sets every field it reports.
   zero_fill(out);
@@ -470,7 +476,7 @@ void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
     fail(out, Malformed::kIpSource);
     return;
   }
-  decode_roce(segs, p, first_len, out);
+  decode_roce(segs, p, first_len, writable == p ? writable : nullptr, out);
 }
 
 uint32_t header_len(const RoceFields& f) {

@@ -158,8 +158,11 @@ inline void zero_fill(T& obj) {
 // verified over all segments.
 // `ip_csum_ok`: the NIC verified the IPv4 header checksum (an RX offload
 // flag), so it is not recomputed.
+// `writable`: segs[0].data, if the caller owns those bytes alone and lets
+// the ICRC check write into them (restored before return; Icrc::in_place),
+// else null.
 void decode(std::span<const ConstBuf> segs, uint32_t frame_len, FrameInfo& out,
-            bool ip_csum_ok = false);
+            bool ip_csum_ok = false, uint8_t* writable = nullptr);
 inline void decode(const uint8_t* frame, uint32_t len, FrameInfo& out) {
   const ConstBuf seg{frame, len};
   decode({&seg, 1}, len, out);

@@ -29,6 +29,13 @@ class Icrc {
   void begin(const uint8_t* l3, uint32_t ip_hdr_len, bool ipv6,
              uint32_t ext_len, const uint8_t* tail, uint32_t tail_len,
              uint32_t zeros);
+  // The whole ICRC of a packet held contiguously in memory the caller owns
+  // and may have written to: `l3` as above, `len` bytes from it up to the
+  // ICRC, and 8 writable bytes before it (the Ethernet header's tail). For
+  // one CRC call over it all (a larger payload than kInlineTail otherwise
+  // takes a second), those 8 bytes and the variant fields are set to ones
+  // for the call and restored after it: on return the bytes are as before.
+  void in_place(uint8_t* l3, uint32_t ip_hdr_len, bool ipv6, uint32_t len);
   // Adds bytes that follow (extension headers, payload, pad).
   void update(const uint8_t* p, size_t n);
   // The ICRC value; on the wire it is stored least significant byte first.

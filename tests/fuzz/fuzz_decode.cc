@@ -1,6 +1,8 @@
 // libFuzzer target: decode() must classify any byte string without reading
-// outside it, both as one buffer and split into an mbuf-like chain; a frame
-// it accepts as RoCE must re-encode to the same bytes.
+// outside it, both as one buffer and split into an mbuf-like chain, and
+// given the buffer as writable (urnicd's receive path) must classify it the
+// same and leave every byte as it was; a frame it accepts as RoCE must
+// re-encode to the same bytes.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -16,6 +18,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> frame(data, data + size);
   FrameInfo flat;
   decode(frame.data(), len, flat);
+
+  // Writable: the ICRC check may mask headers in place, then restores them.
+  {
+    std::vector<uint8_t> w = frame;
+    const ConstBuf seg{w.data(), len};
+    FrameInfo in_place;
+    decode({&seg, 1}, len, in_place, false, w.data());
+    if (in_place.kind != flat.kind || in_place.why != flat.why || w != frame)
+      __builtin_trap();
+  }
 
   // Same bytes in segments; the split point comes from the first byte.
   if (size > 2) {
