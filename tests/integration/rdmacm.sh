@@ -11,6 +11,10 @@
 #     rdma_xserver/rdma_xclient over RC (an inline send on a QP created
 #     with max_inline_data 0);
 #   - udaddy (RDMA_PS_UDP: SIDR_REQ/REP, UD sends to the AH of the event);
+#   - rsockets (librdmacm's sockets over RC QPs: RDMA WRITE with immediate
+#     data, inline credit messages): rstream and riostream with verified
+#     data, blocking and nonblocking, and rcopy of a 3 MB file compared
+#     byte for byte; cmtime (20 connections set up and torn down);
 #   - perftest ib_write_bw -R, ib_send_bw -R -c UD and ib_send_lat -R (two
 #     CM phases on one port);
 #   - libfabric 1.17's verbs provider (fi_pingpong -p 'verbs;ofi_rxd' -e rdm
@@ -36,7 +40,8 @@ ID=rdmacm-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-for p in rping ucmatose udaddy rdma_server rdma_client rdma_xserver ib_write_bw; do
+for p in rping ucmatose udaddy rdma_server rdma_client rdma_xserver rstream \
+  riostream rcopy cmtime ib_write_bw; do
   command -v "$p" >/dev/null ||
     { echo "SKIP: $p not installed (rdmacm-utils, perftest)"; exit 77; }
 done
@@ -118,6 +123,44 @@ check "ib_write_bw -R 64 KiB" \
 check "udaddy (RDMA_PS_UDP: SIDR, then UD sends to the AH it gave)" \
   pair udaddy "$SA" "$SB" "udaddy" "udaddy -s 10.98.0.1"
 check "  both report status 0" both 'return status 0' udaddy
+
+# rsockets. rstream/riostream -T v check every byte they receive (and exit
+# 1 on a mismatch); -T n: nonblocking calls, polling instead of CQ events.
+rs() {  # rs NAME PROG OPTS: PROG's server on A, client on B, both exit 0
+  pair "$1" "$SA" "$SB" "$2 -b 10.98.0.1 $3" "$2 -s 10.98.0.1 $3" &&
+    ! grep -qi 'fail\|error' "$TMP/$1-srv.out" "$TMP/$1-cli.out"
+}
+check "rstream -T v (blocking, verified): 200 x 64 KiB" \
+  rs rstream rstream "-S 65536 -C 200 -T v"
+check "rstream -T n -T v (nonblocking, verified): 2000 x 100 B" \
+  rs rstream-n rstream "-S 100 -C 2000 -T n -T v"
+check "riostream -T v (riomap'd buffers, verified): 200 x 64 KiB" \
+  rs riostream riostream "-S 65536 -C 200 -T v"
+# rcopy and cmtime servers serve until killed: the client's exit and its
+# result say how it went.
+served() {  # served NAME "SERVER CMD" "CLIENT CMD": on A / on B
+  local sp rc=0
+  # shellcheck disable=SC2086
+  (cd "$TMP" && bg_on "$SA" timeout 60 $2) >"$TMP/$1-srv.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  sleep 1
+  # shellcheck disable=SC2086
+  on "$SB" timeout 60 $3 >"$TMP/$1-cli.out" 2>&1 || rc=$?
+  kill "$sp" 2>/dev/null || true
+  wait "$sp" 2>/dev/null || true
+  [ "$rc" = 0 ] || { echo "  $1: client exit $rc"; tail -5 "$TMP/$1-cli.out"; }
+  return "$rc"
+}
+head -c 3000000 /dev/urandom >"$TMP/rcopy-src"
+rcopy_check() {
+  served rcopy rcopy "rcopy $TMP/rcopy-src 10.98.0.1:$TMP/rcopy-dst" &&
+    cmp "$TMP/rcopy-src" "$TMP/rcopy-dst"
+}
+check "rcopy: a 3 MB file over rsockets, received byte for byte" rcopy_check
+check "cmtime -c 20: 20 connections made and torn down" \
+  served cmtime "cmtime -b 10.98.0.1 -c 20" "cmtime -s 10.98.0.1 -c 20"
+check "  it timed every step" grep -q '^disconnect' "$TMP/cmtime-cli.out"
 check "ib_send_bw -R -c UD" \
   pair ud_bw "$SA" "$SB" "ib_send_bw -R -c UD -d urnic0 -n 500" \
   "ib_send_bw -R -c UD -d urnic0 -n 500 10.98.0.1"
