@@ -88,6 +88,7 @@ struct Options {
   uint16_t port = 18516;
   int ib_port = 1, gid_index = 0;
   uint32_t period_ms = 1000, show_qps = 16;
+  uint32_t gap_us = 0;  // client, lat: idle time before each op
   bool loop = false;
 };
 
@@ -611,6 +612,13 @@ void client_lat(Run& r, uint32_t t, uint32_t size) {
       const int ph = r.phase.load(std::memory_order_relaxed);
       if (ph == 2 || (p.iters && n >= p.iters * mine.size())) return;
       ++n;
+      // --gap: traffic that comes and goes (a request now and then), so
+      // the service's lcores have gone idle when it comes; not timed.
+      if (r.o.gap_us) {
+        const timespec ts{static_cast<time_t>(r.o.gap_us / 1000000),
+                          static_cast<long>(r.o.gap_us % 1000000) * 1000};
+        nanosleep(&ts, nullptr);
+      }
       const uint64_t t0 = now_ns();
       ibv_wc wc;
       const uint64_t seq = q->next_seq;
@@ -1236,6 +1244,8 @@ void usage(FILE* f) {
       "      --rd-atomic N     outstanding READ/atomics per QP (16)\n"
       "      --timeout N --retry-cnt N --rnr-retry N   (14, 7, 7)\n"
       "      --hold SEC        connect the QPs, report RSS, wait, exit\n"
+      "      --gap US          lat: sleep US before each op (not timed): the\n"
+      "                        service is idle when it comes\n"
       "      --loop            server: serve clients until killed\n"
       "Environment: URNIC_PERF_CORRUPT=1 makes the client damage one payload\n"
       "(a check that --verify works).\n");
@@ -1272,7 +1282,8 @@ Options parse(int argc, char** argv) {
     kHold,
     kServer,
     kLoop,
-    kTrace
+    kTrace,
+    kGap
   };
   static const option kLong[] = {
       {"dev", 1, nullptr, 'd'},          {"ib-port", 1, nullptr, 'i'},
@@ -1291,7 +1302,8 @@ Options parse(int argc, char** argv) {
       {"timeout", 1, nullptr, kTimeout}, {"retry-cnt", 1, nullptr, kRetry},
       {"rnr-retry", 1, nullptr, kRnr},   {"hold", 1, nullptr, kHold},
       {"server", 0, nullptr, kServer},   {"loop", 0, nullptr, kLoop},
-      {"help", 0, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
+      {"gap", 1, nullptr, kGap},         {"help", 0, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0}};
   if (const char* e = getenv("URNIC_SOCKET")) {
     o.urnicd = e;
     o.urnicd = o.urnicd.substr(0, o.urnicd.find(':'));
@@ -1414,6 +1426,9 @@ Options parse(int argc, char** argv) {
       case kRdAtomic:
         p.rd_atomic = parse_u32(optarg, "rd-atomic");
         break;
+      case kGap:
+        o.gap_us = parse_u32(optarg, "gap");
+        break;
       case kTimeout:
         p.timeout = parse_u32(optarg, "timeout");
         break;
@@ -1452,6 +1467,7 @@ Options parse(int argc, char** argv) {
   if (p.threads > p.qps)
     die(2, "more threads (%u) than QPs (%u)", p.threads, p.qps);
   if (p.batch > 64) die(2, "batch is at most 64");
+  if (o.gap_us && p.mode != Mode::kLat) die(2, "--gap is for -m lat");
   if (!o.trace_path.empty() && p.iters)
     die(2, "--trace needs a duration (-D), not -n");
   if (p.batch > p.depth)
