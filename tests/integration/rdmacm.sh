@@ -15,6 +15,7 @@
 #     data, inline credit messages): rstream and riostream with verified
 #     data, blocking and nonblocking, and rcopy of a 3 MB file compared
 #     byte for byte; cmtime (20 connections set up and torn down);
+#   - qperf's RC tests through the RDMA CM (-cm1), atomics verified;
 #   - perftest ib_write_bw -R, ib_send_bw -R -c UD and ib_send_lat -R (two
 #     CM phases on one port);
 #   - libfabric 1.17's verbs provider (fi_pingpong -p 'verbs;ofi_rxd' -e rdm
@@ -161,6 +162,44 @@ check "rcopy: a 3 MB file over rsockets, received byte for byte" rcopy_check
 check "cmtime -c 20: 20 connections made and torn down" \
   served cmtime "cmtime -b 10.98.0.1 -c 20" "cmtime -s 10.98.0.1 -c 20"
 check "  it timed every step" grep -q '^disconnect' "$TMP/cmtime-cli.out"
+
+# qperf's RC tests through the RDMA CM (-cm1; without it qperf builds IB
+# address vectors, no GRH, which RoCE refuses). Its TCP control connection
+# goes to the address its RDMA CM connects to, so both ends run in a
+# namespace of this test's whose loopback holds both urnic addresses (the
+# services' memif sockets are files, reachable from there).
+qperf_check() {
+  local ns=urnic-rdmacm-q-$$ sp rc=0
+  ip netns add "$ns" || return 1
+  NETNS+=("$ns")
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add 10.98.0.1/32 dev lo
+  ip -n "$ns" addr add 10.98.0.2/32 dev lo
+  ip netns exec "$ns" bash -c "$(declare -f bg_on); CLIENT_ENV='$CLIENT_ENV'
+    PRELOAD='$PRELOAD'; bg_on '$SA' timeout 90 qperf -lp 19765" \
+    >"$TMP/qperf-srv.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  sleep 1
+  # shellcheck disable=SC2086
+  ip netns exec "$ns" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD" \
+    timeout 90 qperf -lp 19765 -cm1 -t 1 10.98.0.1 rc_bw rc_lat \
+    rc_rdma_write_bw rc_rdma_read_bw rc_rdma_read_lat ver_rc_compare_swap \
+    ver_rc_fetch_add >"$TMP/qperf-cli.out" 2>&1 || rc=$?
+  ip netns exec "$ns" timeout 10 qperf -lp 19765 10.98.0.1 quit >/dev/null 2>&1 || true
+  wait "$sp" || rc=$((rc ? rc : $?))
+  # Every test prints its result; a failure prints an error instead.
+  [ "$rc" = 0 ] && [ "$(grep -c '^ *\(bw\|latency\|msg_rate\) *=' "$TMP/qperf-cli.out")" = 7 ] &&
+    ! grep -qi 'fail\|error' "$TMP/qperf-cli.out" "$TMP/qperf-srv.out" && return 0
+  echo "  qperf: exit $rc"
+  tail -8 "$TMP/qperf-cli.out" "$TMP/qperf-srv.out"
+  return 1
+}
+if command -v qperf >/dev/null; then
+  check "qperf -cm1: RC send, WRITE, READ bw and latency, verified atomics" qperf_check
+else
+  echo "SKIP - qperf not installed (tools/bootstrap installs it)"
+fi
 check "ib_send_bw -R -c UD" \
   pair ud_bw "$SA" "$SB" "ib_send_bw -R -c UD -d urnic0 -n 500" \
   "ib_send_bw -R -c UD -d urnic0 -n 500 10.98.0.1"
