@@ -73,7 +73,13 @@ struct CmChannel {
 
 std::atomic<uint8_t> g_is_channel[kMaxCmFd];
 std::mutex g_mu;
-std::map<int, std::shared_ptr<CmChannel>> g_channels;
+// Never destroyed: at exit the static destructors run while other threads
+// of the program may still be in a CM command (librdmacm's rsocket service
+// threads are not joined). Destroying the map there, unlocked, raced with
+// such a thread's copy of a channel's shared_ptr and freed the channel
+// twice (ASan, rstream's server, about 1 exit in 9).
+std::map<int, std::shared_ptr<CmChannel>>& g_channels =
+    *new std::map<int, std::shared_ptr<CmChannel>>;
 
 // Our channel behind `fd`, or null: a cheap test first, since every write()
 // and close() of the process passes here.
