@@ -153,7 +153,7 @@ check "  ten more rstream pairs exit cleanly" exits
 served() {  # served NAME "SERVER CMD" "CLIENT CMD": on A / on B
   local sp rc=0
   # shellcheck disable=SC2086
-  (cd "$TMP" && bg_on "$SA" timeout 60 $2) >"$TMP/$1-srv.out" 2>&1 &
+  bg_on "$SA" timeout 60 $2 >"$TMP/$1-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
   sleep 1
@@ -186,14 +186,16 @@ qperf_check() {
   ip -n "$ns" link set lo up
   ip -n "$ns" addr add 10.98.0.1/32 dev lo
   ip -n "$ns" addr add 10.98.0.2/32 dev lo
-  ip netns exec "$ns" bash -c "$(declare -f bg_on); CLIENT_ENV='$CLIENT_ENV'
-    PRELOAD='$PRELOAD'; bg_on '$SA' timeout 90 qperf -lp 19765" \
+  # `on` inside the namespace (a plain command: $! is the program).
+  # shellcheck disable=SC2206
+  local in_ns=(ip netns exec "$ns" env $CLIENT_ENV LD_PRELOAD="$PRELOAD"
+    URNIC_POLL_YIELD=1)
+  "${in_ns[@]}" URNIC_SOCKET="$SA" timeout 90 qperf -lp 19765 \
     >"$TMP/qperf-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
   sleep 1
-  # shellcheck disable=SC2086
-  ip netns exec "$ns" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD" \
+  "${in_ns[@]}" URNIC_SOCKET="$SB" \
     timeout 90 qperf -lp 19765 -cm1 -t 1 10.98.0.1 rc_bw rc_lat \
     rc_rdma_write_bw rc_rdma_read_bw rc_rdma_read_lat ver_rc_compare_swap \
     ver_rc_fetch_add >"$TMP/qperf-cli.out" 2>&1 || rc=$?
