@@ -83,11 +83,24 @@ std::vector<int> af_packet_sockets(const std::string& vdev) {
 // for the other worker: the hand-off holds what the other's ring cannot
 // take and stops reading the port meanwhile (Worker::hand_off_st), so the
 // backlog waits in the kernel's ring instead of overflowing ours.
-std::string vdev_spec(const std::string& vdev) {
-  if (vdev.rfind("net_af_packet", 0) != 0 ||
-      !vdev_arg(vdev, "framecnt").empty())
-    return vdev;
-  return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
+//
+// net_memif carries a frame in one buffer of bsize bytes (2048 by default)
+// or, when longer, in a chain of them; DPDK 22.11's memif breaks chains: its
+// transmit never clears the "next" flag of a chain's first buffer, so a
+// later single-buffer frame in that slot claims a successor and the
+// receiver reads far past the ring's head (measured: one frame received
+// ~800 times, retry exceeded). A frame never crosses buffers when bsize
+// holds the largest one, so a port.mtu above what 2048 B hold gets a bsize
+// that does, unless the spec sets its own (port_setup then keeps the MTU
+// within it).
+std::string vdev_spec(const std::string& vdev, uint32_t mtu) {
+  if (vdev.rfind("net_af_packet", 0) == 0 && vdev_arg(vdev, "framecnt").empty())
+    return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
+  if (vdev.rfind("net_memif", 0) == 0 && vdev_arg(vdev, "bsize").empty() &&
+      mtu + kFrameOverhead > kMemifBuffer)
+    return vdev +
+           ",bsize=" + std::to_string((mtu + kFrameOverhead + 127) / 128 * 128);
+  return vdev;
 }
 
 bool lcores_mapped(const config::EalConfig& e) {
@@ -136,7 +149,8 @@ std::vector<std::string> eal_args(const config::Config& cfg, const char* prog) {
   if (!cfg.port.pci.empty()) {
     a.insert(a.end(), {"-a", cfg.port.pci});
   } else {
-    a.insert(a.end(), {"--no-pci", "--vdev", vdev_spec(cfg.port.vdev)});
+    a.insert(a.end(),
+             {"--no-pci", "--vdev", vdev_spec(cfg.port.vdev, cfg.port.mtu)});
   }
   for (const auto& x : e.extra_args) a.push_back(x);
   return a;
@@ -183,7 +197,7 @@ PortInfo port_setup(const config::Config& cfg) {
   // Capability-gated offloads: used where present, never demanded.
   p.rx_offloads = info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
   p.tx_offloads = info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
-  const uint32_t frame = cfg.port.mtu + RTE_ETHER_HDR_LEN + 4 /* VLAN */;
+  const uint32_t frame = cfg.port.mtu + kFrameOverhead;
   if (frame + RTE_PKTMBUF_HEADROOM > uint32_t{cfg.mempool.data_room}) {
     if (!(info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER))
       throw std::runtime_error(fmt(
@@ -199,11 +213,31 @@ PortInfo port_setup(const config::Config& cfg) {
 
   uint16_t mtu = 0;
   if (rte_eth_dev_get_mtu(pid, &mtu) == 0 && mtu != cfg.port.mtu) {
-    if (rte_eth_dev_set_mtu(pid, static_cast<uint16_t>(cfg.port.mtu)) == 0)
+    if (rte_eth_dev_set_mtu(pid, static_cast<uint16_t>(cfg.port.mtu)) == 0) {
       mtu = static_cast<uint16_t>(cfg.port.mtu);
-    else
+    } else if (p.driver == "net_memif") {
+      // memif has no MTU of its own (DPDK 22.11's PMD reports 1518 B and
+      // cannot set one): a frame is bounded by the buffer it is copied
+      // into, bsize (vdev_spec says why a frame must fit one).
+      const std::string bs =
+          vdev_arg(vdev_spec(cfg.port.vdev, cfg.port.mtu), "bsize");
+      const uint32_t bsize =
+          bs.empty() ? kMemifBuffer
+                     : static_cast<uint32_t>(strtoul(bs.c_str(), nullptr, 0));
+      if (bsize < 576 + kFrameOverhead)
+        throw std::runtime_error(
+            fmt("net_memif bsize %u holds no frame of an MTU of 576 or more",
+                bsize));
+      mtu = static_cast<uint16_t>(
+          std::min<uint32_t>(cfg.port.mtu, bsize - kFrameOverhead));
+      printf(
+          "urnicd: port MTU %u on net_memif (frames fit its %u B buffers; "
+          "the peer needs the same port.mtu, and a bsize as large)\n",
+          mtu, bsize);
+    } else {
       fprintf(stderr, "urnicd: port MTU stays %u (PMD refused %u)\n", mtu,
               cfg.port.mtu);
+    }
   }
   p.mtu = mtu ? std::min<uint32_t>(mtu, cfg.port.mtu) : cfg.port.mtu;
 

@@ -38,9 +38,12 @@ bool lcores_mapped(const config::EalConfig& e);
 // says only "initialisation failed".
 std::string check_cpus(const config::EalConfig& e);
 // The --vdev argument for port.vdev: net_af_packet without framecnt gets
-// kAfPacketFrames per queue pair (port.cc says why).
+// kAfPacketFrames per queue pair; net_memif without bsize gets buffers that
+// hold a frame of `mtu` when its default ones do not (port.cc says why).
 constexpr uint32_t kAfPacketFrames = 4096;
-std::string vdev_spec(const std::string& vdev);
+constexpr uint32_t kMemifBuffer = 2048;  // DPDK's default memif bsize
+constexpr uint32_t kFrameOverhead = 18;  // Ethernet header + a VLAN tag
+std::string vdev_spec(const std::string& vdev, uint32_t mtu);
 
 // Frames one worker may hold for another (the hand-off ring, per worker):
 // counted in the mempool's minimum (port.cc) when there are two workers.
