@@ -10,8 +10,11 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -94,13 +97,98 @@ std::vector<int> af_packet_sockets(const std::string& vdev) {
 // that does, unless the spec sets its own (port_setup then keeps the MTU
 // within it).
 std::string vdev_spec(const std::string& vdev, uint32_t mtu) {
-  if (vdev.rfind("net_af_packet", 0) == 0 && vdev_arg(vdev, "framecnt").empty())
-    return vdev + ",framecnt=" + std::to_string(kAfPacketFrames);
+  const uint32_t frame = mtu + kFrameOverhead;
+  if (vdev.rfind("net_af_packet", 0) == 0) {
+    // A kernel ring frame holds the packet after a TPACKET2 header: 2048 B
+    // (the PMD's default) carry an MTU up to 1978. A larger port.mtu gets
+    // frames that hold it, in 1 KiB steps, four to a block (the PMD finds
+    // frame i at i x framesz, so a block must hold whole frames, and a
+    // block is whole pages), and a frame count that keeps the ring's bytes
+    // (the time a burst may wait for the lcore) as 4096 frames of 2048 B
+    // had them, a whole number of blocks.
+    std::string out = vdev;
+    const std::string given = vdev_arg(vdev, "framesz");
+    uint32_t framesz =
+        given.empty()
+            ? 2048
+            : static_cast<uint32_t>(strtoul(given.c_str(), nullptr, 0));
+    const std::string block = vdev_arg(vdev, "blocksz");
+    uint32_t per_block = std::max(
+        1u, (block.empty()
+                 ? 4096u  // the PMD's default: a page
+                 : static_cast<uint32_t>(strtoul(block.c_str(), nullptr, 0))) /
+                std::max(framesz, 1u));
+    if (given.empty() && block.empty() && frame + kAfPacketFrameHdr > framesz) {
+      framesz = (frame + kAfPacketFrameHdr + 1023) / 1024 * 1024;
+      per_block = 4;
+      out += ",framesz=" + std::to_string(framesz) +
+             ",blocksz=" + std::to_string(framesz * per_block);
+    }
+    if (vdev_arg(vdev, "framecnt").empty()) {
+      const uint32_t n =
+          std::max(512u, kAfPacketFrames * 2048 / std::max(framesz, 1u));
+      out += ",framecnt=" + std::to_string(n / per_block * per_block);
+    }
+    return out;
+  }
   if (vdev.rfind("net_memif", 0) == 0 && vdev_arg(vdev, "bsize").empty() &&
-      mtu + kFrameOverhead > kMemifBuffer)
-    return vdev +
-           ",bsize=" + std::to_string((mtu + kFrameOverhead + 127) / 128 * 128);
+      frame > kMemifBuffer)
+    return vdev + ",bsize=" + std::to_string((frame + 127) / 128 * 128);
   return vdev;
+}
+
+// The MTU of a vdev whose PMD refused port.mtu because DPDK 22.11 has it
+// report a 1518 B frame (memif, af_packet: ethdev checks the MTU against
+// that before the PMD sees it), though it carries any frame that fits its
+// buffers (vdev_spec sized them). 0: not such a vdev.
+static uint32_t buffer_bound_mtu(const config::Config& cfg,
+                                 const std::string& driver,
+                                 std::string* buffers) {
+  const std::string spec = vdev_spec(cfg.port.vdev, cfg.port.mtu);
+  auto num = [&](const char* key, uint32_t dflt) {
+    const std::string v = vdev_arg(spec, key);
+    return v.empty() ? dflt
+                     : static_cast<uint32_t>(strtoul(v.c_str(), nullptr, 0));
+  };
+  uint32_t room = 0;
+  if (driver == "net_memif") {
+    room = num("bsize", kMemifBuffer);
+    *buffers = fmt("bsize=%u", room);
+  } else if (driver == "net_af_packet") {
+    const uint32_t framesz = num("framesz", 2048);
+    room = std::max(framesz, kAfPacketFrameHdr) - kAfPacketFrameHdr;
+    *buffers = fmt("framesz=%u,blocksz=%u,framecnt=%u", framesz,
+                   num("blocksz", 4096), num("framecnt", 512));
+  } else {
+    return 0;
+  }
+  if (room < 576 + kFrameOverhead)
+    throw std::runtime_error(
+        fmt("%s: buffers of %u B hold no frame of an MTU of 576 or more",
+            driver.c_str(), room));
+  uint32_t mtu = std::min<uint32_t>(cfg.port.mtu, room - kFrameOverhead);
+  if (driver == "net_af_packet") {
+    // The kernel interface must pass the frames too: raise its MTU as the
+    // PMD's own mtu_set would (ethdev never calls it above 1500 here).
+    const std::string ifname = vdev_arg(spec, "iface");
+    const int s = socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq ifr{};
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", ifname.c_str());
+    if (s >= 0 && ioctl(s, SIOCGIFMTU, &ifr) == 0 &&
+        static_cast<uint32_t>(ifr.ifr_mtu) < mtu) {
+      ifreq set = ifr;
+      set.ifr_mtu = static_cast<int>(mtu);
+      if (ioctl(s, SIOCSIFMTU, &set) != 0) {
+        fprintf(stderr,
+                "urnicd: %s: cannot raise the interface's MTU from %d to %u "
+                "(%s): the port keeps %d\n",
+                ifname.c_str(), ifr.ifr_mtu, mtu, strerror(errno), ifr.ifr_mtu);
+        mtu = static_cast<uint32_t>(ifr.ifr_mtu);
+      }
+    }
+    if (s >= 0) close(s);
+  }
+  return mtu;
 }
 
 bool lcores_mapped(const config::EalConfig& e) {
@@ -197,7 +285,20 @@ PortInfo port_setup(const config::Config& cfg) {
   // Capability-gated offloads: used where present, never demanded.
   p.rx_offloads = info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
   p.tx_offloads = info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
-  const uint32_t frame = cfg.port.mtu + kFrameOverhead;
+  uint32_t frame = cfg.port.mtu + kFrameOverhead;
+  if (p.driver == "net_af_packet") {
+    // Its RX queue wants an mbuf to hold a whole ring frame past the
+    // TPACKET2 header's sockaddr_ll (the PMD's rx_queue_setup).
+    const std::string fs =
+        vdev_arg(vdev_spec(cfg.port.vdev, cfg.port.mtu), "framesz");
+    const uint32_t framesz =
+        fs.empty() ? 2048
+                   : static_cast<uint32_t>(strtoul(fs.c_str(), nullptr, 0));
+    const uint32_t ring =
+        framesz -
+        std::min<uint32_t>(framesz, kAfPacketFrameHdr - sizeof(sockaddr_ll));
+    frame = std::max(frame, ring);
+  }
   if (frame + RTE_PKTMBUF_HEADROOM > uint32_t{cfg.mempool.data_room}) {
     if (!(info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER))
       throw std::runtime_error(fmt(
@@ -215,25 +316,13 @@ PortInfo port_setup(const config::Config& cfg) {
   if (rte_eth_dev_get_mtu(pid, &mtu) == 0 && mtu != cfg.port.mtu) {
     if (rte_eth_dev_set_mtu(pid, static_cast<uint16_t>(cfg.port.mtu)) == 0) {
       mtu = static_cast<uint16_t>(cfg.port.mtu);
-    } else if (p.driver == "net_memif") {
-      // memif has no MTU of its own (DPDK 22.11's PMD reports 1518 B and
-      // cannot set one): a frame is bounded by the buffer it is copied
-      // into, bsize (vdev_spec says why a frame must fit one).
-      const std::string bs =
-          vdev_arg(vdev_spec(cfg.port.vdev, cfg.port.mtu), "bsize");
-      const uint32_t bsize =
-          bs.empty() ? kMemifBuffer
-                     : static_cast<uint32_t>(strtoul(bs.c_str(), nullptr, 0));
-      if (bsize < 576 + kFrameOverhead)
-        throw std::runtime_error(
-            fmt("net_memif bsize %u holds no frame of an MTU of 576 or more",
-                bsize));
-      mtu = static_cast<uint16_t>(
-          std::min<uint32_t>(cfg.port.mtu, bsize - kFrameOverhead));
+    } else if (std::string bufs;
+               const uint32_t bound = buffer_bound_mtu(cfg, p.driver, &bufs)) {
+      mtu = static_cast<uint16_t>(bound);
       printf(
-          "urnicd: port MTU %u on net_memif (frames fit its %u B buffers; "
-          "the peer needs the same port.mtu, and a bsize as large)\n",
-          mtu, bsize);
+          "urnicd: port MTU %u on %s (its PMD reports 1518 B but carries any "
+          "frame its buffers hold: %s; the peer needs the same port.mtu)\n",
+          mtu, p.driver.c_str(), bufs.c_str());
     } else {
       fprintf(stderr, "urnicd: port MTU stays %u (PMD refused %u)\n", mtu,
               cfg.port.mtu);

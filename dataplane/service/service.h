@@ -38,11 +38,15 @@ bool lcores_mapped(const config::EalConfig& e);
 // says only "initialisation failed".
 std::string check_cpus(const config::EalConfig& e);
 // The --vdev argument for port.vdev: net_af_packet without framecnt gets
-// kAfPacketFrames per queue pair; net_memif without bsize gets buffers that
+// kAfPacketFrames (2048 B frames' worth) per queue pair, and without framesz
+// frames that hold one of `mtu`; net_memif without bsize gets buffers that
 // hold a frame of `mtu` when its default ones do not (port.cc says why).
 constexpr uint32_t kAfPacketFrames = 4096;
 constexpr uint32_t kMemifBuffer = 2048;  // DPDK's default memif bsize
 constexpr uint32_t kFrameOverhead = 18;  // Ethernet header + a VLAN tag
+// TPACKET2_HDRLEN (a TPACKET_V2 header and a sockaddr_ll, aligned), before
+// the packet in each kernel ring frame.
+constexpr uint32_t kAfPacketFrameHdr = 52;
 std::string vdev_spec(const std::string& vdev, uint32_t mtu);
 
 // Frames one worker may hold for another (the hand-off ring, per worker):
