@@ -44,6 +44,13 @@ std::string vdev_arg(const std::string& vdev, const char* key) {
   return out;
 }
 
+// The number `key` holds in a vdev spec, or `dflt` when absent.
+uint32_t vdev_num(const std::string& vdev, const char* key, uint32_t dflt) {
+  const std::string v = vdev_arg(vdev, key);
+  return v.empty() ? dflt
+                   : static_cast<uint32_t>(strtoul(v.c_str(), nullptr, 0));
+}
+
 // The PMD's packet sockets on the vdev's interface (one per queue pair),
 // found among our own descriptors: DPDK does not hand them out.
 std::vector<int> af_packet_sockets(const std::string& vdev) {
@@ -107,18 +114,13 @@ std::string vdev_spec(const std::string& vdev, uint32_t mtu) {
     // (the time a burst may wait for the lcore) as 4096 frames of 2048 B
     // had them, a whole number of blocks.
     std::string out = vdev;
-    const std::string given = vdev_arg(vdev, "framesz");
-    uint32_t framesz =
-        given.empty()
-            ? 2048
-            : static_cast<uint32_t>(strtoul(given.c_str(), nullptr, 0));
-    const std::string block = vdev_arg(vdev, "blocksz");
-    uint32_t per_block = std::max(
-        1u, (block.empty()
-                 ? 4096u  // the PMD's default: a page
-                 : static_cast<uint32_t>(strtoul(block.c_str(), nullptr, 0))) /
-                std::max(framesz, 1u));
-    if (given.empty() && block.empty() && frame + kAfPacketFrameHdr > framesz) {
+    const bool own = !vdev_arg(vdev, "framesz").empty() ||
+                     !vdev_arg(vdev, "blocksz").empty();
+    uint32_t framesz = std::max(1u, vdev_num(vdev, "framesz", kAfPacketFrame));
+    // The PMD's default block is a page.
+    uint32_t per_block =
+        std::max(1u, vdev_num(vdev, "blocksz", 4096) / framesz);
+    if (!own && frame + kAfPacketFrameHdr > framesz) {
       framesz = (frame + kAfPacketFrameHdr + 1023) / 1024 * 1024;
       per_block = 4;
       out += ",framesz=" + std::to_string(framesz) +
@@ -126,7 +128,7 @@ std::string vdev_spec(const std::string& vdev, uint32_t mtu) {
     }
     if (vdev_arg(vdev, "framecnt").empty()) {
       const uint32_t n =
-          std::max(512u, kAfPacketFrames * 2048 / std::max(framesz, 1u));
+          std::max(512u, kAfPacketFrames * kAfPacketFrame / framesz);
       out += ",framecnt=" + std::to_string(n / per_block * per_block);
     }
     return out;
@@ -142,23 +144,19 @@ std::string vdev_spec(const std::string& vdev, uint32_t mtu) {
 // that before the PMD sees it), though it carries any frame that fits its
 // buffers (vdev_spec sized them). 0: not such a vdev.
 static uint32_t buffer_bound_mtu(const config::Config& cfg,
+                                 const std::string& spec,
                                  const std::string& driver,
                                  std::string* buffers) {
-  const std::string spec = vdev_spec(cfg.port.vdev, cfg.port.mtu);
-  auto num = [&](const char* key, uint32_t dflt) {
-    const std::string v = vdev_arg(spec, key);
-    return v.empty() ? dflt
-                     : static_cast<uint32_t>(strtoul(v.c_str(), nullptr, 0));
-  };
   uint32_t room = 0;
   if (driver == "net_memif") {
-    room = num("bsize", kMemifBuffer);
+    room = vdev_num(spec, "bsize", kMemifBuffer);
     *buffers = fmt("bsize=%u", room);
   } else if (driver == "net_af_packet") {
-    const uint32_t framesz = num("framesz", 2048);
+    const uint32_t framesz = vdev_num(spec, "framesz", kAfPacketFrame);
     room = std::max(framesz, kAfPacketFrameHdr) - kAfPacketFrameHdr;
-    *buffers = fmt("framesz=%u,blocksz=%u,framecnt=%u", framesz,
-                   num("blocksz", 4096), num("framecnt", 512));
+    *buffers =
+        fmt("framesz=%u,blocksz=%u,framecnt=%u", framesz,
+            vdev_num(spec, "blocksz", 4096), vdev_num(spec, "framecnt", 512));
   } else {
     return 0;
   }
@@ -285,15 +283,14 @@ PortInfo port_setup(const config::Config& cfg) {
   // Capability-gated offloads: used where present, never demanded.
   p.rx_offloads = info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
   p.tx_offloads = info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+  // The --vdev EAL was given (eal_args), "" for a PCI port.
+  const std::string spec =
+      cfg.port.pci.empty() ? vdev_spec(cfg.port.vdev, cfg.port.mtu) : "";
   uint32_t frame = cfg.port.mtu + kFrameOverhead;
   if (p.driver == "net_af_packet") {
     // Its RX queue wants an mbuf to hold a whole ring frame past the
     // TPACKET2 header's sockaddr_ll (the PMD's rx_queue_setup).
-    const std::string fs =
-        vdev_arg(vdev_spec(cfg.port.vdev, cfg.port.mtu), "framesz");
-    const uint32_t framesz =
-        fs.empty() ? 2048
-                   : static_cast<uint32_t>(strtoul(fs.c_str(), nullptr, 0));
+    const uint32_t framesz = vdev_num(spec, "framesz", kAfPacketFrame);
     const uint32_t ring =
         framesz -
         std::min<uint32_t>(framesz, kAfPacketFrameHdr - sizeof(sockaddr_ll));
@@ -316,8 +313,8 @@ PortInfo port_setup(const config::Config& cfg) {
   if (rte_eth_dev_get_mtu(pid, &mtu) == 0 && mtu != cfg.port.mtu) {
     if (rte_eth_dev_set_mtu(pid, static_cast<uint16_t>(cfg.port.mtu)) == 0) {
       mtu = static_cast<uint16_t>(cfg.port.mtu);
-    } else if (std::string bufs;
-               const uint32_t bound = buffer_bound_mtu(cfg, p.driver, &bufs)) {
+    } else if (std::string bufs; const uint32_t bound = buffer_bound_mtu(
+                                     cfg, spec, p.driver, &bufs)) {
       mtu = static_cast<uint16_t>(bound);
       printf(
           "urnicd: port MTU %u on %s (its PMD reports 1518 B but carries any "

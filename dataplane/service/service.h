@@ -42,8 +42,9 @@ std::string check_cpus(const config::EalConfig& e);
 // frames that hold one of `mtu`; net_memif without bsize gets buffers that
 // hold a frame of `mtu` when its default ones do not (port.cc says why).
 constexpr uint32_t kAfPacketFrames = 4096;
-constexpr uint32_t kMemifBuffer = 2048;  // DPDK's default memif bsize
-constexpr uint32_t kFrameOverhead = 18;  // Ethernet header + a VLAN tag
+constexpr uint32_t kMemifBuffer = 2048;    // DPDK's default memif bsize
+constexpr uint32_t kAfPacketFrame = 2048;  // DPDK's default af_packet framesz
+constexpr uint32_t kFrameOverhead = 18;    // Ethernet header + a VLAN tag
 // TPACKET2_HDRLEN (a TPACKET_V2 header and a sockaddr_ll, aligned), before
 // the packet in each kernel ring frame.
 constexpr uint32_t kAfPacketFrameHdr = 52;
