@@ -234,7 +234,9 @@ std::vector<std::pair<const char*, uint64_t>> CmServer::stats() const {
           {"cm_mcast_joins", v(ctr_.mcast_joins)},
           {"cm_mcast_leaves", v(ctr_.mcast_leaves)},
           {"cm_mcast_refused", v(ctr_.mcast_refused)},
-          {"cm_mcast_groups", v(ctr_.mcast_groups)}};
+          {"cm_mcast_groups", v(ctr_.mcast_groups)},
+          {"cm_listens", v(ctr_.listens)},
+          {"cm_listening", v(ctr_.listening)}};
 }
 
 // --- control requests --------------------------------------------------------
@@ -496,6 +498,8 @@ void CmServer::drop(Id& id) {
     auto& v = id.ch->ids;
     v.erase(std::remove(v.begin(), v.end(), id.id), v.end());
   }
+  if (id.st == St::kListen)
+    ctr_.listening.fetch_sub(1, std::memory_order_relaxed);
   ctr_.ids.fetch_sub(1, std::memory_order_relaxed);
   ids_.erase(id.id);
 }
@@ -728,6 +732,8 @@ int CmServer::cmd_listen(Id& id, const uint8_t* b) {
     id.device = keep != 0;
   }
   id.st = St::kListen;
+  ctr_.listens.fetch_add(1, std::memory_order_relaxed);
+  ctr_.listening.fetch_add(1, std::memory_order_relaxed);
   id.backlog =
       c.backlog == 0 || c.backlog > kMaxBacklog ? kMaxBacklog : c.backlog;
   return 0;

@@ -66,6 +66,10 @@ struct CmCounters {
   // the id's destruction or its channel's close).
   std::atomic<uint64_t> mcast_joins{0}, mcast_leaves{0}, mcast_refused{0},
       mcast_groups{0};
+  // Ids that started listening (rdma_listen) since start, and those
+  // listening now: "is my server listening yet?" for an operator, and what
+  // a test waits for before it starts a client.
+  std::atomic<uint64_t> listens{0}, listening{0};
 };
 
 class CmServer {

@@ -13,7 +13,7 @@
 //   - cm_channels is the number of channels open, cm_ids at most the ids
 //     created plus one per MAD received;
 //   - once every channel is closed and the timers have run out, both servers
-//     report cm_ids 0, cm_channels 0 and cm_mcast_groups 0.
+//     report cm_ids 0, cm_channels 0, cm_mcast_groups 0 and cm_listening 0.
 // Every fd a server holds is closed before the input ends (the event socket
 // pairs themselves are kept for the next input: Pairs).
 //
@@ -1098,6 +1098,8 @@ class World {
         fail("ids or channels left after every channel closed", ids, ch);
       if (const uint64_t mc = stat(n, "cm_mcast_groups"))
         fail("multicast memberships left after every channel closed", mc);
+      if (const uint64_t l = stat(n, "cm_listening"))
+        fail("listeners left after every channel closed", l);
     }
   }
 

@@ -5,7 +5,7 @@
 #   lib_init            TMP dir, PIDS, counters, the EXIT trap
 #   shim_test_init ID URNICD URNICCTL SHIM_SO URNIC_PERF   all of the start
 #                       of a script that runs urnic-perf through the shim
-#   check NAME CMD...   runs CMD, counts PASS/FAIL
+#   check NAME CMD...   runs CMD, counts PASS/FAIL, says how long it took
 #   stop_pid PID        TERM, KILL after 5 s, reaped
 #   urnicd_start ROLE IP SOCK [urnicd options]   URNICD with the options
 #                       every test service shares (IN_NS: in that netns);
@@ -20,6 +20,8 @@
 #   wait_link SOCK      until that service's port link is up (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"port"/"shim" counter of
 #                       stats --json (the first section that has it)
+#   wait_listen SOCK N  until that service counted more than N rdma_listen
+#   wait_tcp PORT [NS]  until a TCP socket listens on PORT (in netns NS)
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
 #                       needs in a sanitized build) and CLIENT_ENV for the
 #                       clients started with it
@@ -86,16 +88,19 @@ lib_cleanup() {
   rm -rf "$TMP"
 }
 
+# Each line also says how long CMD took, so a slow check shows in the log
+# (the suite has a time budget: README.md, "Tests").
 check() {
-  local name=$1
+  local name=$1 t0=$EPOCHREALTIME res=PASS
   shift
   if "$@"; then
-    echo "PASS - $name"
     pass=$((pass + 1))
   else
-    echo "FAIL - $name"
+    res=FAIL
     fail=$((fail + 1))
   fi
+  echo "$res - $name ($(/usr/bin/awk -v a="$t0" -v b="$EPOCHREALTIME" \
+    'BEGIN { printf "%.1f s", b - a }'))"
 }
 
 finish() {
@@ -186,6 +191,30 @@ wait_link() {
 sys.exit(0 if json.load(sys.stdin)['port']['link_up'] else 1)" && return 0
     sleep 0.1
   done
+  return 1
+}
+
+# wait_listen SOCK COUNT: until the service at SOCK has counted more than
+# COUNT rdma_listen calls (cm_listens; 10 s): a server is ready for its
+# client, without a sleep that guesses how long a start takes.
+wait_listen() {
+  for _ in $(seq 100); do
+    [ "$(counter "$1" cm_listens)" -gt "$2" ] && return 0
+    sleep 0.1
+  done
+  echo "  no rdma_listen at $1 within 10 s"
+  return 1
+}
+
+# wait_tcp PORT [NETNS]: until a TCP socket listens on PORT (10 s).
+wait_tcp() {
+  local pre=()
+  [ -n "${2:-}" ] && pre=(ip netns exec "$2")
+  for _ in $(seq 100); do
+    "${pre[@]}" ss -Hltn "sport = :$1" | grep -q . && return 0
+    sleep 0.1
+  done
+  echo "  nothing listens on TCP port $1 within 10 s"
   return 1
 }
 

@@ -71,17 +71,30 @@ bg_on() {
     URNIC_POLL_YIELD=1 "$@"
 }
 
+# server_up SOCK LISTENS PID: the server PID started as a client of SOCK
+# listens: it made an RDMA CM listen beyond the LISTENS counted before it
+# started (or, with PAIR_TCP=PORT, a TCP socket listens on PORT: libfabric's
+# control exchange). Else it is stopped.
+server_up() {
+  if [ -n "${PAIR_TCP:-}" ]; then wait_tcp "$PAIR_TCP"; else wait_listen "$1" "$2"; fi &&
+    return 0
+  stop_pid "$3"
+  return 1
+}
+
 # pair NAME SERVER_SOCK CLIENT_SOCK "SERVER CMD" "CLIENT CMD": both exit 0
-# within 60 s (outputs in $TMP/NAME-{srv,cli}.out).
+# within 60 s (outputs in $TMP/NAME-{srv,cli}.out). The client starts once
+# the server listens (server_up).
 pair() {
-  local name=$1 ssock=$2 csock=$3 scmd=$4 ccmd=$5 sp rc=0
+  local name=$1 ssock=$2 csock=$3 scmd=$4 ccmd=$5 sp rc=0 l0
+  l0=$(counter "$ssock" cm_listens)
   # shellcheck disable=SC2086
   bg_on "$ssock" timeout 60 $scmd >"$TMP/$name-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  sleep 1
+  server_up "$ssock" "$l0" "$sp" || rc=1
   # shellcheck disable=SC2086
-  on "$csock" timeout 60 $ccmd >"$TMP/$name-cli.out" 2>&1 || rc=$?
+  [ "$rc" = 0 ] && { on "$csock" timeout 60 $ccmd >"$TMP/$name-cli.out" 2>&1 || rc=$?; }
   wait "$sp" || rc=$((rc ? rc : $?))
   if [ "$rc" != 0 ]; then
     echo "  $name: exit $rc"
@@ -151,12 +164,13 @@ check "  ten more rstream pairs exit cleanly" exits
 # rcopy and cmtime servers serve until killed: the client's exit and its
 # result say how it went.
 served() {  # served NAME "SERVER CMD" "CLIENT CMD": on A / on B
-  local sp rc=0
+  local sp rc=0 l0
+  l0=$(counter "$SA" cm_listens)
   # shellcheck disable=SC2086
   bg_on "$SA" timeout 60 $2 >"$TMP/$1-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  sleep 1
+  server_up "$SA" "$l0" "$sp" || return 1
   # shellcheck disable=SC2086
   on "$SB" timeout 60 $3 >"$TMP/$1-cli.out" 2>&1 || rc=$?
   kill "$sp" 2>/dev/null || true
@@ -194,7 +208,7 @@ qperf_check() {
     >"$TMP/qperf-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  sleep 1
+  wait_tcp 19765 "$ns" || { stop_pid "$sp"; return 1; }
   "${in_ns[@]}" URNIC_SOCKET="$SB" \
     timeout 90 qperf -lp 19765 -cm1 -t 1 10.98.0.1 rc_bw rc_lat \
     rc_rdma_write_bw rc_rdma_read_bw rc_rdma_read_lat ver_rc_compare_swap \
@@ -235,10 +249,10 @@ if command -v fi_pingpong >/dev/null; then
     ! grep 'urnic:' "$TMP/fi_info.out"
   }
   check "fi_info -p verbs lists urnic0, no refusal noise on stderr" fi_quiet
-check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" \
+PAIR_TCP=47601 check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" \
     pair fi_64 "$SA" "$SB" "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 64 -B 47601" \
     "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 64 -P 47601 127.0.0.1"
-  check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 4 KiB" \
+  PAIR_TCP=47602 check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 4 KiB" \
     pair fi_4k "$SA" "$SB" "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 4096 -B 47602" \
     "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 4096 -P 47602 127.0.0.1"
   check "  both report the transfers" both '^4k *50 *=50' fi_4k
@@ -276,21 +290,26 @@ mckey_group() {  # mckey_group GROUP B_RECV "SENDER_FLAGS" LOOPED_ON_B
   local g=$1 brecv=$2 flags=$3 looped=$4 ra rb="" rc=0 lo0 rx0 lo rx
   lo0=$(counter "$SB" mcast_loopback)
   rx0=$(counter "$SA" mcast_rx)
-  bg_on "$SA" timeout 60 mckey -m "$g" -b 10.98.0.1 -C 20 >"$TMP/mca.out" 2>&1 &
+  # Line-buffered (stdbuf -oL): the wait below reads their "joined" lines
+  # as they come, not once they exit (it used to time out after 10 s).
+  bg_on "$SA" timeout 60 stdbuf -oL mckey -m "$g" -b 10.98.0.1 -C 20 \
+    >"$TMP/mca.out" 2>&1 &
   ra=$!
   PIDS+=("$ra")
   if [ "$brecv" = 1 ]; then
-    bg_on "$SB" timeout 60 mckey -m "$g" -b 10.98.0.2 -C 20 \
+    bg_on "$SB" timeout 60 stdbuf -oL mckey -m "$g" -b 10.98.0.2 -C 20 \
       >"$TMP/mcb.out" 2>&1 &
     rb=$!
     PIDS+=("$rb")
   fi
+  local joined=0
   for _ in $(seq 100); do
     grep -q 'joined dgid' "$TMP/mca.out" 2>/dev/null &&
       { [ -z "$rb" ] || grep -q 'joined dgid' "$TMP/mcb.out" 2>/dev/null; } &&
-      break
+      { joined=1; break; }
     sleep 0.1
   done
+  [ "$joined" = 1 ] || { echo "  a receiver did not join within 10 s"; rc=1; }
   # shellcheck disable=SC2086
   on "$SB" timeout 60 mckey -m "$g" -b 10.98.0.2 -s -C 20 $flags \
     >"$TMP/mcs.out" 2>&1 || { echo "  sender: exit $?"; rc=1; }
@@ -316,12 +335,13 @@ fi
 # A client killed mid-transfer: its service disconnects it (DREQ), the
 # server sees DISCONNECTED and ends instead of waiting forever.
 killed_client() {
-  local sp cp rc=0
+  local sp cp rc=0 l0
+  l0=$(counter "$SA" cm_listens)
   bg_on "$SA" timeout 30 rping -s -a 10.98.0.1 -p 7176 -C 1000000 \
     >"$TMP/kill-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  sleep 1
+  server_up "$SA" "$l0" "$sp" || return 1
   bg_on "$SB" rping -c -a 10.98.0.1 -p 7176 -C 1000000 >"$TMP/kill-cli.out" 2>&1 &
   cp=$!
   PIDS+=("$cp")

@@ -786,6 +786,8 @@ TEST_F(CmServerTest, NoListenerIsRej8) {
   EXPECT_EQ(r.remote_comm_id, q.local_comm_id);
   EXPECT_TRUE(events(a).empty());
   EXPECT_EQ(stat(A, "cm_ids"), 1u);  // the listener
+  EXPECT_EQ(stat(A, "cm_listening"), 1u);
+  EXPECT_EQ(stat(A, "cm_listens"), 1u);
 
   deliver(rej, B);
   // Expect: REJECTED on B with status 8; the REQ is not sent again.
@@ -1136,6 +1138,8 @@ TEST_F(CmServerTest, CloseWhileEstablishedSendsDreq) {
   EXPECT_EQ(d.remote_qpn, 0x123u);
   EXPECT_EQ(stat(A, "cm_channels"), 0u);
   EXPECT_EQ(stat(A, "cm_ids"), 0u);
+  EXPECT_EQ(stat(A, "cm_listening"), 0u);  // the listener went with it
+  EXPECT_EQ(stat(A, "cm_listens"), 1u);
   deliver(dreq, B);
   // Expect: DISCONNECTED on B; its DREP finds nothing on A.
   EXPECT_EQ(event(b, RDMA_CM_EVENT_DISCONNECTED).resp.id, bid);
