@@ -95,14 +95,16 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
-check() {  # check NAME COMMAND...
-  local name=$1
+check() {  # check NAME COMMAND...: counted, with the seconds it took
+  local name=$1 t0=$EPOCHREALTIME secs
   shift
   if "$@" >"$TMP/out" 2>&1; then
-    echo "ok   - $name"
+    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+    echo "ok   - $name ($secs s)"
     pass=$((pass + 1))
   else
-    echo "FAIL - $name"
+    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+    echo "FAIL - $name ($secs s)"
     sed 's/^/       /' "$TMP/out" | tail -40
     fail=$((fail + 1))
   fi
@@ -240,7 +242,6 @@ pair_once() {
     >"$TMP/srv.out" 2>&1 &
   spid=$!
   PIDS+=("$spid")
-  sleep 0.5
   wait_listen "$srv_ns" "$PORT" "$spid" || true
   ip netns exec "$cli_ns" timeout 60 \
     env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$cli_sock" "$@" -p "$PORT" "$host" \
@@ -514,7 +515,6 @@ kill_case() {
     >"$TMP/ksrv.out" 2>&1 &
   KSRV=$!
   PIDS+=("$KSRV")
-  sleep 0.5
   wait_listen "$NS_B1" $PORT $KSRV || true
   ip netns exec "$NS_B2" "${pre_cli[@]}" env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" \
     URNIC_SOCKET="$SOCK_B2" ib_write_bw "${PT[@]}" -D 30 -p $PORT 10.80.0.11 \
