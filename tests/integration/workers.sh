@@ -175,7 +175,7 @@ check "no frame for an unknown QP ($(counter "$SA" rx_no_qp) + $(counter "$SB" r
   test "$(($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp)))" = 0
 
 # af_packet: a backlog bigger than the hand-off ring. With A stopped, 8000
-# RoCE frames (valid ICRC, to QPNs of both homes that no QP has, over many
+# RoCE frames (valid ICRC, to QPNs of both homes that no QP has, over 512
 # UDP source ports, so the fanout spreads them over both queues) fill its
 # two kernel rings, 4096 frames each by urnicd's default. Its second worker, which shares a CPU with
 # the first, then runs as SCHED_IDLE: once A runs again the first worker
@@ -194,13 +194,16 @@ from scapy.contrib.roce import BTH
 iface, mac, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 conf.verb = 0
 base = Ether(dst=mac, src="02:00:00:96:00:99") / IP(src="10.96.0.99", dst="10.96.0.1")
-frames = [bytes(base / UDP(sport=49152 + i % 4096, dport=4791) /
-                BTH(opcode=4, dqpn=0xff0000 | (0x100 + i % 0x1000), psn=i) /
-                Raw(bytes(32))) for i in range(n)]
+# 512 distinct frames (scapy takes ~2 ms to build one with its ICRC),
+# sent over and over: 512 source ports spread them over both queues.
+frames = [bytes(base / UDP(sport=49152 + i, dport=4791) /
+                BTH(opcode=4, dqpn=0xff0000 | (0x100 + i), psn=i) /
+                Raw(bytes(32))) for i in range(min(n, 512))]
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((iface, 0))
 sent = 0
-for f in frames:
+for i in range(n):
+    f = frames[i % len(frames)]
     sent += s.send(f) == len(f)
 print(sent)
 PY
