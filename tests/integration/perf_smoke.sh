@@ -56,7 +56,11 @@ pair() {  # pair NAME SERVER_CMD -- CLIENT_CMD: server on A, client on B
   "${ON_A[@]}" timeout 60 "${s[@]}" >"$TMP/$name-s.out" 2>&1 &
   local sp=$!
   PIDS+=($sp)
-  sleep 0.5
+  # The client starts once the server listens on its -p port (perftest's
+  # default when none is given).
+  local i port=18515
+  for ((i = 0; i < ${#s[@]} - 1; i++)); do [ "${s[i]}" = -p ] && port=${s[i + 1]}; done
+  wait_tcp "$port" || true
   local rc=0
   "${ON_B[@]}" timeout 60 "${c[@]}" 127.0.0.1 >"$TMP/$name-c.out" 2>&1 || rc=$?
   wait $sp || rc=$((rc ? rc : $?))
@@ -169,7 +173,7 @@ check "... and counts it" grep -q "fail verification" "$TMP/corrupt-s.out"
 "${ON_A[@]}" "$UPERF" --server -p 18602 >"$TMP/hold-s.out" 2>&1 &
 HS=$!
 PIDS+=($HS)
-sleep 0.5
+wait_tcp 18602 || true
 "${ON_B[@]}" "$UPERF" -p 18602 -q 300 --hold 30 127.0.0.1 >"$TMP/hold-c.out" 2>&1 &
 HC=$!
 PIDS+=($HC)
@@ -197,7 +201,7 @@ stop_pid $HS
   >"$TMP/kill-s.out" 2>&1 &
 KS=$!
 PIDS+=($KS)
-sleep 0.5
+wait_tcp 18603 || true
 "${ON_B[@]}" "$UPERF" -p 18603 -o write -m bw -s 65536 -q 4 -D 20 \
   127.0.0.1 >"$TMP/kill-c.out" 2>&1 &
 KC=$!
@@ -225,7 +229,7 @@ done
 "${ON_A[@]}" "$UPERF" --server --loop -p 18604 >"$TMP/loop-s.out" 2>&1 &
 LS=$!
 PIDS+=($LS)
-sleep 0.5
+wait_tcp 18604 || true
 for i in 1 2 3; do
   "${ON_B[@]}" "$UPERF" -p 18604 -q 2 -s 4096 -D 30 --warmup 0 --period 0 \
     127.0.0.1 >"$TMP/loop-c$i.out" 2>&1 &
