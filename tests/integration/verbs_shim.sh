@@ -96,14 +96,14 @@ trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
 check() {  # check NAME COMMAND...: counted, with the seconds it took
-  local name=$1 t0=$EPOCHREALTIME secs
+  local name=$1 t0=$EPOCHREALTIME ok=1 secs
   shift
-  if "$@" >"$TMP/out" 2>&1; then
-    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  "$@" >"$TMP/out" 2>&1 || ok=0
+  secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  if [ "$ok" = 1 ]; then
     echo "ok   - $name ($secs s)"
     pass=$((pass + 1))
   else
-    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
     echo "FAIL - $name ($secs s)"
     sed 's/^/       /' "$TMP/out" | tail -40
     fail=$((fail + 1))
