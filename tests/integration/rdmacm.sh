@@ -286,8 +286,24 @@ check "unreachable address: ADDR_ERROR" unreachable
 # 20 when the sender joined normally, none with -l (the sender's QP is
 # created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) or -o (a send-only join
 # attaches no QP) and no receiver on B. A takes each frame once (mcast_rx).
+quiet() {  # quiet SOCK: no CM id, channel or verbs client left (5 s)
+  for _ in $(seq 50); do
+    [ "$(counter "$1" cm_ids)" = 0 ] && [ "$(counter "$1" cm_channels)" = 0 ] &&
+      [ "$(counter "$1" clients_open)" = 0 ] && return 0
+    sleep 0.1
+  done
+  echo "  $1: cm_ids $(counter "$1" cm_ids) cm_channels $(counter "$1" cm_channels) clients_open $(counter "$1" clients_open)"
+  return 1
+}
 mckey_group() {  # mckey_group GROUP B_RECV "SENDER_FLAGS" LOOPED_ON_B
   local g=$1 brecv=$2 flags=$3 looped=$4 ra rb="" rc=0 lo0 rx0 lo rx
+  # The previous group's programs are gone from both services first (their
+  # ids, memberships and verbs clients), as they were when this waited 10 s
+  # for "joined" lines it could not read. Without it, once in about seven
+  # runs, B refused every send of a send-only sender started right after
+  # the last group's programs exited (B's bad_wqes +20, A received none):
+  # not understood yet; the counters below are printed if it happens.
+  quiet "$SA" && quiet "$SB" || rc=1
   lo0=$(counter "$SB" mcast_loopback)
   rx0=$(counter "$SA" mcast_rx)
   # Line-buffered (stdbuf -oL): the wait below reads their "joined" lines
@@ -317,7 +333,8 @@ mckey_group() {  # mckey_group GROUP B_RECV "SENDER_FLAGS" LOOPED_ON_B
   if [ -n "$rb" ]; then wait "$rb" || { echo "  receiver on B: exit $?"; rc=1; }; fi
   lo=$(counter "$SB" mcast_loopback)
   rx=$(counter "$SA" mcast_rx)
-  echo "  B mcast_loopback $lo0 -> $lo (expected +$looped), A mcast_rx $rx0 -> $rx"
+  echo "  B mcast_loopback $lo0 -> $lo (expected +$looped), A mcast_rx $rx0 -> $rx," \
+    "B bad_wqes $(counter "$SB" bad_wqes) local_errors $(counter "$SB" local_errors)"
   for f in "$TMP"/mc[abs].out; do
     [ -f "$f" ] && { echo "  --- $f"; sed 's/^/  /' "$f"; rm -f "$f"; }
   done
