@@ -62,7 +62,7 @@ run() {  # run NAME [urnic-perf options]: a verified WRITE run between A and B
     --warmup 0 --verify "$@" >"$TMP/$name-s.out" 2>&1 &
   local sp=$!
   PIDS+=("$sp")
-  wait_tcp "$port" || true  # the client then fails and says so
+  wait_tcp "$port" "" "$sp" || true  # the client then fails and says so
   local rc=0
   "${ON_B[@]}" timeout 120 "$UPERF" -p "$port" -q 4 -s 16384 -D 1 \
     --warmup 0 --verify --period 0 "$@" 127.0.0.1 >"$TMP/$name-c.out" 2>&1 ||

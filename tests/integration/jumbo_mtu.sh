@@ -81,7 +81,7 @@ pair() {
   "${ON_A[@]}" timeout 60 "$cmd" ${SERVER_ARG:-} "$@" -p $port >"$TMP/$name-s.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  wait_tcp "$port" "${NS_A:-}" || true  # (NS_A: af_packet's namespaces)
+  wait_tcp "$port" "${NS_A:-}" "$sp" || true  # (NS_A: af_packet's namespaces)
   "${ON_B[@]}" timeout 60 "$cmd" "$@" -p $port "$HOST" >"$TMP/$name-c.out" 2>&1 || rc=$?
   wait "$sp" || rs=$?
   [ $rs = 0 ] && [ $rc = 0 ] || {

@@ -20,8 +20,10 @@
 #   wait_link SOCK      until that service's port link is up (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"port"/"shim" counter of
 #                       stats --json (the first section that has it)
-#   wait_listen SOCK N  until that service counted more than N rdma_listen
-#   wait_tcp PORT [NS]  until a TCP socket listens on PORT (in netns NS)
+#   wait_cm_listen SOCK N   until that service counted more than N
+#                       rdma_listen calls
+#   wait_tcp PORT [NS [PID]]  until a TCP socket listens on PORT (in netns
+#                       NS; not past PID's death)
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
 #                       needs in a sanitized build) and CLIENT_ENV for the
 #                       clients started with it
@@ -99,8 +101,8 @@ check() {
     res=FAIL
     fail=$((fail + 1))
   fi
-  echo "$res - $name ($(/usr/bin/awk -v a="$t0" -v b="$EPOCHREALTIME" \
-    'BEGIN { printf "%.1f s", b - a }'))"
+  local us=$((${EPOCHREALTIME/./} - ${t0/./}))
+  echo "$res - $name ($((us / 1000000)).$((us / 100000 % 10)) s)"
 }
 
 finish() {
@@ -194,10 +196,10 @@ sys.exit(0 if json.load(sys.stdin)['port']['link_up'] else 1)" && return 0
   return 1
 }
 
-# wait_listen SOCK COUNT: until the service at SOCK has counted more than
-# COUNT rdma_listen calls (cm_listens; 10 s): a server is ready for its
+# wait_cm_listen SOCK COUNT: until the service at SOCK has counted more
+# than COUNT rdma_listen calls (cm_listens; 10 s): a server is ready for its
 # client, without a sleep that guesses how long a start takes.
-wait_listen() {
+wait_cm_listen() {
   for _ in $(seq 100); do
     [ "$(counter "$1" cm_listens)" -gt "$2" ] && return 0
     sleep 0.1
@@ -206,12 +208,14 @@ wait_listen() {
   return 1
 }
 
-# wait_tcp PORT [NETNS]: until a TCP socket listens on PORT (10 s).
+# wait_tcp PORT [NETNS [PID]]: until a TCP socket listens on PORT (10 s;
+# "" for NETNS: this one), or the server PID has died.
 wait_tcp() {
   local pre=()
   [ -n "${2:-}" ] && pre=(ip netns exec "$2")
   for _ in $(seq 100); do
     "${pre[@]}" ss -Hltn "sport = :$1" | grep -q . && return 0
+    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && break
     sleep 0.1
   done
   echo "  nothing listens on TCP port $1 within 10 s"

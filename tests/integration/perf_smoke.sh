@@ -60,7 +60,7 @@ pair() {  # pair NAME SERVER_CMD -- CLIENT_CMD: server on A, client on B
   # default when none is given).
   local i port=18515
   for ((i = 0; i < ${#s[@]} - 1; i++)); do [ "${s[i]}" = -p ] && port=${s[i + 1]}; done
-  wait_tcp "$port" || true
+  wait_tcp "$port" "" "$sp" || true
   local rc=0
   "${ON_B[@]}" timeout 60 "${c[@]}" 127.0.0.1 >"$TMP/$name-c.out" 2>&1 || rc=$?
   wait $sp || rc=$((rc ? rc : $?))
@@ -173,7 +173,7 @@ check "... and counts it" grep -q "fail verification" "$TMP/corrupt-s.out"
 "${ON_A[@]}" "$UPERF" --server -p 18602 >"$TMP/hold-s.out" 2>&1 &
 HS=$!
 PIDS+=($HS)
-wait_tcp 18602 || true
+wait_tcp 18602 "" $HS || true
 "${ON_B[@]}" "$UPERF" -p 18602 -q 300 --hold 30 127.0.0.1 >"$TMP/hold-c.out" 2>&1 &
 HC=$!
 PIDS+=($HC)
@@ -201,7 +201,7 @@ stop_pid $HS
   >"$TMP/kill-s.out" 2>&1 &
 KS=$!
 PIDS+=($KS)
-wait_tcp 18603 || true
+wait_tcp 18603 "" $KS || true
 "${ON_B[@]}" "$UPERF" -p 18603 -o write -m bw -s 65536 -q 4 -D 20 \
   127.0.0.1 >"$TMP/kill-c.out" 2>&1 &
 KC=$!
@@ -229,7 +229,7 @@ done
 "${ON_A[@]}" "$UPERF" --server --loop -p 18604 >"$TMP/loop-s.out" 2>&1 &
 LS=$!
 PIDS+=($LS)
-wait_tcp 18604 || true
+wait_tcp 18604 "" $LS || true
 for i in 1 2 3; do
   "${ON_B[@]}" "$UPERF" -p 18604 -q 2 -s 4096 -D 30 --warmup 0 --period 0 \
     127.0.0.1 >"$TMP/loop-c$i.out" 2>&1 &

@@ -76,7 +76,7 @@ bg_on() {
 # started (or, with PAIR_TCP=PORT, a TCP socket listens on PORT: libfabric's
 # control exchange). Else it is stopped.
 server_up() {
-  if [ -n "${PAIR_TCP:-}" ]; then wait_tcp "$PAIR_TCP"; else wait_listen "$1" "$2"; fi &&
+  if [ -n "${PAIR_TCP:-}" ]; then wait_tcp "$PAIR_TCP" "" "$3"; else wait_cm_listen "$1" "$2"; fi &&
     return 0
   stop_pid "$3"
   return 1
@@ -208,7 +208,7 @@ qperf_check() {
     >"$TMP/qperf-srv.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  wait_tcp 19765 "$ns" || { stop_pid "$sp"; return 1; }
+  wait_tcp 19765 "$ns" "$sp" || { stop_pid "$sp"; return 1; }
   "${in_ns[@]}" URNIC_SOCKET="$SB" \
     timeout 90 qperf -lp 19765 -cm1 -t 1 10.98.0.1 rc_bw rc_lat \
     rc_rdma_write_bw rc_rdma_read_bw rc_rdma_read_lat ver_rc_compare_swap \
@@ -286,7 +286,7 @@ check "unreachable address: ADDR_ERROR" unreachable
 # 20 when the sender joined normally, none with -l (the sender's QP is
 # created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) or -o (a send-only join
 # attaches no QP) and no receiver on B. A takes each frame once (mcast_rx).
-quiet() {  # quiet SOCK: no CM id, channel or verbs client left (5 s)
+settled() {  # settled SOCK: no CM id, channel or verbs client left (5 s)
   for _ in $(seq 50); do
     [ "$(counter "$1" cm_ids)" = 0 ] && [ "$(counter "$1" cm_channels)" = 0 ] &&
       [ "$(counter "$1" clients_open)" = 0 ] && return 0
@@ -303,7 +303,7 @@ mckey_group() {  # mckey_group GROUP B_RECV "SENDER_FLAGS" LOOPED_ON_B
   # runs, B refused every send of a send-only sender started right after
   # the last group's programs exited (B's bad_wqes +20, A received none):
   # not understood yet; the counters below are printed if it happens.
-  quiet "$SA" && quiet "$SB" || rc=1
+  settled "$SA" && settled "$SB" || rc=1
   lo0=$(counter "$SB" mcast_loopback)
   rx0=$(counter "$SA" mcast_rx)
   # Line-buffered (stdbuf -oL): the wait below reads their "joined" lines
@@ -370,17 +370,8 @@ killed_client() {
 }
 check "client killed mid-transfer: the server sees DISCONNECTED" killed_client
 
-# Nothing left behind, and the work was counted.
-settled() {  # settled SOCK: no CM id or channel left (within 5 s)
-  for _ in $(seq 50); do
-    [ "$(counter "$1" cm_ids)" = 0 ] && [ "$(counter "$1" cm_channels)" = 0 ] &&
-      return 0
-    sleep 0.1
-  done
-  echo "  $1: cm_ids $(counter "$1" cm_ids) cm_channels $(counter "$1" cm_channels)"
-  return 1
-}
-check "no CM id or channel left in A" settled "$SA"
+# Nothing left behind (settled, above), and the work was counted.
+check "no CM id, channel or verbs client left in A" settled "$SA"
 check "  nor in B" settled "$SB"
 no_groups() {  # no CM multicast membership left in A or B
   [ "$(counter "$SA" cm_mcast_groups)" = 0 ] &&

@@ -68,7 +68,7 @@ verified_run() {  # a short verified urnic-perf run between A and B
     --warmup 0 --verify >"$TMP/v$port-s.out" 2>&1 &
   local sp=$!
   PIDS+=("$sp")
-  wait_tcp "$port" || true
+  wait_tcp "$port" "" "$sp" || true
   local rc=0
   "${ON_B[@]}" timeout 60 "$UPERF" -p "$port" -q 4 -s 4096 -D 1 --warmup 0 \
     --verify --period 0 127.0.0.1 >"$TMP/v$port-c.out" 2>&1 || rc=$?
@@ -97,7 +97,7 @@ stream() {
   "${ON_A[@]}" "$UPERF" --server -p "$port" -q "$n" >"$TMP/n$n-s.out" 2>&1 &
   sp=$!
   PIDS+=("$sp")
-  wait_tcp "$port" || true
+  wait_tcp "$port" "" "$sp" || true
   "${ON_B[@]}" "$UPERF" -p "$port" "${args[@]}" --period 500 127.0.0.1 \
     >"$TMP/n$n-c.out" 2>&1 &
   cp=$!

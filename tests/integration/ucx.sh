@@ -75,10 +75,7 @@ perftest() {  # perftest NAME ENV... -- ARGS...: server in A, client in B
   local sp=$!
   PIDS+=("$sp")
   # The server listens once its UCX context is up.
-  for _ in $(seq 50); do
-    ip netns exec "$NS_A" ss -ltn | grep -q ":$port " && break
-    sleep 0.1
-  done
+  wait_tcp "$port" "$NS_A" "$sp" || true
   local rc=0
   on "$NS_B" "$SB" env "${envs[@]}" timeout 60 ucx_perftest -p "$port" "$@" \
     10.97.0.11 >"$TMP/$name-c.out" 2>&1 || rc=$?
