@@ -477,7 +477,16 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       if (!body_as(req, &hr) || !c.ahs.count(hr.handle)) return EINVAL;
       {
         ParkAll park(all_gates());
-        dev.destroy_ah(c.ahs[hr.handle].ah);
+        // What the application posted before this takes the AH's address
+        // now (the engine copies it into the WQE), as it would have had
+        // the lcore served the doorbell first: the AH may go once
+        // ibv_post_send returns (mckey destroys it without polling).
+        const AhObj& a = c.ahs[hr.handle];
+        uint32_t taken = 0;
+        for (auto& [h, q] : c.qps)
+          if (q->pd == a.pd && q->qp->type() == IBV_QPT_UD)
+            drain_qp_st(c, *q, &taken);
+        dev.destroy_ah(a.ah);
         c.ahs.erase(hr.handle);  // the lcore looks AHs up in this map
       }
       return 0;

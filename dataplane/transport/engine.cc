@@ -278,6 +278,7 @@ int Engine::create_qp(QpInitAttr& a, Qp** out) {
   qp->sq_sge_.resize(size_t{c.max_send_wr} * c.max_send_sge);
   qp->sq_host_.resize(size_t{c.max_send_wr} * c.max_send_sge);
   qp->sq_inline_.resize(size_t{c.max_send_wr} * c.max_inline_data);
+  if (a.qp_type == IBV_QPT_UD) qp->sq_av_.resize(c.max_send_wr);
   for (uint32_t i = 0; i < c.max_send_wr; ++i) {
     SendWqe& w = qp->sq_[i];
     w.sge = &qp->sq_sge_[size_t{i} * c.max_send_sge];
@@ -617,7 +618,8 @@ int Engine::post_send(Qp* qp, const SendWrHead& wr, const Sge* sges) {
 
   SendWqe& w = qp->sqe(qp->sq_tail_);
   w.wr = wr;  // the head; the SGEs into the QP's array
-  if (qp->type_ == IBV_QPT_UD) w.wr.ah_gen = wr.ah->gen();
+  if (qp->type_ == IBV_QPT_UD)
+    qp->sq_av_[qp->sq_tail_ & qp->sq_mask_] = wr.ah->path();
   if (!inl) std::copy_n(sges, wr.num_sge, w.sge);
   w.length = static_cast<uint32_t>(len);
   w.started = w.resolved = w.done = false;

@@ -582,9 +582,7 @@ int Device::create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out) {
   if (rc) return rc;
   uint32_t idx;
   Ah* ah = take_slot(ahs_, &idx);
-  const uint32_t gen = ah->gen_;  // a slot reused keeps counting
   *ah = Ah{};
-  ah->gen_ = gen;
   ah->path_ = p;
   ah->pd_ = pd;
   ah->live_ = true;
@@ -597,7 +595,6 @@ int Device::create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out) {
 int Device::destroy_ah(Ah* ah) {
   if (!ah || !ah->live_) return EINVAL;
   ah->live_ = false;
-  ++ah->gen_;
   --ah->pd_->users_;
   --nah_;
   return 0;

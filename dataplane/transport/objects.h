@@ -226,16 +226,12 @@ class Ah {
   Pd* pd() const { return pd_; }
 
   bool live() const { return live_; }
-  // Moves on when the AH is destroyed: a WR posted with an AH since
-  // destroyed (its slot perhaps holding another AH by now) is told apart.
-  uint32_t gen() const { return gen_; }
 
  private:
   friend class Device;
   Path path_;
   Pd* pd_ = nullptr;
   bool live_ = false;
-  uint32_t gen_ = 0;
 };
 
 struct AsyncEvent {

@@ -107,6 +107,7 @@ struct HostSge {
 // A posted send WR. Its SGEs, their resolution and its inline bytes live
 // in arrays of the QP sized from its caps (Qp::sq_sge_, sq_host_,
 // sq_inline_); the pointers are set once, at create_qp, and never change.
+// A UD WR's address vector is in Qp::sq_av_, at the WQE's own index.
 // (A WQE of kMaxSge and kMaxInline room was 872 B: 111 KiB per QP for 128
 // WRs.)
 struct SendWqe {
@@ -226,11 +227,15 @@ class Qp {
   std::vector<Sge> sq_sge_;
   std::vector<HostSge> sq_host_;
   std::vector<uint8_t> sq_inline_;
+  // UD only: each WR's AH address, copied at post, as mlx5 writes the
+  // address vector into the WQE: the AH may go once the post returns.
+  std::vector<Path> sq_av_;
   uint32_t sq_mask_ = 0;
   uint32_t sq_head_ = 0;  // completer: oldest not completed
   uint32_t sq_next_ = 0;  // requester: WQE being / to be sent
   uint32_t sq_tail_ = 0;  // producer (post_send)
   SendWqe& sqe(uint32_t i) { return sq_[i & sq_mask_]; }
+  const Path& sq_av(const SendWqe& w) const { return sq_av_[&w - sq_.data()]; }
   // Whether this QP's state points into host memory [lo, hi): a posted
   // send's resolved buffers, a receive or a WRITE in progress, READ
   // responses still to send. Memory under such a pointer must stay mapped

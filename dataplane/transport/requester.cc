@@ -104,7 +104,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w, uint32_t rd_pkts, bool rd_new) {
   wire::RoceFields f = qp.tmpl_;
   if (ud) {
     f = wire::RoceFields{};
-    e.fill_addr(qp, w.wr.ah->path(), f);
+    e.fill_addr(qp, qp.sq_av(w), f);
     f.dqpn = w.wr.remote_qpn;
   }
   if (!ud) e.set_ect(f, !rc);
@@ -289,15 +289,6 @@ uint32_t Requester::send_st(Engine& e, Qp& qp, uint32_t budget, bool* more) {
       // Fence (IBTA 10.8.3.3): wait for earlier READ/ATOMIC to complete.
       if ((w.wr.send_flags & IBV_SEND_FENCE) && qp.req_.rd_atomic) break;
       if (qp.type_ == IBV_QPT_UD) {
-        // Its AH was destroyed after the post (a destroy moves the
-        // generation on; the slot may hold another AH by now): an error,
-        // as rxe's rxe_get_av fails, never a send to whatever it holds.
-        if (w.wr.ah->gen() != w.wr.ah_gen) {
-          w.local_err = IBV_WC_LOC_QP_OP_ERR;
-          e.ctr_.inc(ECtr::local_errors);
-          Completer::check_head_st(e, qp);
-          break;
-        }
         // C10-93.1.1: a message longer than the port MTU emits no packet
         // and no error (as rxe fakes its send); counted.
         if (w.length > mtu_bytes(e.dev_.config().active_mtu)) {

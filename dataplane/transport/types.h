@@ -124,12 +124,9 @@ struct SendWrHead {
   // compare_add (it carries no SGE).
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
-  // UD: the AH's generation when posted (Engine::post_send sets it; here it
-  // fills the hole before compare_add).
-  uint32_t ah_gen = 0;
   uint64_t compare_add = 0;
   uint64_t swap = 0;
-  // UD
+  // UD: read at post only (the WQE keeps a copy of its address).
   const Ah* ah = nullptr;
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;

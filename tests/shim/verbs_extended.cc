@@ -1973,6 +1973,47 @@ void section_ud(Dev& d) {
             mtu),
         why.empty() ? "the payload differs" : why);
 
+  // Sends whose AH is destroyed as soon as they are posted, without a poll
+  // in between (mckey's sender does this): each took the AH's address at
+  // the post, as on a NIC that writes it into the WQE (mlx5).
+  {
+    constexpr uint32_t kN = 16, kLen = 64, kSlot = kGrhLen + kLen;
+    memset(buf.p + kRecv2, 0xee, kN * kSlot);
+    for (uint32_t i = 0; i < kN; ++i)
+      post_recv(u2.get(), nullptr, 4000 + i, buf, kRecv2 + i * kSlot, kSlot);
+    AhPtr gone = make_ah(d, 0);
+    ibv_wr_start(x1);
+    for (uint32_t i = 0; i < kN; ++i) {
+      x1->wr_id = 100 + i;
+      x1->wr_flags = IBV_SEND_SIGNALED;
+      ibv_wr_send(x1);
+      ibv_wr_set_sge(x1, buf.lkey(), buf.addr(kSrc + i), kLen);
+      ibv_wr_set_ud_addr(x1, gone.get(), q2, kQkey);
+    }
+    rc = ibv_wr_complete(x1);
+    const int drc = gone.destroy();
+    why = rc || drc ? fmt("ibv_wr_complete %d, ibv_destroy_ah %d", rc, drc)
+                    : std::string();
+    std::vector<WantWc> ws, wr;
+    for (uint32_t i = 0; i < kN; ++i) {
+      ws.push_back({100 + i, IBV_WC_SEND, q1});
+      wr.push_back({4000 + i, IBV_WC_RECV, q2, kSlot, -1, q1, true});
+    }
+    if (why.empty()) s = poll_cq_ex(cq1.ex, kN, &why);
+    if (why.empty()) why = wcs_mismatch(s, ws);
+    if (why.empty()) r = poll_cq_ex(cq2.ex, kN, &why);
+    if (why.empty()) why = wcs_mismatch(r, wr);
+    for (uint32_t i = 0; why.empty() && i < kN; ++i)
+      if (memcmp(buf.p + kRecv2 + i * kSlot + kGrhLen, buf.p + kSrc + i,
+                 kLen) != 0)
+        why = fmt("message %u differs", i);
+    check(why.empty(),
+          fmt("f) %u UD SENDs whose AH is destroyed right after the post "
+              "(no poll between): all complete and arrive byte for byte",
+              kN),
+          why);
+  }
+
   const int r1 = u1.destroy(), r2 = u2.destroy(), r3 = ah.destroy(),
             r4 = cq1.cq.destroy(), r5 = cq2.cq.destroy();
   check(!r1 && !r2 && !r3 && !r4 && !r5,

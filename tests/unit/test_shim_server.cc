@@ -847,6 +847,84 @@ TEST_F(ShimServerTest, CreateAhRefusalSaysWhy) {
   EXPECT_EQ(call(Op::kCreateAh, a).status, 0);  // its own GID: no ARP
 }
 
+// A UD send takes its AH's address when posted, as a NIC that writes the
+// address vector into the WQE does (mlx5): destroying the AH right after
+// the post loses nothing. mckey's sender posts its sends, leaves the group
+// and destroys its AH without polling; its service used to find the AH
+// gone when the lcore got to the ring (all 20 sends refused, bad_wqes).
+TEST_F(ShimServerTest, AnAhDestroyedRightAfterThePostStillCarriesTheSends) {
+  open();
+  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
+  Cq cq = create_cq(64);
+  Qp s = create_qp(pd, cq.h, IBV_QPT_UD), r = create_qp(pd, cq.h, IBV_QPT_UD);
+  for (const Qp* q : {&s, &r}) {
+    ModifyQpReq m;
+    m.handle = q->h;
+    m.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+    m.attr.qp_state = IBV_QPS_INIT;
+    m.attr.port_num = 1;
+    m.attr.qkey = 0x1234;
+    ASSERT_EQ(call(Op::kModifyQp, m).status, 0);
+    m.mask = IBV_QP_STATE;
+    m.attr.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(call(Op::kModifyQp, m).status, 0);
+    m.mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    m.attr.qp_state = IBV_QPS_RTS;
+    ASSERT_EQ(call(Op::kModifyQp, m).status, 0);
+  }
+  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
+  constexpr uint32_t kMsgs = 3, kLen = 100, kGrh = 40, kSlot = kLen + kGrh;
+  for (uint32_t i = 0; i < kMsgs; ++i) {
+    ShmRecvWqe w{};
+    w.wr_id = 100 + i;
+    w.num_sge = 1;
+    w.sge[0] = {reinterpret_cast<uint64_t>(dst.p + i * kSlot), kSlot, dst.lkey};
+    r.rq[i] = w;
+  }
+  r.sh->rq_prod.store(kMsgs, std::memory_order_release);
+  ring_doorbell(*db, r.doorbell);
+  CreateAhReq a;
+  a.pd = pd;
+  a.attr.is_global = 1;
+  a.attr.port_num = 1;
+  std::memcpy(a.attr.grh.dgid.raw, dev.config().gids[0], 16);
+  const uint32_t ah = handle(call(Op::kCreateAh, a));
+  for (uint32_t i = 0; i < kMsgs; ++i) {
+    std::memset(src.p + i * kLen, 'a' + i, kLen);
+    ShmSendWqe w{};
+    w.wr_id = i;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.num_sge = 1;
+    w.sge[0] = {reinterpret_cast<uint64_t>(src.p + i * kLen), kLen, src.lkey};
+    w.ah = ah;
+    w.remote_qpn = r.qpn;
+    w.remote_qkey = 0x1234;
+    post(s, w);
+  }
+  // Destroyed before the lcore served the doorbell.
+  ASSERT_EQ(call(Op::kDestroyAh, HandleReq{ah}).status, 0);
+  EXPECT_EQ(dev.num_ahs(), 0u);
+  run();
+  std::vector<ibv_wc> sent, got;
+  for (ibv_wc wc; poll(cq, &wc);)
+    (wc.qp_num == s.qpn ? sent : got).push_back(wc);
+  ASSERT_EQ(sent.size(), kMsgs);
+  ASSERT_EQ(got.size(), kMsgs);
+  for (uint32_t i = 0; i < kMsgs; ++i) {
+    EXPECT_EQ(sent[i].status, IBV_WC_SUCCESS) << i;
+    EXPECT_EQ(sent[i].wr_id, i);
+    EXPECT_EQ(got[i].status, IBV_WC_SUCCESS) << i;
+    EXPECT_EQ(got[i].byte_len, kSlot) << i;
+    EXPECT_EQ(std::memcmp(dst.p + i * kSlot + kGrh, src.p + i * kLen, kLen), 0)
+        << i;
+  }
+  EXPECT_EQ(srv.counters().bad_wqes.load(), 0u);
+  EXPECT_EQ(ectr(transport::ECtr::local_errors), 0u);
+  // A handle already destroyed is still refused (nothing left to serve).
+  EXPECT_EQ(call(Op::kDestroyAh, HandleReq{ah}).status, -EINVAL);
+}
+
 // A controlled Q_Key (bit 31) needs CAP_NET_RAW, as Linux's uverbs asks:
 // a client whose capabilities cannot be read and that is not root gets
 // EPERM and the reason; an ordinary Q_Key is fine; root may.
