@@ -2,10 +2,14 @@
 // to change what the lcore reads (object tables, QPs), and ParkGuard.
 #pragma once
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
+#include <ctime>
 #include <span>
 
 namespace urnic::service {
@@ -26,30 +30,91 @@ class LcoreGate {
   struct NoHook {
     void operator()() const {}
   };
-  // Worker, once per loop iteration. `after_spin` runs when the lcore has
-  // been released, before it goes on (a seam for the stress test).
+  // Worker, once per loop iteration; true if it was parked. `after_spin`
+  // runs when the lcore has been released, before it goes on (a seam for
+  // the stress test).
   template <typename AfterSpin = NoHook>
-  void check_st(AfterSpin after_spin = {}) {
+  bool check_st(AfterSpin after_spin = {}) {
     const uint32_t g = req_.load(std::memory_order_acquire);
-    if (!(g & 1)) return;
-    ack_.store(g, std::memory_order_release);
+    if (!(g & 1)) return false;
+    ack_.store(g, std::memory_order_seq_cst);
+    if (waiting_.load(std::memory_order_seq_cst)) wake(&ack_);
     while (req_.load(std::memory_order_acquire) == g) __builtin_ia32_pause();
     after_spin();
+    return true;
   }
-  void set_running(bool r) { running_.store(r, std::memory_order_release); }
+  // Worker, idle: sleeps up to `ns`, or until park() asks for the lcore.
+  // A park used to wait out the sleep (lcores.idle.sleep_us: 50 us asked,
+  // 137 us taken on the test VM), four times per QP set up. The futex word
+  // is the request word: FUTEX_WAIT sleeps only while it still holds the
+  // generation read here, so a park() that moved it first is never slept
+  // through; `sleeping_` spares park() the wake syscall otherwise.
+  void sleep_st(uint64_t ns) {
+    const uint32_t g = req_.load(std::memory_order_acquire);
+    if (g & 1) return;  // a park is waiting: back to the gate
+    sleeping_.store(true, std::memory_order_seq_cst);
+    wait(&req_, g, ns);
+    sleeping_.store(false, std::memory_order_relaxed);
+  }
+  void set_running(bool r) {
+    running_.store(r, std::memory_order_seq_cst);
+    if (!r && waiting_.load(std::memory_order_seq_cst)) wake(&ack_);
+  }
   // Control thread. Returns once the lcore is parked (or not running).
   void park() {
-    const uint32_t g = req_.fetch_add(1, std::memory_order_acq_rel) + 1;
-    while (ack_.load(std::memory_order_acquire) != g &&
-           running_.load(std::memory_order_acquire))
-      sched_yield();
+    // seq_cst with sleep_st's store of `sleeping_` and the futex's own
+    // read of the word: either this sees the lcore asleep and wakes it, or
+    // its FUTEX_WAIT sees the new generation and does not sleep.
+    const uint32_t g = req_.fetch_add(1, std::memory_order_seq_cst) + 1;
+    if (sleeping_.load(std::memory_order_seq_cst)) wake(&req_);
+    // A polling lcore answers within microseconds. After that, block until
+    // it acks (check_st wakes us) rather than sched_yield: on a CPU shared
+    // with other runnable threads a yield gave the CPU away for a whole
+    // time slice, milliseconds per park (perf/README.md, "control path").
+    for (uint32_t i = 0; i < kSpinBeforeBlock; ++i) {
+      if (parked(g)) return;
+      __builtin_ia32_pause();
+    }
+    waiting_.store(true, std::memory_order_seq_cst);
+    for (;;) {
+      const uint32_t a = ack_.load(std::memory_order_seq_cst);
+      if (a == g || !running_.load(std::memory_order_seq_cst)) break;
+      wait(&ack_, a, kBlockNs);  // the bound only guards against the
+                                 // lcore dying without a word
+    }
+    waiting_.store(false, std::memory_order_relaxed);
   }
   void unpark() { req_.fetch_add(1, std::memory_order_acq_rel); }
 
  private:
+  static constexpr uint32_t kSpinBeforeBlock = 2000;  // ~20-60 us of pause
+  static constexpr uint64_t kBlockNs = 1000000;
+
+  bool parked(uint32_t g) const {
+    return ack_.load(std::memory_order_acquire) == g ||
+           !running_.load(std::memory_order_acquire);
+  }
+  // The futex word of an atomic is the atomic itself (lock-free, 4 bytes).
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                std::atomic<uint32_t>::is_always_lock_free);
+  static uint32_t* word(std::atomic<uint32_t>* a) {
+    return reinterpret_cast<uint32_t*>(a);
+  }
+  // FUTEX_WAIT sleeps only while *a still holds `expect` (up to `ns`).
+  static void wait(std::atomic<uint32_t>* a, uint32_t expect, uint64_t ns) {
+    timespec ts{static_cast<time_t>(ns / 1000000000),
+                static_cast<long>(ns % 1000000000)};
+    syscall(SYS_futex, word(a), FUTEX_WAIT_PRIVATE, expect, &ts, nullptr, 0);
+  }
+  static void wake(std::atomic<uint32_t>* a) {
+    syscall(SYS_futex, word(a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  }
+
   std::atomic<uint32_t> req_{0};  // control thread; odd: park requested
   std::atomic<uint32_t> ack_{0};  // lcore: the generation it parked for
   std::atomic<bool> running_{false};
+  std::atomic<bool> sleeping_{false};  // lcore: in (or entering) sleep_st
+  std::atomic<bool> waiting_{false};   // control: blocked in park()
 };
 
 class ParkGuard {

@@ -229,6 +229,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   // A gap between passes this long or longer (beyond an idle sleep) is a
   // pause of the lcore's (Engine::lcore_paused): a pass takes microseconds.
   static constexpr uint64_t kPauseNs = 500'000;
+  // After a park, how long the idle lcore polls before its back-off
+  // resumes (loop_st: the next park of a run finds it awake).
+  static constexpr uint64_t kControlBurstNs = 1'000'000;
   // handle_st's decoding, reused: decode() fills it whole, and a local
   // would be zeroed once more for every packet by its initializers.
   wire::FrameInfo rx_fi_;

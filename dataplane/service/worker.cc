@@ -747,13 +747,22 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
 void Worker::loop_st() {
   const config::IdleConfig& idle = cfg_.lcores.idle;
   uint32_t empty_polls = 0;
+  uint64_t control_burst_until = 0;  // ns: poll, neither yield nor sleep
   uint64_t next_timer = 0;
   uint64_t slept_ns = 0;  // asked for by the idle back-off in the last pass
   rte_mbuf* pkts[config::kMaxBurst];
   uint64_t t_prev = rte_rdtsc();
   while (!g_quit.load(std::memory_order_relaxed)) {
-    gate_.check_st();  // the control thread may change shared tables now
+    // The control thread may change shared tables now. Parks come in runs
+    // (a QP's create and three modifies, a client's set-up): after one the
+    // idle lcore polls on for kControlBurstNs, so the next park finds it
+    // awake (a wake-up from sleep took 50-100 us on the test VM; a polling
+    // lcore parks in ~15), and does not yield meanwhile: on a CPU shared
+    // with other runnable threads a yield gave it away for a time slice,
+    // a sleeper is woken at once (perf/README.md, "control path").
+    const bool parked = gate_.check_st();
     const uint64_t now = now_ns();
+    if (parked) control_burst_until = now + kControlBurstNs;
     // Off the CPU since the last pass (beyond an idle sleep it asked for):
     // the engine's timers stand still that long (Engine::lcore_paused).
     if (now_ && now - now_ > slept_ns + kPauseNs) {
@@ -852,8 +861,11 @@ void Worker::loop_st() {
       ctr_.inc(Ctr::poll_idle);
       ctr_.add(Ctr::cycles_idle, t - t_prev);
       ++empty_polls;
-      if (empty_polls > idle.spin_polls + idle.pause_polls && idle.sleep_us) {
-        rte_delay_us_sleep(idle.sleep_us);
+      if (now_ < control_burst_until) {
+        rte_pause();
+      } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
+                 idle.sleep_us) {
+        gate_.sleep_st(uint64_t{idle.sleep_us} * 1000);  // park() wakes it
         slept_ns = uint64_t{idle.sleep_us} * 1000;
         next_timer = 0;  // slept: look at timers and commands at once
       } else if (empty_polls > idle.spin_polls) {

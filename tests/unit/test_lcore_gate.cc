@@ -26,14 +26,17 @@ struct Lcore {
     uint64_t seen = 0;
     while (!stop.load(std::memory_order_relaxed)) {
       gate.check_st(hook);
-      inside.store(true, std::memory_order_seq_cst);
-      seen += table;  // a read the control thread must never race with
-      for (int i = 0; i < 50; ++i) __builtin_ia32_pause();
-      inside.store(false, std::memory_order_seq_cst);
-      loops.fetch_add(1, std::memory_order_relaxed);
+      inside_body(*this, seen);
     }
     gate.set_running(false);
     (void)seen;
+  }
+  friend void inside_body(Lcore& l, uint64_t& seen) {
+    l.inside.store(true, std::memory_order_seq_cst);
+    seen += l.table;  // a read the control thread must never race with
+    for (int i = 0; i < 50; ++i) __builtin_ia32_pause();
+    l.inside.store(false, std::memory_order_seq_cst);
+    l.loops.fetch_add(1, std::memory_order_relaxed);
   }
 };
 
@@ -74,6 +77,76 @@ TEST(LcoreGate, ParkHoldsAFreeRunningLcore) {
   l.stop = true;
   t.join();
   EXPECT_EQ(v, 0u);
+}
+
+// An idle lcore sleeps in sleep_st; park() wakes it instead of waiting
+// out the sleep. The sleep asked for here is an hour: a wake-up lost to a
+// race between the lcore going to sleep and park() would hang the test
+// (meson's timeout fails it), so every round also checks the handshake.
+TEST(LcoreGate, ParkWakesAnLcoreSleepingInSleepSt) {
+  Lcore l;
+  l.gate.set_running(true);
+  constexpr uint64_t kHour = 3600ull * 1000 * 1000 * 1000;
+  std::thread t([&] {
+    uint64_t seen = 0;
+    while (!l.stop.load(std::memory_order_relaxed)) {
+      l.gate.check_st();
+      inside_body(l, seen);
+      l.gate.sleep_st(kHour);
+    }
+    l.gate.set_running(false);
+    (void)seen;
+  });
+  // Every other round waits before the next park, so the lcore is asleep
+  // when it comes (the others race its way into the sleep).
+  uint64_t v = 0;
+  for (int r = 0; r < 2000; ++r) {
+    v += stress(l, 1, std::chrono::microseconds(1));
+    if (r % 2) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  EXPECT_EQ(v, 0u);
+  EXPECT_GE(l.loops.load(), 1999u);  // each park woke it for one more pass
+  // Stopping: the lcore must be woken to see `stop` (a park does it).
+  l.stop = true;
+  l.gate.park();
+  l.gate.unpark();
+  t.join();
+}
+
+// An lcore slower to come round than park()'s spin: park() blocks on the
+// futex until the lcore's ack wakes it, and still holds it.
+TEST(LcoreGate, ParkBlocksUntilASlowLcoreAcks) {
+  Lcore l;
+  l.gate.set_running(true);
+  std::thread t([&] {
+    uint64_t seen = 0;
+    while (!l.stop.load(std::memory_order_relaxed)) {
+      l.gate.check_st();
+      inside_body(l, seen);
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+    l.gate.set_running(false);
+    (void)seen;
+  });
+  const uint64_t v = stress(l, 300, std::chrono::microseconds(5));
+  l.stop = true;
+  t.join();
+  EXPECT_EQ(v, 0u);
+}
+
+// park() blocked on an lcore that leaves its loop without acking returns
+// (set_running(false) wakes it).
+TEST(LcoreGate, ParkReturnsWhenTheLcoreStopsWhileItWaits) {
+  LcoreGate g;
+  g.set_running(true);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    g.set_running(false);  // never reached check_st
+  });
+  g.park();
+  g.unpark();
+  t.join();
+  SUCCEED();
 }
 
 TEST(LcoreGate, ParkReturnsAtOnceWhenTheLcoreIsNotRunning) {
