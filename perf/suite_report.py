@@ -216,6 +216,28 @@ def parse_memory(rec):
     return out
 
 
+def parse_control(rec):
+    if rec.get("missing"):
+        return {"error": "verbs-setup: not built"}
+    try:
+        with open(rec["json"]) as f:
+            out = json.loads(f.read().strip().splitlines()[-1])
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        return {"error": "no JSON from verbs-setup (rc %s): %s" % (rec.get("rc"), e)}
+    out["sleep_us"] = int(rec.get("sleep_us", 0))
+    return out
+
+
+def control_text(p):
+    def m(verb):
+        return p.get(verb, {}).get("mean_us", 0)
+    return ("%.0f us per QP (create %.0f, modify INIT/RTR/RTS %.0f/%.0f/%.0f, destroy %.0f; "
+            "modify RTR p99 %.0f); reg_mr %.0f, create_cq %.0f us" % (
+                p["per_qp_us"], m("ibv_create_qp"), m("modify INIT"), m("modify RTR"),
+                m("modify RTS"), m("ibv_destroy_qp"), p.get("modify RTR", {}).get("p99_us", 0),
+                m("ibv_reg_mr"), m("ibv_create_cq")))
+
+
 PARSERS = {
     "testpmd": parse_testpmd,
     "perftest_bw": parse_perftest_bw,
@@ -223,6 +245,7 @@ PARSERS = {
     "perftest_lat": parse_perftest_lat,
     "uperf": parse_uperf,
     "memory": parse_memory,
+    "control": parse_control,
 }
 
 
@@ -268,6 +291,8 @@ def summary(rec, parsed):
     if k == "memory":
         a, b = parsed["urnicd_a_rss_pss_kib"], parsed["urnicd_b_rss_pss_kib"]
         return "urnicd A %s, B %s kB RSS/PSS" % (a, b)
+    if k == "control":
+        return control_text(parsed)
     return ""
 
 
@@ -478,6 +503,28 @@ def build_table(recs):
                 mem.append(r)
         if mem:
             memory_rows(t, topo, mem, parsed, status)
+        # control path: workers that never sleep, then the default idle
+        # back-off as a ratio to them (on 2 vCPUs two never-sleeping workers
+        # leave the control threads and the application little CPU, so the
+        # first is no floor there: perf/control-path runs one service)
+        ctl = sorted((r for r in recs if r.get("kind") == "control" and r.get("topo") == topo),
+                     key=lambda r: int(r.get("sleep_us", 0)))
+        floor = None
+        for r in ctl:
+            sid, s_us = r["id"], int(r.get("sleep_us", 0))
+            label = "control path, %s QPs, worker sleep_us=%d" % (r.get("qps", "?"), s_us)
+            st = status(sid)
+            if st:
+                t.add(topo, label, st, "", None, "FAILED" if st.startswith("FAILED") else "")
+                continue
+            p = parsed[sid]
+            if s_us == 0:
+                floor = p["per_qp_us"]
+                t.add(topo, label, control_text(p), "both services' workers never sleep")
+            else:
+                t.add(topo, label, control_text(p),
+                      "never sleeping: %.0f us per QP" % floor if floor else "sleep_us=0 not measured",
+                      p["per_qp_us"] / floor if floor else None)
     return t, parsed, failed
 
 
