@@ -133,11 +133,10 @@ int main(int argc, char** argv) {
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = 1;
     timed(rtr, [&] {
-      return ibv_modify_qp(qp, &a,
-                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                               IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                               IBV_QP_MAX_DEST_RD_ATOMIC |
-                               IBV_QP_MIN_RNR_TIMER);
+      return ibv_modify_qp(
+          qp, &a,
+          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     });
     a = {};
     a.qp_state = IBV_QPS_RTS;
@@ -170,7 +169,7 @@ int main(int argc, char** argv) {
   }
   const double wall_s =
       std::chrono::duration<double>(Clock::now() - t_start).count();
-  Series* all[] = {&create, &init, &rtr, &rts, &destroy,
+  Series* all[] = {&create, &init,  &rtr,  &rts, &destroy,
                    &reg,    &dereg, &mkcq, &rmcq};
   const double per_qp =
       create.mean() + init.mean() + rtr.mean() + rts.mean() + destroy.mean();
@@ -178,13 +177,15 @@ int main(int argc, char** argv) {
     printf("{\"qps\": %d, \"wall_s\": %.3f, \"per_qp_us\": %.1f", n, wall_s,
            per_qp);
     for (Series* s : all)
-      printf(", \"%s\": {\"mean_us\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f}",
-             s->name, s->mean(), s->pct(0.5), s->pct(0.99));
+      printf(
+          ", \"%s\": {\"mean_us\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f}",
+          s->name, s->mean(), s->pct(0.5), s->pct(0.99));
     printf("}\n");
   } else {
-    printf("%d QPs on %s in %.2f s: %.1f us per QP (create, 3 modifies, "
-           "destroy)\n",
-           n, ibv_get_device_name(dev), wall_s, per_qp);
+    printf(
+        "%d QPs on %s in %.2f s: %.1f us per QP (create, 3 modifies, "
+        "destroy)\n",
+        n, ibv_get_device_name(dev), wall_s, per_qp);
     printf("  %-16s %9s %9s %9s\n", "verb", "mean us", "p50 us", "p99 us");
     for (Series* s : all)
       printf("  %-16s %9.1f %9.1f %9.1f\n", s->name, s->mean(), s->pct(0.5),

@@ -21,22 +21,22 @@ struct Lcore {
   std::atomic<uint64_t> loops{0};
   uint64_t table = 0;  // what the control thread changes while parked
 
-  template <typename Hook>
-  void run(Hook hook) {
+  // `hook` runs when released from a park; `idle` after each pass (an
+  // idle lcore's sleep, say).
+  template <typename Hook, typename Idle = LcoreGate::NoHook>
+  void run(Hook hook, Idle idle = {}) {
     uint64_t seen = 0;
     while (!stop.load(std::memory_order_relaxed)) {
       gate.check_st(hook);
-      inside_body(*this, seen);
+      inside.store(true, std::memory_order_seq_cst);
+      seen += table;  // a read the control thread must never race with
+      for (int i = 0; i < 50; ++i) __builtin_ia32_pause();
+      inside.store(false, std::memory_order_seq_cst);
+      loops.fetch_add(1, std::memory_order_relaxed);
+      idle();
     }
     gate.set_running(false);
     (void)seen;
-  }
-  friend void inside_body(Lcore& l, uint64_t& seen) {
-    l.inside.store(true, std::memory_order_seq_cst);
-    seen += l.table;  // a read the control thread must never race with
-    for (int i = 0; i < 50; ++i) __builtin_ia32_pause();
-    l.inside.store(false, std::memory_order_seq_cst);
-    l.loops.fetch_add(1, std::memory_order_relaxed);
   }
 };
 
@@ -54,29 +54,36 @@ uint64_t stress(Lcore& l, int rounds, std::chrono::microseconds hold) {
   return violations;
 }
 
-TEST(LcoreGate, ParkHoldsTheLcoreEvenWhenItIsPreemptedOnRelease) {
-  Lcore l;
+// An lcore thread running `l.run(hook, idle)` stressed `rounds` times,
+// then stopped; the times it was seen in its body while parked.
+template <typename Hook, typename Idle = LcoreGate::NoHook>
+uint64_t stress_lcore(Lcore& l, int rounds, std::chrono::microseconds hold,
+                      Hook hook, Idle idle = {}) {
   l.gate.set_running(true);
-  // The lcore sleeps right after it is released: a following park() must
-  // wait for it to come round again, not take it for still parked.
-  std::thread t([&] {
-    l.run([] { std::this_thread::sleep_for(std::chrono::microseconds(20)); });
-  });
-  const uint64_t v = stress(l, 3000, std::chrono::microseconds(60));
+  std::thread t([&] { l.run(hook, idle); });
+  const uint64_t v = stress(l, rounds, hold);
   l.stop = true;
   t.join();
-  EXPECT_EQ(v, 0u);
+  return v;
+}
+
+TEST(LcoreGate, ParkHoldsTheLcoreEvenWhenItIsPreemptedOnRelease) {
+  Lcore l;
+  // The lcore sleeps right after it is released: a following park() must
+  // wait for it to come round again, not take it for still parked.
+  EXPECT_EQ(
+      stress_lcore(
+          l, 3000, std::chrono::microseconds(60),
+          [] { std::this_thread::sleep_for(std::chrono::microseconds(20)); }),
+      0u);
   EXPECT_GT(l.loops.load(), 0u);
 }
 
 TEST(LcoreGate, ParkHoldsAFreeRunningLcore) {
   Lcore l;
-  l.gate.set_running(true);
-  std::thread t([&] { l.run(LcoreGate::NoHook{}); });
-  const uint64_t v = stress(l, 20000, std::chrono::microseconds(2));
-  l.stop = true;
-  t.join();
-  EXPECT_EQ(v, 0u);
+  EXPECT_EQ(
+      stress_lcore(l, 20000, std::chrono::microseconds(2), LcoreGate::NoHook{}),
+      0u);
 }
 
 // An idle lcore sleeps in sleep_st; park() wakes it instead of waiting
@@ -87,16 +94,8 @@ TEST(LcoreGate, ParkWakesAnLcoreSleepingInSleepSt) {
   Lcore l;
   l.gate.set_running(true);
   constexpr uint64_t kHour = 3600ull * 1000 * 1000 * 1000;
-  std::thread t([&] {
-    uint64_t seen = 0;
-    while (!l.stop.load(std::memory_order_relaxed)) {
-      l.gate.check_st();
-      inside_body(l, seen);
-      l.gate.sleep_st(kHour);
-    }
-    l.gate.set_running(false);
-    (void)seen;
-  });
+  std::thread t(
+      [&] { l.run(LcoreGate::NoHook{}, [&] { l.gate.sleep_st(kHour); }); });
   // Every other round waits before the next park, so the lcore is asleep
   // when it comes (the others race its way into the sleep).
   uint64_t v = 0;
@@ -117,21 +116,11 @@ TEST(LcoreGate, ParkWakesAnLcoreSleepingInSleepSt) {
 // futex until the lcore's ack wakes it, and still holds it.
 TEST(LcoreGate, ParkBlocksUntilASlowLcoreAcks) {
   Lcore l;
-  l.gate.set_running(true);
-  std::thread t([&] {
-    uint64_t seen = 0;
-    while (!l.stop.load(std::memory_order_relaxed)) {
-      l.gate.check_st();
-      inside_body(l, seen);
-      std::this_thread::sleep_for(std::chrono::microseconds(300));
-    }
-    l.gate.set_running(false);
-    (void)seen;
-  });
-  const uint64_t v = stress(l, 300, std::chrono::microseconds(5));
-  l.stop = true;
-  t.join();
-  EXPECT_EQ(v, 0u);
+  EXPECT_EQ(
+      stress_lcore(
+          l, 300, std::chrono::microseconds(5), LcoreGate::NoHook{},
+          [] { std::this_thread::sleep_for(std::chrono::microseconds(300)); }),
+      0u);
 }
 
 // park() blocked on an lcore that leaves its loop without acking returns
