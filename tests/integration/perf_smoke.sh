@@ -15,9 +15,11 @@
 #  - urnicctl qps pages through 300 held QPs, each shown with the owning
 #    client's pid;
 #  - kill -9 of the urnic-perf server mid-run: the client fails with a
-#    message, and both services release every object.
+#    message, and both services release every object;
+#  - perf/verbs-setup (perf/control-path's timer) runs through the shim,
+#    prints every verb in its JSON, and leaves nothing behind.
 # Every started process is stopped by PID on exit, pass or fail.
-# usage: perf_smoke.sh URNICD URNICCTL SHIM_SO URNIC_PERF
+# usage: perf_smoke.sh URNICD URNICCTL SHIM_SO URNIC_PERF [VERBS_SETUP]
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -244,6 +246,27 @@ check "urnic-perf --server --loop serves a verified run after 3 killed clients" 
 check "... and said each killed session ended" \
   test "$(grep -c "session ended" "$TMP/loop-s.out")" = 3
 stop_pid $LS
+
+# 6. verbs-setup: 50 QPs created, connected to themselves, destroyed; MRs
+# and CQs. Its numbers are not checked, only that it ran every verb.
+VSETUP=${5:-}
+vsetup() { "${ON_A[@]}" timeout 60 "$VSETUP" -n 50 --json >"$TMP/vs.json"; }
+if [ -n "$VSETUP" ]; then
+  check "verbs-setup -n 50: exit 0" vsetup
+  check "... its JSON has every verb, 50 QPs" $PY -c "
+import json, sys
+d = json.loads(open('$TMP/vs.json').read().splitlines()[-1])
+verbs = ('ibv_create_qp', 'modify INIT', 'modify RTR', 'modify RTS', 'ibv_destroy_qp',
+         'ibv_reg_mr', 'ibv_dereg_mr', 'ibv_create_cq', 'ibv_destroy_cq')
+sys.exit(0 if d['qps'] == 50 and d['per_qp_us'] > 0 and
+         all(d[v]['mean_us'] > 0 and d[v]['p99_us'] >= d[v]['p50_us'] for v in verbs) else 1)"
+  for _ in $(seq 50); do
+    ctl "$SA" objects | grep -q "^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0" && break
+    sleep 0.1
+  done
+  check "... and service A holds nothing after it" \
+    bash -c "'$URNICCTL' -s '$SA' objects | grep -q '^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0'"
+fi
 
 check "no mbuf leaked over the whole run" no_leak
 
