@@ -224,7 +224,6 @@ def parse_control(rec):
             out = json.loads(f.read().strip().splitlines()[-1])
     except (OSError, ValueError, KeyError, IndexError) as e:
         return {"error": "no JSON from verbs-setup (rc %s): %s" % (rec.get("rc"), e)}
-    out["sleep_us"] = int(rec.get("sleep_us", 0))
     return out
 
 
@@ -509,7 +508,7 @@ def build_table(recs):
         # first is no floor there: perf/control-path runs one service)
         ctl = sorted((r for r in recs if r.get("kind") == "control" and r.get("topo") == topo),
                      key=lambda r: int(r.get("sleep_us", 0)))
-        floor = None
+        no_sleep = None
         for r in ctl:
             sid, s_us = r["id"], int(r.get("sleep_us", 0))
             label = "control path, %s QPs, worker sleep_us=%d" % (r.get("qps", "?"), s_us)
@@ -519,12 +518,12 @@ def build_table(recs):
                 continue
             p = parsed[sid]
             if s_us == 0:
-                floor = p["per_qp_us"]
+                no_sleep = p["per_qp_us"]
                 t.add(topo, label, control_text(p), "both services' workers never sleep")
             else:
                 t.add(topo, label, control_text(p),
-                      "never sleeping: %.0f us per QP" % floor if floor else "sleep_us=0 not measured",
-                      p["per_qp_us"] / floor if floor else None)
+                      "never sleeping: %.0f us per QP" % no_sleep if no_sleep else "sleep_us=0 not measured",
+                      p["per_qp_us"] / no_sleep if no_sleep else None)
     return t, parsed, failed
 
 

@@ -756,8 +756,9 @@ void Worker::loop_st() {
     // The control thread may change shared tables now. Parks come in runs
     // (a QP's create and three modifies, a client's set-up): after one the
     // idle lcore polls on for kControlBurstNs, so the next park finds it
-    // awake (a wake-up from sleep took 50-100 us on the test VM; a polling
-    // lcore parks in ~15), and does not yield meanwhile: on a CPU shared
+    // awake (on the test VM a modify_qp took ~15 us with a polling lcore,
+    // 60-90 us when its park had to wake the lcore from a sleep, futex or
+    // nanosleep alike), and does not yield meanwhile: on a CPU shared
     // with other runnable threads a yield gave it away for a time slice,
     // a sleeper is woken at once (perf/README.md, "control path").
     const bool parked = gate_.check_st();

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/verbs_bringup.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -113,43 +115,14 @@ int main(int argc, char** argv) {
       qp = ibv_create_qp(pd, &ia);
       return qp ? 0 : errno;
     });
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    timed(init, [&] {
-      return ibv_modify_qp(
-          qp, &a,
-          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    });
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = qp->qp_num;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = gid;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.port_num = 1;
-    timed(rtr, [&] {
-      return ibv_modify_qp(
-          qp, &a,
-          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    });
-    a = {};
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    timed(rts, [&] {
-      return ibv_modify_qp(qp, &a,
-                           IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                               IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                               IBV_QP_MAX_QP_RD_ATOMIC);
-    });
+    // The three transitions every verbs program writes (RcPath's defaults
+    // are perftest's), to itself: its own GID and QPN.
+    urnic::test::RcPath path;
+    path.dest_qpn = qp->qp_num;
+    path.dgid = gid;
+    timed(init, [&] { return urnic::test::rc_to_init(qp, path); });
+    timed(rtr, [&] { return urnic::test::rc_to_rtr(qp, path); });
+    timed(rts, [&] { return urnic::test::rc_to_rts(qp, path); });
   }
   for (ibv_qp* qp : qps) timed(destroy, [&] { return ibv_destroy_qp(qp); });
   std::vector<char> mem(1 << 16);

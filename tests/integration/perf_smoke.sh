@@ -217,13 +217,16 @@ wait $KC || rc=$?
 check "the client exits non-zero after its server is killed (rc $rc)" \
   test $rc -ne 0 -a $((SECONDS - t_kill)) -lt 15
 check "... and says why" grep -qE "peer closed|completion error" "$TMP/kill-c.out"
-for s in "$SA" "$SB"; do
+# released SOCK: the service holds no verbs object (within 5 s).
+released() {
   for _ in $(seq 50); do
-    ctl "$s" objects | grep -q "^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0" && break
+    ctl "$1" objects | grep -q "^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0" && return 0
     sleep 0.1
   done
-  check "service $(basename "$s" .sock) released every object" \
-    bash -c "'$URNICCTL' -s '$s' objects | grep -q '^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0'"
+  return 1
+}
+for s in "$SA" "$SB"; do
+  check "service $(basename "$s" .sock) released every object" released "$s"
 done
 
 # 5. --server --loop outlives clients that are killed mid-run (soaks keep
@@ -260,12 +263,7 @@ verbs = ('ibv_create_qp', 'modify INIT', 'modify RTR', 'modify RTS', 'ibv_destro
          'ibv_reg_mr', 'ibv_dereg_mr', 'ibv_create_cq', 'ibv_destroy_cq')
 sys.exit(0 if d['qps'] == 50 and d['per_qp_us'] > 0 and
          all(d[v]['mean_us'] > 0 and d[v]['p99_us'] >= d[v]['p50_us'] for v in verbs) else 1)"
-  for _ in $(seq 50); do
-    ctl "$SA" objects | grep -q "^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0" && break
-    sleep 0.1
-  done
-  check "... and service A holds nothing after it" \
-    bash -c "'$URNICCTL' -s '$SA' objects | grep -q '^device: pds 0 mrs 0 cqs 0 srqs 0 ahs 0 qps 0'"
+  check "... and service A holds nothing after it" released "$SA"
 fi
 
 check "no mbuf leaked over the whole run" no_leak

@@ -4,6 +4,7 @@
 // is released (the preemption that made the old flag-based gate return
 // from park() while the lcore ran).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -113,14 +114,25 @@ TEST(LcoreGate, ParkWakesAnLcoreSleepingInSleepSt) {
 }
 
 // An lcore slower to come round than park()'s spin: park() blocks on the
-// futex until the lcore's ack wakes it, and still holds it.
+// futex until the lcore's ack wakes it, and still holds it. Blocking is
+// what is checked, not how long it took: a sched_yield() loop (what park()
+// did before) on this thread's otherwise idle CPU gives nothing away and
+// makes no voluntary context switch; a FUTEX_WAIT makes one per wait. The
+// lcore sleeps 300 us between passes, the spin lasts ~49 us: most rounds
+// must block.
 TEST(LcoreGate, ParkBlocksUntilASlowLcoreAcks) {
+  constexpr int kRounds = 300;
   Lcore l;
+  rusage before{}, after{};
+  getrusage(RUSAGE_THREAD, &before);
   EXPECT_EQ(
       stress_lcore(
-          l, 300, std::chrono::microseconds(5), LcoreGate::NoHook{},
+          l, kRounds, std::chrono::microseconds(5), LcoreGate::NoHook{},
           [] { std::this_thread::sleep_for(std::chrono::microseconds(300)); }),
       0u);
+  getrusage(RUSAGE_THREAD, &after);
+  // stress_lcore's own thread start and join add a few.
+  EXPECT_GT(after.ru_nvcsw - before.ru_nvcsw, kRounds / 4);
 }
 
 // park() blocked on an lcore that leaves its loop without acking returns

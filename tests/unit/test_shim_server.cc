@@ -873,7 +873,8 @@ TEST_F(ShimServerTest, AnAhDestroyedRightAfterThePostStillCarriesTheSends) {
     ASSERT_EQ(call(Op::kModifyQp, m).status, 0);
   }
   Buf src = reg(pd, 4096), dst = reg(pd, 4096);
-  constexpr uint32_t kMsgs = 3, kLen = 100, kGrh = 40, kSlot = kLen + kGrh;
+  constexpr uint32_t kMsgs = 3, kLen = 100, kGrh = transport::kGrhSize,
+                     kSlot = kLen + kGrh;
   for (uint32_t i = 0; i < kMsgs; ++i) {
     ShmRecvWqe w{};
     w.wr_id = 100 + i;
