@@ -47,8 +47,12 @@ constexpr int kCmTimeoutMs = 60000;
 
 struct CmChannel {
   int fd = -1;      // the application's: events arrive here
+  int ev_fd = -1;   // our duplicate of `fd`, which GET_EVENT reads
   int ctl_fd = -1;  // commands
-  ino_t ino = 0;    // identity of `fd` (a reused fd number is not ours)
+  // Set by close() before the number is released: a call that found the
+  // channel before that is ordered before the close (see channel_of).
+  std::atomic<bool> closed{false};
+  ino_t ino = 0;  // identity of `fd` (a reused fd number is not ours)
   dev_t dev = 0;
   uint64_t token = 0;
   std::mutex ctl_mu;  // one command, one reply
@@ -67,6 +71,7 @@ struct CmChannel {
   };
   std::unordered_map<uint32_t, Mc> mcs, stale;
   ~CmChannel() {
+    if (ev_fd >= 0) close(ev_fd);
     if (ctl_fd >= 0) close(ctl_fd);
   }
 };
@@ -95,12 +100,16 @@ std::shared_ptr<CmChannel> channel_of(int fd) {
     ch = it->second;
   }
   // The number may have been closed behind our back (close_range, dup2
-  // onto it, a raw syscall): only the same socket is the channel.
+  // onto it, a raw syscall): only the same socket is the channel. Unless
+  // our close() of it ran since the lookup: then this call found the
+  // channel first and is ordered before the close, as a write() that the
+  // kernel's ucma has entered holds its file; it goes on with `ch`, whose
+  // own descriptors outlive the number.
   struct stat st;
   auto real_fstat = URNIC_REAL(fstat, "GLIBC_2.33");
   if (!real_fstat || real_fstat(fd, &st) != 0 || st.st_ino != ch->ino ||
       st.st_dev != ch->dev)
-    return nullptr;
+    return ch->closed.load() ? ch : nullptr;
   return ch;
 }
 
@@ -114,6 +123,7 @@ std::shared_ptr<CmChannel> forget(int fd) {
   std::shared_ptr<CmChannel> ch = std::move(it->second);
   g_channels.erase(it);
   g_is_channel[fd].store(0, std::memory_order_release);
+  ch->closed.store(true);
   return ch;
 }
 
@@ -165,7 +175,11 @@ int get_event(CmChannel& ch, const uint8_t* body, uint16_t in, uint16_t out) {
   const uint64_t response = load<uint64_t>(body);
   for (;;) {
     CmEventMsg m;
-    const ssize_t n = recv(ch.fd, &m, sizeof m, 0);
+    // Our duplicate, not the application's number: another thread may
+    // close that number (and the number be reused) while this one waits,
+    // and the wait then goes on as the kernel's does (rping's CM thread,
+    // rdma-core before PR #1622).
+    const ssize_t n = recv(ch.ev_fd, &m, sizeof m, 0);
     if (n < 0) return errno;
     if (n == 0) return ENODEV;  // urnicd went away
     if (static_cast<size_t>(n) != sizeof m) continue;
@@ -409,6 +423,7 @@ int cm_open(int flags) {
   auto real_fstat = URNIC_REAL(fstat, "GLIBC_2.33");
   if (rc == 0 && sp[0] >= kMaxCmFd) rc = EMFILE;
   if (rc == 0 && (!real_fstat || real_fstat(sp[0], &st) != 0)) rc = EBADF;
+  if (rc == 0 && (ch->ev_fd = fcntl(sp[0], F_DUPFD_CLOEXEC, 0)) < 0) rc = errno;
   if (rc) {
     close(sp[0]);
     return fail(rc);
