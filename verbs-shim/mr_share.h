@@ -54,6 +54,12 @@ class MrShare {
   void privatize_in_child();
   size_t segments();  // registry entries (tests)
 
+  // How share() learns the process's mappings: by asking the kernel for
+  // the few it needs (PROCMAP_QUERY, Linux 6.11), or by reading the whole
+  // of /proc/self/maps, as on older kernels. Tests turn the query off to
+  // run the older way; true if the query is used (the kernel has it).
+  static bool use_vma_query(bool on);
+
   // Fork handlers hold the lock across fork().
   void lock() { mu_.lock(); }
   void unlock() { mu_.unlock(); }
@@ -79,6 +85,14 @@ class MrShare {
   void forget(uint64_t a, uint64_t b);  // drops registry coverage of [a, b)
   int make_run(Run& run, uint64_t stack_lo, uint64_t stack_hi,
                std::string* why);
+  // The mappings overlapping [lo, hi), in address order, and the bounds of
+  // the one holding `here`. 0 or an errno.
+  static int query_vmas(uint64_t lo, uint64_t hi, uint64_t here,
+                        std::vector<Vma>* out, uint64_t* here_lo,
+                        uint64_t* here_hi);
+  static int read_vmas(uint64_t lo, uint64_t hi, uint64_t here,
+                       std::vector<Vma>* out, uint64_t* here_lo,
+                       uint64_t* here_hi);
 
   std::mutex mu_;
   std::map<uint64_t, Segment> segs_;  // by start, non-overlapping

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,13 +88,26 @@ uint64_t total_len(const MrShare::Result& r) {
   return t;
 }
 
-class MrShareTest : public ::testing::Test {
+// Every test runs twice: the mappings asked of the kernel one by one
+// (PROCMAP_QUERY, Linux 6.11; skipped on older kernels), and read from the
+// whole of /proc/self/maps, as on Debian 12's own kernel.
+class MrShareTest : public ::testing::TestWithParam<bool> {
  protected:
+  void SetUp() override {
+    if (!MrShare::use_vma_query(GetParam()) && GetParam())
+      GTEST_SKIP() << "this kernel has no PROCMAP_QUERY";
+  }
+  void TearDown() override { MrShare::use_vma_query(true); }
   MrShare& s = MrShare::instance();
   std::string why;
 };
 
-TEST_F(MrShareTest, UnalignedHeapBufferKeepsContentsAndNeighbours) {
+INSTANTIATE_TEST_SUITE_P(Maps, MrShareTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Query" : "Text";
+                         });
+
+TEST_P(MrShareTest, UnalignedHeapBufferKeepsContentsAndNeighbours) {
   // Heap memory around the buffer (malloc metadata, other objects) shares
   // its pages: all of it must survive.
   auto* before = static_cast<char*>(malloc(100));
@@ -127,7 +141,7 @@ TEST_F(MrShareTest, UnalignedHeapBufferKeepsContentsAndNeighbours) {
   free(buf);
 }
 
-TEST_F(MrShareTest, SameBufferTwiceReusesTheSegment) {
+TEST_P(MrShareTest, SameBufferTwiceReusesTheSegment) {
   const size_t len = 16 * kPage;
   auto* p = static_cast<uint8_t*>(map_anon(len));
   ASSERT_NE(p, nullptr);
@@ -149,7 +163,7 @@ TEST_F(MrShareTest, SameBufferTwiceReusesTheSegment) {
   munmap(p, len);
 }
 
-TEST_F(MrShareTest, OverlappingRegistrations) {
+TEST_P(MrShareTest, OverlappingRegistrations) {
   const size_t len = 64 * kPage;
   auto* p = static_cast<uint8_t*>(map_anon(len));
   ASSERT_NE(p, nullptr);
@@ -175,7 +189,7 @@ TEST_F(MrShareTest, OverlappingRegistrations) {
   munmap(p, len);
 }
 
-TEST_F(MrShareTest, AdjacentRegistrationsStayOneFile) {
+TEST_P(MrShareTest, AdjacentRegistrationsStayOneFile) {
   const size_t len = 8 * kPage;
   auto* p = static_cast<uint8_t*>(map_anon(len));
   ASSERT_NE(p, nullptr);
@@ -189,7 +203,7 @@ TEST_F(MrShareTest, AdjacentRegistrationsStayOneFile) {
   munmap(p, len);
 }
 
-TEST_F(MrShareTest, LargeMostlyUntouchedBufferStaysCheap) {
+TEST_P(MrShareTest, LargeMostlyUntouchedBufferStaysCheap) {
   // 1.5 GiB from malloc, a few pages written: registering must neither
   // make the rest resident nor take long.
   const size_t len = size_t{3} << 29;
@@ -221,7 +235,7 @@ TEST_F(MrShareTest, LargeMostlyUntouchedBufferStaysCheap) {
 // fork() promises the child a copy-on-write view: its writes (to the buffer
 // or to heap metadata sharing the buffer's pages) must not reach the parent
 // or the service. The shim's fork handler calls privatize_in_child().
-TEST_F(MrShareTest, ForkedChildGetsPrivateCopies) {
+TEST_P(MrShareTest, ForkedChildGetsPrivateCopies) {
   const size_t len = 8 * kPage;
   auto* p = static_cast<uint8_t*>(map_anon(len));
   ASSERT_NE(p, nullptr);
@@ -249,7 +263,7 @@ TEST_F(MrShareTest, ForkedChildGetsPrivateCopies) {
   munmap(p, len);
 }
 
-TEST_F(MrShareTest, SharedFileMappingRefused) {
+TEST_P(MrShareTest, SharedFileMappingRefused) {
   char path[] = "/tmp/test_mr_shareXXXXXX";
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
@@ -265,7 +279,18 @@ TEST_F(MrShareTest, SharedFileMappingRefused) {
   close(fd);
 }
 
-TEST_F(MrShareTest, UnmappedHoleRefused) {
+TEST_P(MrShareTest, SpecialMappingRefusedByName) {
+  // The vDSO is private and readable, but the kernel's own: only its name
+  // tells it apart, from either source.
+  const auto vdso = reinterpret_cast<void*>(getauxval(AT_SYSINFO_EHDR));
+  ASSERT_NE(vdso, nullptr);
+  MrShare::Result r;
+  EXPECT_EQ(s.share(vdso, kPage, false, kMaxPieces, &r, &why), EINVAL);
+  EXPECT_NE(why.find("[vdso]"), std::string::npos) << why;
+  EXPECT_EQ(maps_line(vdso).find("urnic-mr"), std::string::npos);
+}
+
+TEST_P(MrShareTest, UnmappedHoleRefused) {
   auto* p = static_cast<uint8_t*>(map_anon(3 * kPage));
   ASSERT_NE(p, nullptr);
   std::memset(p, 9, 3 * kPage);
@@ -279,7 +304,7 @@ TEST_F(MrShareTest, UnmappedHoleRefused) {
   munmap(p, 3 * kPage);
 }
 
-TEST_F(MrShareTest, ReadOnlyMemoryNeedsReadOnlyAccess) {
+TEST_P(MrShareTest, ReadOnlyMemoryNeedsReadOnlyAccess) {
   auto* p = static_cast<uint8_t*>(map_anon(2 * kPage));
   ASSERT_NE(p, nullptr);
   p[0] = 3;
@@ -292,7 +317,7 @@ TEST_F(MrShareTest, ReadOnlyMemoryNeedsReadOnlyAccess) {
   munmap(p, 2 * kPage);
 }
 
-TEST_F(MrShareTest, RemappedMemoryIsSharedAfresh) {
+TEST_P(MrShareTest, RemappedMemoryIsSharedAfresh) {
   // The application unmaps a registered range and maps new memory there:
   // the stale segment must not be reused (the service would see old
   // pages).
@@ -315,7 +340,7 @@ TEST_F(MrShareTest, RemappedMemoryIsSharedAfresh) {
   munmap(p, len);
 }
 
-TEST_F(MrShareTest, TooManyPiecesRefusedBeforeRemapping) {
+TEST_P(MrShareTest, TooManyPiecesRefusedBeforeRemapping) {
   const size_t n = 8;
   auto* p = static_cast<uint8_t*>(map_anon(2 * n * kPage));
   ASSERT_NE(p, nullptr);
@@ -339,7 +364,7 @@ TEST_F(MrShareTest, TooManyPiecesRefusedBeforeRemapping) {
   munmap(p, 2 * n * kPage);
 }
 
-TEST_F(MrShareTest, StackBufferOfTheCallingThread) {
+TEST_P(MrShareTest, StackBufferOfTheCallingThread) {
   // The copy must not lose this thread's own frames (same pages).
   volatile char buf[3 * kPage];
   for (size_t i = 0; i < sizeof buf; ++i) buf[i] = static_cast<char>(i);
@@ -353,7 +378,7 @@ TEST_F(MrShareTest, StackBufferOfTheCallingThread) {
   EXPECT_TRUE(is_shared(const_cast<char*>(buf)));
 }
 
-TEST_F(MrShareTest, GlobalData) {
+TEST_P(MrShareTest, GlobalData) {
   static char data[5 * kPage] = {1, 2, 3};  // .data
   static char bss[5 * kPage];               // .bss
   bss[kPage] = 8;
@@ -365,7 +390,7 @@ TEST_F(MrShareTest, GlobalData) {
   EXPECT_EQ(bss[kPage], 8);
 }
 
-TEST_F(MrShareTest, ZeroLengthRefused) {
+TEST_P(MrShareTest, ZeroLengthRefused) {
   char c = 0;
   MrShare::Result r;
   EXPECT_EQ(s.share(&c, 0, true, kMaxPieces, &r, &why), EINVAL);
