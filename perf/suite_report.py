@@ -231,10 +231,10 @@ def control_text(p):
     def m(verb):
         return p.get(verb, {}).get("mean_us", 0)
     return ("%.0f us per QP (create %.0f, modify INIT/RTR/RTS %.0f/%.0f/%.0f, destroy %.0f; "
-            "modify RTR p99 %.0f); reg_mr %.0f, create_cq %.0f us" % (
+            "modify RTR p99 %.0f); reg_mr %.0f (new memory %.0f), create_cq %.0f us" % (
                 p["per_qp_us"], m("ibv_create_qp"), m("modify INIT"), m("modify RTR"),
                 m("modify RTS"), m("ibv_destroy_qp"), p.get("modify RTR", {}).get("p99_us", 0),
-                m("ibv_reg_mr"), m("ibv_create_cq")))
+                m("ibv_reg_mr"), m("ibv_reg_mr new"), m("ibv_create_cq")))
 
 
 PARSERS = {

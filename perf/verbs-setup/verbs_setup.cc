@@ -1,15 +1,16 @@
 // verbs-setup: what the control path costs an application, verb by verb.
 // Creates N RC QPs on one context, moves each through INIT, RTR (to
 // itself: its own GID and QPN, so no peer is needed) and RTS, then
-// destroys them all; registers and deregisters an MR and creates and
-// destroys a CQ N / 16 times. Prints the mean and p50 / p99 latency of
-// each verb in microseconds, and the total per QP. Any libibverbs device
-// works; through urnic's shim every one of these verbs is a request to
-// urnicd's control thread, and most park the worker lcore that owns the
-// object (perf/README.md, "control path"; run by perf/control-path).
+// destroys them all; registers and deregisters an MR, registers fresh
+// memory, and creates and destroys a CQ N / 16 times. Prints the mean and p50 /
+// p99 latency of each verb in microseconds, and the total per QP. Any
+// libibverbs device works; through urnic's shim every one of these verbs is a
+// request to urnicd's control thread, and most park the worker lcore that owns
+// the object (perf/README.md, "control path"; run by perf/control-path).
 //
 // usage: verbs-setup [-n QPS] [-d DEVICE] [--json]
 #include <infiniband/verbs.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -101,8 +102,8 @@ int main(int argc, char** argv) {
   Series create{"ibv_create_qp", {}}, init{"modify INIT", {}},
       rtr{"modify RTR", {}}, rts{"modify RTS", {}},
       destroy{"ibv_destroy_qp", {}}, reg{"ibv_reg_mr", {}},
-      dereg{"ibv_dereg_mr", {}}, mkcq{"ibv_create_cq", {}},
-      rmcq{"ibv_destroy_cq", {}};
+      dereg{"ibv_dereg_mr", {}}, fresh{"ibv_reg_mr new", {}},
+      mkcq{"ibv_create_cq", {}}, rmcq{"ibv_destroy_cq", {}};
   std::vector<ibv_qp*> qps(static_cast<size_t>(n));
   const auto t_start = Clock::now();
   for (ibv_qp*& qp : qps) {
@@ -133,6 +134,21 @@ int main(int argc, char** argv) {
       return mr ? 0 : errno;
     });
     timed(dereg, [&] { return ibv_dereg_mr(mr); });
+    // Memory never registered before (an rcache miss in UCX): the shim
+    // first makes its pages shared, contents kept.
+    void* m = mmap(nullptr, mem.size(), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      perror("verbs-setup: mmap");
+      return 1;
+    }
+    std::memset(m, i, mem.size());
+    timed(fresh, [&] {
+      mr = ibv_reg_mr(pd, m, mem.size(), IBV_ACCESS_LOCAL_WRITE);
+      return mr ? 0 : errno;
+    });
+    ibv_dereg_mr(mr);
+    munmap(m, mem.size());
     ibv_cq* c = nullptr;
     timed(mkcq, [&] {
       c = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
@@ -142,8 +158,8 @@ int main(int argc, char** argv) {
   }
   const double wall_s =
       std::chrono::duration<double>(Clock::now() - t_start).count();
-  Series* all[] = {&create, &init,  &rtr,  &rts, &destroy,
-                   &reg,    &dereg, &mkcq, &rmcq};
+  Series* all[] = {&create, &init,  &rtr,   &rts,  &destroy,
+                   &reg,    &dereg, &fresh, &mkcq, &rmcq};
   const double per_qp =
       create.mean() + init.mean() + rtr.mean() + rts.mean() + destroy.mean();
   if (json) {

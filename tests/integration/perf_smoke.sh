@@ -260,7 +260,7 @@ if [ -n "$VSETUP" ]; then
 import json, sys
 d = json.loads(open('$TMP/vs.json').read().splitlines()[-1])
 verbs = ('ibv_create_qp', 'modify INIT', 'modify RTR', 'modify RTS', 'ibv_destroy_qp',
-         'ibv_reg_mr', 'ibv_dereg_mr', 'ibv_create_cq', 'ibv_destroy_cq')
+         'ibv_reg_mr', 'ibv_dereg_mr', 'ibv_reg_mr new', 'ibv_create_cq', 'ibv_destroy_cq')
 sys.exit(0 if d['qps'] == 50 and d['per_qp_us'] > 0 and
          all(d[v]['mean_us'] > 0 and d[v]['p99_us'] >= d[v]['p50_us'] for v in verbs) else 1)"
   check "... and service A holds nothing after it" released "$SA"
