@@ -17,14 +17,17 @@ namespace {
 
 constexpr uint32_t kEventRing = 1024;
 
-// Finds a free slot (or appends one) in an object table.
+// A dead slot of an object table (the one that died last), or a new one.
+// Slots never move (lcores hold pointers to the objects). It used to scan
+// the table for a dead slot, with every lcore parked: ~20 us per
+// registration at 20 000 MRs (2026-12-01).
 template <typename T>
-T* take_slot(std::vector<std::unique_ptr<T>>& v, uint32_t* index) {
-  for (uint32_t i = 0; i < v.size(); ++i) {
-    if (!v[i]->live()) {
-      *index = i;
-      return v[i].get();
-    }
+T* take_slot(std::vector<std::unique_ptr<T>>& v, std::vector<uint32_t>& dead,
+             uint32_t* index) {
+  if (!dead.empty()) {
+    *index = dead.back();
+    dead.pop_back();
+    return v[*index].get();
   }
   v.push_back(std::make_unique<T>());
   *index = static_cast<uint32_t>(v.size() - 1);
@@ -63,7 +66,7 @@ Device::~Device() = default;
 int Device::alloc_pd(Pd** out) {
   if (npd_ >= cfg_.limits.max_pd) return ENOMEM;
   uint32_t idx;
-  Pd* pd = take_slot(pds_, &idx);
+  Pd* pd = take_slot(pds_, dead_pds_, &idx);
   *pd = Pd{};
   pd->handle_ = idx;
   pd->live_ = true;
@@ -76,6 +79,7 @@ int Device::dealloc_pd(Pd* pd) {
   if (!pd || !pd->live_) return EINVAL;
   if (pd->users_) return EBUSY;
   pd->live_ = false;
+  dead_pds_.push_back(pd->handle_);
   --npd_;
   return 0;
 }
@@ -102,8 +106,11 @@ int Device::reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
   if (iova + length < iova) return EINVAL;
   if (nmr_ >= cfg_.limits.max_mr) return ENOMEM;
   uint32_t idx;
-  Mr* mr = take_slot(mrs_, &idx);
-  if (idx >= kMwIndex) return ENOMEM;
+  Mr* mr = take_slot(mrs_, dead_mrs_, &idx);
+  if (idx >= kMwIndex) {  // not with max_mr < 2^23
+    dead_mrs_.push_back(idx);
+    return ENOMEM;
+  }
   const uint32_t key = new_key(idx, mr->lkey_);
   *mr = Mr{};
   mr->pd_ = pd;
@@ -123,6 +130,7 @@ int Device::dereg_mr(Mr* mr) {
   if (!mr || !mr->live_) return EINVAL;
   if (mr->mw_binds_) return EBUSY;
   mr->live_ = false;
+  dead_mrs_.push_back(mr->lkey_ >> 8);
   --mr->pd_->users_;
   --nmr_;
   return 0;
@@ -133,8 +141,11 @@ int Device::alloc_mw(Pd* pd, ibv_mw_type type, Mw** out) {
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return EINVAL;
   if (nmw_ >= cfg_.limits.max_mr) return ENOMEM;
   uint32_t idx;
-  Mw* mw = take_slot(mws_, &idx);
-  if (idx >= kMwIndex) return ENOMEM;
+  Mw* mw = take_slot(mws_, dead_mws_, &idx);
+  if (idx >= kMwIndex) {  // not with max_mr < 2^23
+    dead_mws_.push_back(idx);
+    return ENOMEM;
+  }
   const uint32_t key = new_key(kMwIndex + idx, mw->rkey_);
   *mw = Mw{};
   mw->pd_ = pd;
@@ -161,6 +172,7 @@ int Device::dealloc_mw(Mw* mw) {
   if (!mw || !mw->live_) return EINVAL;
   if (mw->mr_) unbind(*mw);
   mw->live_ = false;
+  dead_mws_.push_back((mw->rkey_ >> 8) - kMwIndex);
   --mw->pd_->users_;
   --nmw_;
   return 0;
@@ -289,8 +301,9 @@ int Device::create_cq(uint32_t cqe, Cq** out, void* shared) {
   if (cqe == 0 || cqe > cfg_.limits.max_cqe) return EINVAL;
   if (ncq_ >= cfg_.limits.max_cq) return ENOMEM;
   uint32_t idx;
-  Cq* cq = take_slot(cqs_, &idx);
+  Cq* cq = take_slot(cqs_, dead_cqs_, &idx);
   *cq = Cq{};
+  cq->slot_ = idx;
   if (!shared) {
     cq->own_ = std::make_unique<Cq::Page[]>(shim::cq_shared_len(cqe) /
                                             sizeof(Cq::Page));
@@ -341,6 +354,7 @@ int Device::destroy_cq(Cq* cq) {
   if (!cq || !cq->live_) return EINVAL;
   if (cq->users_) return EBUSY;
   cq->live_ = false;
+  dead_cqs_.push_back(cq->slot_);
   if (cq->notify_fd_ >= 0) close(cq->notify_fd_);
   *cq = Cq{};
   --ncq_;
@@ -460,8 +474,9 @@ int Device::create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, Srq** out) {
   if (max_sge == 0 || max_sge > cfg_.limits.max_sge) return EINVAL;
   if (nsrq_ >= cfg_.limits.max_srq) return ENOMEM;
   uint32_t idx;
-  Srq* srq = take_slot(srqs_, &idx);
+  Srq* srq = take_slot(srqs_, dead_srqs_, &idx);
   *srq = Srq{};
+  srq->slot_ = idx;
   srq->ring_.resize(max_wr);
   srq->max_sge_ = max_sge;
   srq->pd_ = pd;
@@ -488,6 +503,7 @@ int Device::destroy_srq(Srq* srq) {
   if (!srq || !srq->live_) return EINVAL;
   if (srq->users_) return EBUSY;
   srq->live_ = false;
+  dead_srqs_.push_back(srq->slot_);
   srq->ring_ = {};
   --srq->pd_->users_;
   --nsrq_;
@@ -581,8 +597,9 @@ int Device::create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out) {
   const int rc = resolve_path(attr, &p);
   if (rc) return rc;
   uint32_t idx;
-  Ah* ah = take_slot(ahs_, &idx);
+  Ah* ah = take_slot(ahs_, dead_ahs_, &idx);
   *ah = Ah{};
+  ah->slot_ = idx;
   ah->path_ = p;
   ah->pd_ = pd;
   ah->live_ = true;
@@ -595,6 +612,7 @@ int Device::create_ah(Pd* pd, const ibv_ah_attr& attr, Ah** out) {
 int Device::destroy_ah(Ah* ah) {
   if (!ah || !ah->live_) return EINVAL;
   ah->live_ = false;
+  dead_ahs_.push_back(ah->slot_);
   --ah->pd_->users_;
   --nah_;
   return 0;

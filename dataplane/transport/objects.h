@@ -167,6 +167,7 @@ class Cq {
   uint32_t users_ = 0;  // QPs completing into it
   Device* dev_ = nullptr;
   bool live_ = false;
+  uint32_t slot_ = 0;  // index in the Device's table
 };
 
 // Shared receive queue.
@@ -207,6 +208,7 @@ class Srq {
   Device* dev_ = nullptr;
   uint32_t users_ = 0;
   bool live_ = false;
+  uint32_t slot_ = 0;  // index in the Device's table
 };
 
 // A resolved address: everything the headers of a packet to it carry.
@@ -232,6 +234,7 @@ class Ah {
   Path path_;
   Pd* pd_ = nullptr;
   bool live_ = false;
+  uint32_t slot_ = 0;  // index in the Device's table
 };
 
 struct AsyncEvent {
@@ -397,6 +400,10 @@ class Device {
   std::vector<std::unique_ptr<Cq>> cqs_;
   std::vector<std::unique_ptr<Srq>> srqs_;
   std::vector<std::unique_ptr<Ah>> ahs_;
+  // The dead slots of each table, the one to reuse last: taking a slot is
+  // O(1) however many objects live.
+  std::vector<uint32_t> dead_pds_, dead_mrs_, dead_mws_, dead_cqs_, dead_srqs_,
+      dead_ahs_;
   uint32_t npd_ = 0, nmr_ = 0, nmw_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
   uint32_t nqp_ = 0;
   std::map<Gid, uint32_t> mcast_;  // group -> members

@@ -71,6 +71,63 @@ TEST(TransportObjects, KeysAreIndexPlusRandomAndStaleKeysDie) {
   EXPECT_EQ(dev.mr_by_rkey(mr2->rkey()), mr2);
 }
 
+TEST(TransportObjects, DeadSlotsAreReusedBeforeTablesGrow) {
+  // Every kind of object, created, destroyed in a scattered order and
+  // created again: the second round takes exactly the slots of the first
+  // (MR and MW indices from their keys, PDs from their handles), and the
+  // last slot to die is the first taken.
+  Device dev(small_device());
+  std::vector<uint8_t> buf(64);
+  constexpr int kN = 64;
+  auto order = [](int i) { return (i * 37) % kN; };  // a permutation
+  std::vector<Pd*> pds(kN);
+  std::vector<Mr*> mrs(kN);
+  std::vector<Mw*> mws(kN);
+  std::vector<Cq*> cqs(kN);
+  std::vector<Srq*> srqs(kN);
+  std::set<uint32_t> first_pd, first_mr, first_mw;
+  Pd* pd;
+  ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  for (int round = 0; round < 2; ++round) {
+    std::set<uint32_t> pd_idx, mr_idx, mw_idx;
+    for (int i = 0; i < kN; ++i) {
+      ASSERT_EQ(dev.alloc_pd(&pds[i]), 0);
+      ASSERT_EQ(dev.reg_mr(pd, buf.data(), buf.size(), 0, 0, &mrs[i]), 0);
+      ASSERT_EQ(dev.alloc_mw(pd, IBV_MW_TYPE_2, &mws[i]), 0);
+      ASSERT_EQ(dev.create_cq(4, &cqs[i]), 0);
+      ASSERT_EQ(dev.create_srq(pd, 4, 1, &srqs[i]), 0);
+      pd_idx.insert(pds[i]->handle());
+      mr_idx.insert(mrs[i]->lkey() >> 8);
+      mw_idx.insert(mws[i]->rkey() >> 8);
+    }
+    if (round == 0) {
+      first_pd = pd_idx, first_mr = mr_idx, first_mw = mw_idx;
+    } else {
+      EXPECT_EQ(pd_idx, first_pd);
+      EXPECT_EQ(mr_idx, first_mr);
+      EXPECT_EQ(mw_idx, first_mw);
+    }
+    for (int i = 0; i < kN; ++i) {
+      const int k = order(i);
+      ASSERT_EQ(dev.dealloc_pd(pds[k]), 0);
+      ASSERT_EQ(dev.dereg_mr(mrs[k]), 0);
+      ASSERT_EQ(dev.dealloc_mw(mws[k]), 0);
+      ASSERT_EQ(dev.destroy_cq(cqs[k]), 0);
+      ASSERT_EQ(dev.destroy_srq(srqs[k]), 0);
+    }
+  }
+  // The CQ, SRQ and MR that died last are the ones handed out next.
+  Mr* mr;
+  Cq* cq;
+  Srq* srq;
+  ASSERT_EQ(dev.reg_mr(pd, buf.data(), buf.size(), 0, 0, &mr), 0);
+  ASSERT_EQ(dev.create_cq(4, &cq), 0);
+  ASSERT_EQ(dev.create_srq(pd, 4, 1, &srq), 0);
+  EXPECT_EQ(mr, mrs[order(kN - 1)]);
+  EXPECT_EQ(cq, cqs[order(kN - 1)]);
+  EXPECT_EQ(srq, srqs[order(kN - 1)]);
+}
+
 TEST(TransportObjects, KeysDoNotFollowASequence) {
   Device dev(small_device());
   Pd* pd;
