@@ -867,6 +867,7 @@ void Worker::loop_st() {
       } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
                  idle.sleep_us) {
         gate_.sleep_st(uint64_t{idle.sleep_us} * 1000);  // park() wakes it
+        ctr_.inc(Ctr::idle_sleeps);
         slept_ns = uint64_t{idle.sleep_us} * 1000;
         next_timer = 0;  // slept: look at timers and commands at once
       } else if (empty_polls > idle.spin_polls) {

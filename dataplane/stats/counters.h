@@ -37,7 +37,8 @@ namespace urnic::stats {
   X(roce_handoff_held) X(rx_held)          X(lcore_pauses)                  \
   X(lcore_paused_us)   X(timers_deferred)   X(mcast_rx)                      \
   X(mcast_not_joined)  X(mcast_loopback)    X(igmp_queries_rx)               \
-  X(igmp_queries_ignored) X(igmp_reports_tx) X(igmp_other)
+  X(igmp_queries_ignored) X(igmp_reports_tx) X(igmp_other)                 \
+  X(idle_sleeps)
 // clang-format on
 
 enum class Ctr : uint16_t {
