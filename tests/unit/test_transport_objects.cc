@@ -85,9 +85,13 @@ TEST(TransportObjects, DeadSlotsAreReusedBeforeTablesGrow) {
   std::vector<Mw*> mws(kN);
   std::vector<Cq*> cqs(kN);
   std::vector<Srq*> srqs(kN);
+  std::vector<Ah*> ahs(kN);
   std::set<uint32_t> first_pd, first_mr, first_mw;
   Pd* pd;
   ASSERT_EQ(dev.alloc_pd(&pd), 0);
+  ibv_ah_attr own{};  // to the device's own GID: resolves without a peer
+  own.is_global = 1;
+  wire::gid_from_ipv4(0x0a000001, own.grh.dgid.raw);
   for (int round = 0; round < 2; ++round) {
     std::set<uint32_t> pd_idx, mr_idx, mw_idx;
     for (int i = 0; i < kN; ++i) {
@@ -96,6 +100,7 @@ TEST(TransportObjects, DeadSlotsAreReusedBeforeTablesGrow) {
       ASSERT_EQ(dev.alloc_mw(pd, IBV_MW_TYPE_2, &mws[i]), 0);
       ASSERT_EQ(dev.create_cq(4, &cqs[i]), 0);
       ASSERT_EQ(dev.create_srq(pd, 4, 1, &srqs[i]), 0);
+      ASSERT_EQ(dev.create_ah(pd, own, &ahs[i]), 0);
       pd_idx.insert(pds[i]->handle());
       mr_idx.insert(mrs[i]->lkey() >> 8);
       mw_idx.insert(mws[i]->rkey() >> 8);
@@ -114,18 +119,22 @@ TEST(TransportObjects, DeadSlotsAreReusedBeforeTablesGrow) {
       ASSERT_EQ(dev.dealloc_mw(mws[k]), 0);
       ASSERT_EQ(dev.destroy_cq(cqs[k]), 0);
       ASSERT_EQ(dev.destroy_srq(srqs[k]), 0);
+      ASSERT_EQ(dev.destroy_ah(ahs[k]), 0);
     }
   }
-  // The CQ, SRQ and MR that died last are the ones handed out next.
+  // The objects that died last are the ones handed out next.
   Mr* mr;
   Cq* cq;
   Srq* srq;
+  Ah* ah;
   ASSERT_EQ(dev.reg_mr(pd, buf.data(), buf.size(), 0, 0, &mr), 0);
   ASSERT_EQ(dev.create_cq(4, &cq), 0);
   ASSERT_EQ(dev.create_srq(pd, 4, 1, &srq), 0);
+  ASSERT_EQ(dev.create_ah(pd, own, &ah), 0);
   EXPECT_EQ(mr, mrs[order(kN - 1)]);
   EXPECT_EQ(cq, cqs[order(kN - 1)]);
   EXPECT_EQ(srq, srqs[order(kN - 1)]);
+  EXPECT_EQ(ah, ahs[order(kN - 1)]);
 }
 
 TEST(TransportObjects, KeysDoNotFollowASequence) {
