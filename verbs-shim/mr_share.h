@@ -67,11 +67,14 @@ class MrShare {
   static MrShare& instance();
 
  private:
-  struct File {  // one memfd; segments may share it
+  struct File {  // one memfd; segments may share it (by shared_ptr)
     int fd = -1;
     uint64_t size = 0;  // bytes
     dev_t dev = 0;
     ino_t ino = 0;
+    File() = default;
+    File(const File&) = delete;  // the fd is closed once
+    File& operator=(const File&) = delete;
     ~File();
   };
   struct Segment {  // [start, start + len) maps file at fd_off
