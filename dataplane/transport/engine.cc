@@ -1212,9 +1212,13 @@ bool Qp::uses_memory(const uint8_t* lo, const uint8_t* hi) const {
     for (uint32_t k = 0; k < resp_.recv_nsg && k < kMaxSge; ++k)
       if (in(resp_.recv_sg[k].p, resp_.recv_sg[k].len)) return true;
   if (resp_.msg == Resp::kWrite && in(resp_.wr_p, resp_.wr_left)) return true;
-  for (const RespResource& r : res_)
-    if (r.pending && r.kind == RespResource::kRead && in(r.tx_p, r.tx_left))
-      return true;
+  // res_any_pending_ is set with every pending resource: an idle QP's ring
+  // (up to 16 cold cache lines) is not walked. Every ibv_dereg_mr asks this
+  // of each QP of the engine, lcores parked: 358 us at 16 384 QPs.
+  if (res_any_pending_)
+    for (const RespResource& r : res_)
+      if (r.pending && r.kind == RespResource::kRead && in(r.tx_p, r.tx_left))
+        return true;
   return false;
 }
 

@@ -2514,6 +2514,21 @@ TEST_F(TransportTrace, MrInUseWhileAPostedWriteStillPointsIntoIt) {
   EXPECT_TRUE(engine_->mr_in_use(*mr_));
 }
 
+TEST_F(TransportTrace, MrInUseWhileReadResponsesAreStillToSend) {
+  ASSERT_TRUE(up());
+  // The peer READs 8 KiB: until the 8 responses are out they read the MR.
+  inject(write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 8192));
+  EXPECT_TRUE(engine_->mr_in_use(*mr_));
+  poll(1 * kUs);
+  EXPECT_EQ(without_acks(sent()).size(), 8u);
+  EXPECT_FALSE(engine_->mr_in_use(*mr_));
+  // A duplicate of the READ (its responses lost) reads it again.
+  inject(write_req(op::kRcReadRequest, kRqPsn, true, addr(0x60000), 8192));
+  EXPECT_TRUE(engine_->mr_in_use(*mr_));
+  poll(2 * kUs);
+  EXPECT_FALSE(engine_->mr_in_use(*mr_));
+}
+
 TEST_F(TransportTrace, ZeroLengthWriteDoesNotCheckRkey) {
   ASSERT_TRUE(up());
   // Peer: WRITE_ONLY length 0 with a bogus rkey and va.
