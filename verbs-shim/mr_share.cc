@@ -145,6 +145,9 @@ bool MrShare::use_vma_query(bool on) {
 int MrShare::query_vmas(uint64_t lo, uint64_t hi, uint64_t here,
                         std::vector<Vma>* out, uint64_t* here_lo,
                         uint64_t* here_hi) {
+  // Opened per call, not kept: a kept fd would describe the parent's
+  // mappings in a forked child, and a program may close or reuse numbers
+  // it does not know of (one open and close per registration).
   const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno;
   char name[PATH_MAX + 32];  // a path, " (deleted)" and the NUL

@@ -27,6 +27,8 @@
 #   shim_preload SHIM   PRELOAD (the shim, after the sanitizer runtimes it
 #                       needs in a sanitized build) and CLIENT_ENV for the
 #                       clients started with it
+#   as_client SOCK CMD...   CMD through the shim as a client of the service
+#                       at SOCK, yielding between empty CQ polls
 
 # shim_test_init ID URNICD URNICCTL SHIM_SO URNIC_PERF: the start of the
 # scripts that run urnic-perf through the shim: ID, the four programs
@@ -41,6 +43,13 @@ shim_test_init() {
   [ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
   shim_preload "$SHIM"
   lib_init
+}
+
+as_client() {
+  local sock=$1
+  shift
+  env $CLIENT_ENV URNIC_SOCKET="$sock" LD_PRELOAD="$PRELOAD" \
+    URNIC_POLL_YIELD=1 "$@"
 }
 
 shim_preload() {

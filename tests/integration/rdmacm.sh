@@ -56,12 +56,7 @@ memif_start client 02:00:00:00:98:02 10.98.0.2 "$SB"
 check "both services up, links up" wait_link "$SA"
 check "  on both services" wait_link "$SB"
 
-on() {  # on SOCK CMD...: CMD as a client of the service at SOCK
-  local sock=$1
-  shift
-  env $CLIENT_ENV URNIC_SOCKET="$sock" LD_PRELOAD="$PRELOAD" \
-    URNIC_POLL_YIELD=1 "$@"
-}
+on() { as_client "$@"; }  # on SOCK CMD...
 # bg_on SOCK CMD... &: the same, as the background job itself (exec: $! is
 # the program, so it is the one killed and stopped by PID)
 bg_on() {
