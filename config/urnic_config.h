@@ -119,7 +119,10 @@ struct LimitsConfig {
   uint32_t max_sge = 16;      // <= transport::kMaxSge
   uint32_t max_inline = 256;  // bytes, <= transport::kMaxInline
   uint32_t max_cq = 16384;
-  uint32_t max_cqe = 65536;
+  // What ConnectX reports. libfabric's ofi_rxm asks (384 + 384) x 256 =
+  // 196 608 (its CQ spans FI_UNIVERSE_SIZE peers); a CQ's ring is shared
+  // memory, its pages allocated as completions reach them.
+  uint32_t max_cqe = 4194303;
   uint32_t max_mr = 65536;
   uint64_t max_mr_size = uint64_t{1} << 40;  // bytes
   uint32_t max_pd = 16384;

@@ -591,6 +591,7 @@ int CmServer::auto_bind(Id& id) {
   }
   if (!id.src_ip) {
     id.src_ip = env_.addrs.ipv4;
+    id.loop_ip = 0;
     id.device = true;
   }
   return 0;
@@ -606,6 +607,12 @@ int CmServer::cmd_bind_ip(Id& id, const uint8_t* b) {
     why_ = "only IPv4 addresses (or :: / ::ffff:a.b.c.d) can be bound";
     return -EAFNOSUPPORT;
   }
+  // 127.0.0.0/8 binds as the wildcard does, as on Linux (cma_any_addr
+  // counts loopback addresses as "any"): no device, a listen on every
+  // address. libfabric's verbs provider binds "localhost" so to learn that
+  // a passive endpoint is not tied to a device (vrb_fill_addr).
+  const uint32_t loop = (ip >> 24) == 127 ? ip : 0;
+  if (loop) ip = 0;
   if (ip && !local_ip(ip)) {
     why_ = "the address is not urnic's";
     return -EADDRNOTAVAIL;
@@ -619,6 +626,7 @@ int CmServer::cmd_bind_ip(Id& id, const uint8_t* b) {
     return rc;
   }
   id.src_ip = ip;
+  id.loop_ip = loop;
   id.device = ip != 0;
   return 0;
 }
@@ -706,8 +714,8 @@ int CmServer::cmd_query_route(const Id& id, std::string& out) {
     p.rate = 0;
     p.packet_life_time = packet_life(id.ack_timeout);
   }
-  put_addr(reinterpret_cast<uint8_t*>(&r.src_addr), id.family, id.src_ip,
-           id.src_port);
+  put_addr(reinterpret_cast<uint8_t*>(&r.src_addr), id.family,
+           id.src_ip ? id.src_ip : id.loop_ip, id.src_port);
   if (id.dst_ip || id.dst_port)
     put_addr(reinterpret_cast<uint8_t*>(&r.dst_addr), id.family, id.dst_ip,
              id.dst_port);

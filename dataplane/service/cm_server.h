@@ -131,6 +131,9 @@ class CmServer {
     uint16_t src_port = 0, dst_port = 0;
     bool bound = false;
     bool device = false;  // bound to urnic's port (not a wildcard)
+    // A loopback address the user bound: Linux binds it as the wildcard
+    // (cma_any_addr) and reports it as the id's address (src_ip stays 0).
+    uint32_t loop_ip = 0;
     uint8_t tos = 0;
     bool reuseaddr = false, afonly = false;
     uint8_t ack_timeout = 0;  // RDMA_OPTION_ID_ACK_TIMEOUT, 0: not set

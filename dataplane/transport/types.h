@@ -32,7 +32,7 @@ struct Limits {
   uint32_t max_sge = kMaxSge;
   uint32_t max_inline = kMaxInline;
   uint32_t max_cq = 16384;
-  uint32_t max_cqe = 65536;
+  uint32_t max_cqe = 4194303;  // as config::LimitsConfig
   uint32_t max_mr = 65536;
   uint64_t max_mr_size = uint64_t{1} << 40;
   uint32_t max_pd = 16384;

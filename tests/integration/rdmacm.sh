@@ -18,10 +18,10 @@
 #   - qperf's RC tests through the RDMA CM (-cm1), atomics verified;
 #   - perftest ib_write_bw -R, ib_send_bw -R -c UD and ib_send_lat -R (two
 #     CM phases on one port);
-#   - libfabric 1.17's verbs provider (fi_pingpong -p 'verbs;ofi_rxd' -e rdm
-#     -c: RDM endpoints over verbs UD QPs, data checked; its MSG endpoints
-#     want the device's address on a kernel interface, which urnic's port is
-#     not, so they are not offered);
+#   - libfabric 1.17's verbs provider, data checked (-c): RDM endpoints over
+#     UD QPs (verbs;ofi_rxd); and, where a kernel interface carries the
+#     services' addresses (which the provider looks for), MSG endpoints (RC
+#     QPs, RDMA CM) and RDM endpoints over them (verbs;ofi_rxm);
 #   - mckey (RDMA_PS_UDP multicast): receivers on both services and a
 #     sender (plain, -l: no loopback, -o: send-only join); every receiver
 #     gets every message, the sender's own service loops them back to its
@@ -69,9 +69,9 @@ bg_on() {
 # server_up SOCK LISTENS PID: the server PID started as a client of SOCK
 # listens: it made an RDMA CM listen beyond the LISTENS counted before it
 # started (or, with PAIR_TCP=PORT, a TCP socket listens on PORT: libfabric's
-# control exchange). Else it is stopped.
+# control exchange; in netns PAIR_NS if set). Else it is stopped.
 server_up() {
-  if [ -n "${PAIR_TCP:-}" ]; then wait_tcp "$PAIR_TCP" "" "$3"; else wait_cm_listen "$1" "$2"; fi &&
+  if [ -n "${PAIR_TCP:-}" ]; then wait_tcp "$PAIR_TCP" "${PAIR_NS:-}" "$3"; else wait_cm_listen "$1" "$2"; fi &&
     return 0
   stop_pid "$3"
   return 1
@@ -307,6 +307,35 @@ PAIR_TCP=47601 check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" \
     pair fi_4k "$SA" "$SB" "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 4096 -B 47602" \
     "fi_pingpong -p verbs;ofi_rxd -e rdm -c -I 50 -S 4096 -P 47602 127.0.0.1"
   check "  both report the transfers" both '^4k *50 *=50' fi_4k
+  # MSG endpoints: the provider offers them on a device whose address it
+  # finds on a kernel interface (it binds each interface's address and
+  # keeps those that land on a device), and its passive endpoint binds
+  # "localhost", which Linux takes as the wildcard. The programs run in a
+  # namespace whose two interfaces carry the two services' addresses: the
+  # part a RoCE NIC's netdev plays (urnic's port is not a kernel
+  # interface). The control exchange is TCP on that namespace's loopback.
+  FI_NS=urnic-$ID-fi
+  ip netns add "$FI_NS" && NETNS+=("$FI_NS")
+  ip -n "$FI_NS" link set lo up
+  ip -n "$FI_NS" link add fia type veth peer name fib
+  ip -n "$FI_NS" addr add 10.98.0.1/32 dev fia
+  ip -n "$FI_NS" addr add 10.98.0.2/32 dev fib
+  ip -n "$FI_NS" link set fia up
+  ip -n "$FI_NS" link set fib up
+  fi_ns() { echo "ip netns exec $FI_NS fi_pingpong $*"; }
+  fi_msg() {
+    on "$SA" ip netns exec "$FI_NS" timeout 60 fi_info -p verbs -t FI_EP_MSG \
+      >"$TMP/fi_msg_info.out" 2>&1 && grep -q 'domain: urnic0$' "$TMP/fi_msg_info.out"
+  }
+  check "fi_info -t FI_EP_MSG lists urnic0 where an interface has its address" fi_msg
+  PAIR_NS=$FI_NS PAIR_TCP=47603 check "fi_pingpong -p verbs -e msg -c (RC QPs, RDMA CM), 64 B" \
+    pair fi_msg "$SA" "$SB" "$(fi_ns -p verbs -e msg -c -I 100 -S 64 -B 47603)" \
+    "$(fi_ns -p verbs -e msg -c -I 100 -S 64 -P 47603 127.0.0.1)"
+  check "  both report the transfers" both '^64 *100 *=100' fi_msg
+  PAIR_NS=$FI_NS PAIR_TCP=47604 check "fi_pingpong -p 'verbs;ofi_rxm' -e rdm -c, 64 KiB" \
+    pair fi_rxm "$SA" "$SB" "$(fi_ns -p 'verbs;ofi_rxm' -e rdm -c -I 100 -S 65536 -B 47604)" \
+    "$(fi_ns -p 'verbs;ofi_rxm' -e rdm -c -I 100 -S 65536 -P 47604 127.0.0.1)"
+  check "  both report the transfers" both '^64k *100 *=100' fi_rxm
 else
   echo "SKIP - fi_pingpong not installed (libfabric-bin)"
 fi

@@ -804,6 +804,52 @@ TEST_F(CmServerTest, NoListenerIsRej8) {
   EXPECT_EQ(stat(B, "cm_rej_rx"), 1u);
 }
 
+// A loopback address binds as the wildcard, as on Linux (cma_any_addr):
+// no device behind the id, the bound address reported as given, the port
+// taken on every address, and a request to the port's address is the
+// listener's. libfabric's verbs provider binds "localhost" so (the passive
+// endpoint of fi_pingpong -e msg and -e rdm over ofi_rxm); refused, every
+// MSG endpoint failed with ENODATA.
+TEST_F(CmServerTest, LoopbackBindIsTheWildcard) {
+  constexpr uint32_t kLoop = 0x7f000001;  // 127.0.0.1
+  lis = create_id(a, kUidListen);
+  ASSERT_EQ(bind_ip(a, lis, kLoop, kPort), 0);
+  const auto bound = query_route(a, lis);
+  EXPECT_EQ(bound.node_guid, 0u);  // no device: id->verbs stays NULL
+  EXPECT_EQ(bound.port_num, 0u);
+  sockaddr_in src;
+  std::memcpy(&src, &bound.src_addr, sizeof src);
+  EXPECT_EQ(ntohl(src.sin_addr.s_addr), kLoop);
+  EXPECT_EQ(ntohs(src.sin_port), kPort);
+  // The port is the wildcard's: another address of 127/8, the port's own
+  // and the wildcard all conflict with it (EADDRNOTAVAIL, cma_check_port).
+  {
+    const uint32_t x[3] = {create_id(a, 0x71), create_id(a, 0x72),
+                           create_id(a, 0x73)};
+    EXPECT_EQ(bind_ip(a, x[0], 0x7f000102, kPort), -EADDRNOTAVAIL);
+    EXPECT_EQ(bind_ip(a, x[1], kIpA, kPort), -EADDRNOTAVAIL);
+    EXPECT_EQ(bind_ip(a, x[2], 0, kPort), -EADDRNOTAVAIL);
+    for (uint32_t i : x) EXPECT_EQ(destroy_id(a, i), 0);
+  }
+  // Another address that is not the port's still is not bindable.
+  const uint32_t other = create_id(a, 0x74);
+  EXPECT_EQ(bind_ip(a, other, kIpB, kPort + 9), -EADDRNOTAVAIL);
+  EXPECT_EQ(destroy_id(a, other), 0);
+
+  ASSERT_EQ(listen(a, lis), 0);
+  ASSERT_NO_FATAL_FAILURE(connect_from_b());
+  req = take(B, Attr::kReq);
+  deliver(req, A);
+  const auto cr = event(a, RDMA_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(cr.resp.uid, kUidListen);
+  // The request's id is on the port, with the address B sent to.
+  const auto child = query_route(a, cr.resp.id);
+  EXPECT_EQ(child.node_guid, A.guid);
+  std::memcpy(&src, &child.src_addr, sizeof src);
+  EXPECT_EQ(ntohl(src.sin_addr.s_addr), kIpA);
+  EXPECT_TRUE(A.tx.empty());  // no REJ
+}
+
 // 3. rdma_disconnect on both sides: DREQ, DREP, then timewait.
 TEST_F(CmServerTest, DisconnectAndTimewait) {
   ASSERT_NO_FATAL_FAILURE(establish());

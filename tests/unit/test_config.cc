@@ -116,7 +116,7 @@ TEST(ConfigDefaults, LimitsDefaultsAreTheDeviceLimits) {
   EXPECT_EQ(l.max_sge, 16u);
   EXPECT_EQ(l.max_inline, 256u);
   EXPECT_EQ(l.max_cq, 16384u);
-  EXPECT_EQ(l.max_cqe, 65536u);
+  EXPECT_EQ(l.max_cqe, 4194303u);
   EXPECT_EQ(l.max_mr, 65536u);
   EXPECT_EQ(l.max_mr_size, 1099511627776u);
   EXPECT_EQ(l.max_pd, 16384u);
