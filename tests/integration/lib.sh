@@ -14,6 +14,11 @@
 #   memif_listening PATH   a memif server listens there (abstract or file)
 #   veth_pair           two network namespaces joined by a veth pair
 #                       (NS_A/IF_A, NS_B/IF_B), removed on exit
+#   addr_ns VAR IP...   a network namespace (its name in VAR; removed on
+#                       exit) whose interfaces carry these addresses, as a
+#                       RoCE NIC's netdev carries its own: libfabric's verbs
+#                       provider offers MSG endpoints only on a device
+#                       whose address it finds on an interface
 #   afp_start ROLE NS IFACE IP SOCK [urnicd options]  urnicd in NS on
 #                       net_af_packet over IFACE; LAST_PID = the service
 #   wait_sock SOCK      until a service answers there (10 s)
@@ -175,6 +180,23 @@ veth_pair() {
   ip -n "$NS_A" link set "$IF_A" up
   ip -n "$NS_B" link set lo up
   ip -n "$NS_B" link set "$IF_B" up
+}
+
+addr_ns() {
+  local var=$1 ns=urnic-${ID:-it}-$$-addr i=0
+  shift
+  ip netns add "$ns"
+  NETNS+=("$ns")
+  ip -n "$ns" link set lo up
+  for a in "$@"; do
+    # veth ends, in pairs: the kernel here has no dummy interfaces.
+    [ $((i % 2)) = 0 ] && ip -n "$ns" link add "ad$i" type veth peer name "ad$((i + 1))"
+    ip -n "$ns" addr add "$a/32" dev "ad$i"
+    ip -n "$ns" link set "ad$i" up
+    i=$((i + 1))
+  done
+  [ $((i % 2)) = 1 ] && ip -n "$ns" link set "ad$i" up
+  printf -v "$var" %s "$ns"
 }
 
 # afp_start ROLE NS IFACE IP SOCK [urnicd options]: urnicd_start in NS on

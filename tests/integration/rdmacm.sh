@@ -311,17 +311,10 @@ PAIR_TCP=47601 check "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" \
   # finds on a kernel interface (it binds each interface's address and
   # keeps those that land on a device), and its passive endpoint binds
   # "localhost", which Linux takes as the wildcard. The programs run in a
-  # namespace whose two interfaces carry the two services' addresses: the
-  # part a RoCE NIC's netdev plays (urnic's port is not a kernel
-  # interface). The control exchange is TCP on that namespace's loopback.
-  FI_NS=urnic-$ID-fi
-  ip netns add "$FI_NS" && NETNS+=("$FI_NS")
-  ip -n "$FI_NS" link set lo up
-  ip -n "$FI_NS" link add fia type veth peer name fib
-  ip -n "$FI_NS" addr add 10.98.0.1/32 dev fia
-  ip -n "$FI_NS" addr add 10.98.0.2/32 dev fib
-  ip -n "$FI_NS" link set fia up
-  ip -n "$FI_NS" link set fib up
+  # namespace whose interfaces carry the two services' addresses (addr_ns;
+  # urnic's port is not a kernel interface). The control exchange is TCP
+  # on that namespace's loopback.
+  addr_ns FI_NS 10.98.0.1 10.98.0.2
   fi_ns() { echo "ip netns exec $FI_NS fi_pingpong $*"; }
   fi_msg() {
     on "$SA" ip netns exec "$FI_NS" timeout 60 fi_info -p verbs -t FI_EP_MSG \

@@ -14,7 +14,8 @@
 #   - Open MPI 4.1, --mca pml ucx, UCX_TLS=rc_v (no shared memory, no TCP):
 #     tests/shim/mpi_check's ping-pong (1 B..4 MiB), allreduce and one-sided
 #     calls (osc ucx: puts, gets, atomics, MPI_Rget) with every byte
-#     checked; both services' RoCE counters moved. Then the same with
+#     checked; both services' RoCE counters moved. The same over
+#     libfabric: pml cm, mtl ofi on verbs;ofi_rxm, osc pt2pt. Then UCX's with
 #     the fault stage on both ports (1 % loss, duplicates, reordering):
 #     verified again, and less than twice the clean run's bytes sent.
 # ucx_perftest checks no data; mpi_check does.
@@ -112,22 +113,26 @@ else
   memif_start client 02:00:00:00:97:02 10.98.0.2 "$S2"
   check "the memif pair's links are up" wait_link "$S1"
   check "  on both services" wait_link "$S2"
+  # The layers under MPI: UCX (pml ucx, osc ucx) by default; MPI_PML,
+  # MPI_OSC and RANK_ENV (the ranks' environment) choose others, MPI_NS a
+  # network namespace for mpirun and its ranks.
   rank() {  # rank SOCK [ARG]: one app context of mpirun, a client of SOCK
     # (LD_PRELOAD's list colon-separated: this is split into words.)
     echo -np 1 env $CLIENT_ENV LD_PRELOAD="${PRELOAD// /:}" URNIC_SOCKET="$1" \
-      UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v URNIC_POLL_YIELD=1 "$MPI_CHECK" 5 \
-      ${2:-}
+      ${RANK_ENV:-UCX_NET_DEVICES=urnic0:1 UCX_TLS=rc_v} URNIC_POLL_YIELD=1 \
+      "$MPI_CHECK" 5 ${2:-}
   }
   mpi() {  # mpi [ARG]: mpi_check's second argument
-    local a0 b0
+    local a0 b0 pre=()
+    [ -n "${MPI_NS:-}" ] && pre=(ip netns exec "$MPI_NS")
     a0=$(counter "$S1" roce_rx)
     b0=$(counter "$S2" roce_rx)
-    # btl self only and osc ucx: nothing may go through shared memory or
-    # TCP; every rank-to-rank byte crosses the two services.
+    # btl self only: nothing may go through shared memory or TCP; every
+    # rank-to-rank byte crosses the two services.
     # shellcheck disable=SC2046
-    timeout 120 mpirun --allow-run-as-root --oversubscribe --mca pml ucx \
-      --mca btl self --mca osc ucx $(rank "$S1" "${1:-}") : \
-      $(rank "$S2" "${1:-}") \
+    "${pre[@]}" timeout 120 mpirun --allow-run-as-root --oversubscribe \
+      --mca pml "${MPI_PML:-ucx}" --mca btl self --mca osc "${MPI_OSC:-ucx}" \
+      $(rank "$S1" "${1:-}") : $(rank "$S2" "${1:-}") \
       >"$TMP/mpi.out" 2>&1 || { cat "$TMP/mpi.out"; return 1; }
     sed 's/^/  /' "$TMP/mpi.out"
     grep -q 'mpi_check: all data checked' "$TMP/mpi.out" &&
@@ -141,6 +146,16 @@ else
   # the buffer's old value ("rget [0] is -7").
   check "Open MPI pml ucx: ping-pong, allreduce, one-sided verified, RoCE counters moved" mpi
   clean=$(($(counter "$S1" tx_bytes) - t1 + $(counter "$S2" tx_bytes) - t2))
+  # libfabric under MPI: pml cm with mtl ofi on verbs;ofi_rxm (RC QPs by
+  # the RDMA CM), one-sided by osc pt2pt over it. The provider offers its
+  # MSG endpoints only where an interface carries the device's address
+  # (addr_ns); mpirun and the ranks run in that namespace.
+  if command -v fi_info >/dev/null; then
+    addr_ns MPI_NS 10.98.0.1 10.98.0.2
+    MPI_NS=$MPI_NS MPI_PML=cm MPI_OSC=pt2pt \
+      RANK_ENV="FI_PROVIDER=verbs;ofi_rxm OMPI_MCA_mtl=ofi" \
+      check "Open MPI pml cm, mtl ofi (libfabric verbs;ofi_rxm): all verified, RoCE counters moved" mpi
+  fi
   # The same through 1 % loss, duplication and reordering on both ports.
   # UCX's rendezvous is one RDMA READ per message (up to 4 MiB here): a
   # READ is asked for in pieces of the window, so a lost response costs
