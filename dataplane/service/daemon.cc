@@ -397,15 +397,24 @@ void Daemon::poll_gsi() {
   }
 }
 
-// Vdev PMDs copy out of the mbuf on the CPU: any address will do. A PCI
-// device reads the payload by DMA, so each registered MR is DMA-mapped for
-// it (ZeroCopyTx::map), which needs IOVAs that are virtual addresses; with
+// The payload goes out as mbufs chained after the header's: a PMD must
+// say it transmits chains (MULTI_SEGS). net_af_xdp does not, and copies
+// the first segment's bytes for the whole frame's length (a corrupt frame,
+// an ICRC error at the peer); net_null puts nothing on a wire (own-GID
+// loopback, perf/own-core, never reaches it), so it may. Vdev PMDs that
+// take chains copy out of the mbuf on the CPU: any address will do. A PCI
+// device reads the payload by DMA, so each registered MR is DMA-mapped for it
+// (ZeroCopyTx::map), which needs IOVAs that are virtual addresses; with
 // physical ones (uio_pci_generic, vfio without an IOMMU) the application's
 // pages would have to be pinned and translated page by page, and a payload
 // crossing a page split by physical contiguity: not done, they copy.
 std::string Daemon::zero_copy_setup() {
   if (!cfg_.transport.zero_copy_tx)
     return "off: transport.zero_copy_tx is false";
+  if (!(port_.tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) &&
+      port_.driver != "net_null")
+    return "off: " + port_.driver +
+           " cannot transmit chained mbufs (no MULTI_SEGS); payload is copied";
   if (cfg_.port.pci.empty()) {
     zero_copy_ = std::make_unique<ZeroCopyTx>();
     return "on";
@@ -413,9 +422,6 @@ std::string Daemon::zero_copy_setup() {
   if (rte_eal_iova_mode() != RTE_IOVA_VA)
     return "off: IOVA as PA (uio_pci_generic, or vfio without an IOMMU); "
            "payload is copied";
-  if (!(port_.tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS))
-    return "off: " + port_.driver +
-           " cannot transmit chained mbufs (no MULTI_SEGS); payload is copied";
   rte_eth_dev_info info;
   if (rte_eth_dev_info_get(port_.port_id, &info) != 0 || !info.device)
     return "off: the port's device is unknown; payload is copied";
