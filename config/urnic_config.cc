@@ -1440,6 +1440,10 @@ void Decoder::check_cross_fields(const Config& cfg) const {
 void Decoder::decode(const YAML::Node& root, Config& cfg) {
   root_loc_ = loc_at(source_, root.Mark());
   decode_section(root, "", root_loc_, cfg);
+  // A default that depends on another key (IdleConfig).
+  IdleConfig& idle = cfg.lcores.idle;
+  if (idle.yield && !seen_.contains("lcores.idle.spin_polls"))
+    idle.spin_polls = IdleConfig::kSpinPollsYield;
   check_cross_fields(cfg);
 }
 

@@ -65,8 +65,12 @@ struct MempoolConfig {
 // Idle back-off of a worker lcore: busy-poll for spin_polls empty bursts,
 // then rte_pause() (or sched_yield() with yield) for pause_polls more, then
 // sleep sleep_us per empty poll. sleep_us = 0 keeps pure busy polling
-// (benchmarks).
+// (benchmarks). With yield and spin_polls not given, spin_polls is
+// kSpinPollsYield: a worker that shares its CPU yields at its first empty
+// poll (perf/README.md, "Request / response latency and the idle
+// back-off").
 struct IdleConfig {
+  static constexpr uint32_t kSpinPollsYield = 0;
   uint32_t spin_polls = 256;
   uint32_t pause_polls = 4096;
   uint32_t sleep_us = 50;

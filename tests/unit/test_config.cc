@@ -887,6 +887,26 @@ TEST(ConfigOverrides, SwitchFromVdevToPci) {
   EXPECT_TRUE(c.port.vdev.empty());
 }
 
+// spin_polls left out: 256, or 0 once the worker yields its CPU; given,
+// what was given.
+TEST(ConfigOverrides, SpinPollsDefaultFollowsYield) {
+  EXPECT_EQ(parse(kMinimal, "t", {}).lcores.idle.spin_polls, 256u);
+  EXPECT_EQ(parse(kMinimal, "t", {"lcores.idle.yield=true"})
+                .lcores.idle.spin_polls,
+            IdleConfig::kSpinPollsYield);
+  EXPECT_EQ(parse(kMinimal, "t",
+                  {"lcores.idle.yield=true", "lcores.idle.spin_polls=64"})
+                .lcores.idle.spin_polls,
+            64u);
+  EXPECT_EQ(parse(kMinimal, "t", {"lcores.idle={yield: true, spin_polls: 9}"})
+                .lcores.idle.spin_polls,
+            9u);
+  // The embedded default leaves it out, so yield alone changes it there.
+  EXPECT_EQ(parse(embedded_default(), "default", {"lcores.idle.yield=true"})
+                .lcores.idle.spin_polls,
+            IdleConfig::kSpinPollsYield);
+}
+
 TEST(ConfigOverrides, ReplacesAWholeSection) {
   const Config c = parse(kMinimal, "t", {"lcores.idle={spin_polls: 1}"});
   EXPECT_EQ(c.lcores.idle.spin_polls, 1u);
