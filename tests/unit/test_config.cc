@@ -891,9 +891,9 @@ TEST(ConfigOverrides, SwitchFromVdevToPci) {
 // what was given.
 TEST(ConfigOverrides, SpinPollsDefaultFollowsYield) {
   EXPECT_EQ(parse(kMinimal, "t", {}).lcores.idle.spin_polls, 256u);
-  EXPECT_EQ(parse(kMinimal, "t", {"lcores.idle.yield=true"})
-                .lcores.idle.spin_polls,
-            IdleConfig::kSpinPollsYield);
+  EXPECT_EQ(
+      parse(kMinimal, "t", {"lcores.idle.yield=true"}).lcores.idle.spin_polls,
+      IdleConfig::kSpinPollsYield);
   EXPECT_EQ(parse(kMinimal, "t",
                   {"lcores.idle.yield=true", "lcores.idle.spin_polls=64"})
                 .lcores.idle.spin_polls,
