@@ -611,7 +611,7 @@ int CmServer::cmd_bind_ip(Id& id, const uint8_t* b) {
   // counts loopback addresses as "any"): no device, a listen on every
   // address. libfabric's verbs provider binds "localhost" so to learn that
   // a passive endpoint is not tied to a device (vrb_fill_addr).
-  const uint32_t loop = (ip >> 24) == 127 ? ip : 0;
+  const uint32_t loop = wire::ipv4_is_loopback(ip) ? ip : 0;
   if (loop) ip = 0;
   if (ip && !local_ip(ip)) {
     why_ = "the address is not urnic's";

@@ -259,6 +259,9 @@ constexpr bool ipv4_is_multicast(uint32_t addr) {  // host order
   return (addr & 0xf0000000u) == 0xe0000000u;
 }
 bool gid_is_multicast(const uint8_t gid[16]);
+constexpr bool ipv4_is_loopback(uint32_t addr) {  // host order, 127.0.0.0/8
+  return (addr >> 24) == 127;
+}
 // The group's Ethernet address, without ARP or ND: 01:00:5e + the low 23
 // bits of an IPv4 group (RFC 1112 6.4), 33:33 + the low 32 bits of an IPv6
 // one (RFC 2464 7).

@@ -189,13 +189,14 @@ addr_ns() {
   NETNS+=("$ns")
   ip -n "$ns" link set lo up
   for a in "$@"; do
-    # veth ends, in pairs: the kernel here has no dummy interfaces.
-    [ $((i % 2)) = 0 ] && ip -n "$ns" link add "ad$i" type veth peer name "ad$((i + 1))"
+    # A veth pair per address, one end carrying it: the kernel here has no
+    # dummy interfaces.
+    i=$((i + 1))
+    ip -n "$ns" link add "ad$i" type veth peer name "ap$i"
     ip -n "$ns" addr add "$a/32" dev "ad$i"
     ip -n "$ns" link set "ad$i" up
-    i=$((i + 1))
+    ip -n "$ns" link set "ap$i" up
   done
-  [ $((i % 2)) = 1 ] && ip -n "$ns" link set "ad$i" up
   printf -v "$var" %s "$ns"
 }
 

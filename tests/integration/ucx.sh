@@ -151,8 +151,8 @@ else
   # MSG endpoints only where an interface carries the device's address
   # (addr_ns); mpirun and the ranks run in that namespace.
   if command -v fi_info >/dev/null; then
-    addr_ns MPI_NS 10.98.0.1 10.98.0.2
-    MPI_NS=$MPI_NS MPI_PML=cm MPI_OSC=pt2pt \
+    addr_ns ofi_ns 10.98.0.1 10.98.0.2
+    MPI_NS=$ofi_ns MPI_PML=cm MPI_OSC=pt2pt \
       RANK_ENV="FI_PROVIDER=verbs;ofi_rxm OMPI_MCA_mtl=ofi" \
       check "Open MPI pml cm, mtl ofi (libfabric verbs;ofi_rxm): all verified, RoCE counters moved" mpi
   fi
