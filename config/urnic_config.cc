@@ -64,9 +64,9 @@ using Member = std::variant<
     std::string S::*, std::vector<uint32_t> S::*, std::vector<std::string> S::*,
     Ipv4Cidr S::*, Ipv6Cidr S::*, EalConfig S::*, PortConfig S::*,
     MempoolConfig S::*, LcoreConfig S::*, IdleConfig S::*, ControlConfig S::*,
-    StatsConfig S::*, ArpConfig S::*, LimitsConfig S::*, TransportConfig S::*,
-    CcConfig S::*, DcqcnConfig S::*, FaultConfig S::*, FaultDirConfig S::*,
-    ClientLimitsConfig S::*>;
+    StatsConfig S::*, ArpConfig S::*, CmConfig S::*, LimitsConfig S::*,
+    TransportConfig S::*, CcConfig S::*, DcqcnConfig S::*, FaultConfig S::*,
+    FaultDirConfig S::*, ClientLimitsConfig S::*>;
 
 template <class S>
 struct Field {
@@ -209,6 +209,14 @@ struct Schema<ArpConfig> {
       {.key = "retry_ms", .member = &S::retry_ms, .min = 10, .max = 60000},
       {.key = "retries", .member = &S::retries, .min = 1, .max = 100},
       {.key = "queue_len", .member = &S::queue_len, .max = 65536},
+  };
+};
+
+template <>
+struct Schema<CmConfig> {
+  using S = CmConfig;
+  static constexpr Field<S> kFields[] = {
+      {.key = "listen_grace_ms", .member = &S::listen_grace_ms, .max = 2000},
   };
 };
 
@@ -409,6 +417,7 @@ struct Schema<Config> {
       {.key = "control", .member = &S::control},
       {.key = "stats", .member = &S::stats},
       {.key = "arp", .member = &S::arp},
+      {.key = "cm", .member = &S::cm},
       {.key = "limits", .member = &S::limits},
       {.key = "client_limits", .member = &S::client_limits},
       {.key = "transport", .member = &S::transport},
@@ -468,6 +477,7 @@ static_assert(table_complete<IdleConfig>(0));
 static_assert(table_complete<ControlConfig>(0));
 static_assert(table_complete<StatsConfig>(0));
 static_assert(table_complete<ArpConfig>(0));
+static_assert(table_complete<CmConfig>(0));
 static_assert(table_complete<LimitsConfig>(0));
 static_assert(table_complete<ClientLimitsConfig>(0));
 static_assert(table_complete<TransportConfig>(0));
@@ -478,9 +488,10 @@ static_assert(ranges_fit<EalConfig>() && ranges_fit<PortConfig>() &&
               ranges_fit<MempoolConfig>() && ranges_fit<LcoreConfig>() &&
               ranges_fit<IdleConfig>() && ranges_fit<ControlConfig>() &&
               ranges_fit<StatsConfig>() && ranges_fit<ArpConfig>() &&
-              ranges_fit<LimitsConfig>() && ranges_fit<TransportConfig>() &&
-              ranges_fit<CcConfig>() && ranges_fit<FaultConfig>() &&
-              ranges_fit<FaultDirConfig>() && ranges_fit<ClientLimitsConfig>());
+              ranges_fit<CmConfig>() && ranges_fit<LimitsConfig>() &&
+              ranges_fit<TransportConfig>() && ranges_fit<CcConfig>() &&
+              ranges_fit<FaultConfig>() && ranges_fit<FaultDirConfig>() &&
+              ranges_fit<ClientLimitsConfig>());
 
 // ---------------------------------------------------------------------------
 // Small text helpers.
@@ -1014,10 +1025,12 @@ YAML::Node Decoder::load_document(const std::string& text) const {
     return YAML::Node(YAML::NodeType::Map);  // empty file: all defaults
   }
   if (!root.IsMap()) {
-    fail_plain(loc_at(source_, root.Mark()),
-               "top level must be a map of sections (eal, port, mempool, "
-               "lcores, control, stats, arp, limits, transport), got " +
-                   describe(root));
+    fail_plain(
+        loc_at(source_, root.Mark()),
+        "top level must be a map of sections (eal, port, mempool, "
+        "lcores, control, stats, arp, cm, limits, client_limits, transport, "
+        "fault), got " +
+            describe(root));
   }
   return root;
 }

@@ -106,6 +106,14 @@ struct StatsConfig {
   bool print_on_exit = true;
 };
 
+// The RDMA CM (dataplane/service/cm_server.h).
+struct CmConfig {
+  // A REQ or SIDR_REQ for a service nobody listens on waits this long for a
+  // listener before it is refused (REJ "invalid service ID" / SIDR_REP
+  // "unsupported"); 0 refuses it at once, as Linux's CM does.
+  uint32_t listen_grace_ms = 100;
+};
+
 struct ArpConfig {
   uint32_t entries = 1024;  // neighbour cache capacity
   uint32_t reachable_ms = 300000;
@@ -261,6 +269,7 @@ struct Config {
   ControlConfig control;
   StatsConfig stats;
   ArpConfig arp;
+  CmConfig cm;
   LimitsConfig limits;
   ClientLimitsConfig client_limits;
   TransportConfig transport;

@@ -236,7 +236,9 @@ std::vector<std::pair<const char*, uint64_t>> CmServer::stats() const {
           {"cm_mcast_refused", v(ctr_.mcast_refused)},
           {"cm_mcast_groups", v(ctr_.mcast_groups)},
           {"cm_listens", v(ctr_.listens)},
-          {"cm_listening", v(ctr_.listening)}};
+          {"cm_listening", v(ctr_.listening)},
+          {"cm_req_holds", v(ctr_.req_holds)},
+          {"cm_req_hold_expired", v(ctr_.req_hold_expired)}};
 }
 
 // --- control requests --------------------------------------------------------
@@ -370,8 +372,11 @@ int CmServer::command(Channel& ch, const shim::CmCommandReq& req,
       return on(type_identity<rdma_ucm_connect>{},
                 [&](Id& id) { return cmd_connect(id, b, now); });
     case RDMA_USER_CM_CMD_LISTEN:
-      return on(type_identity<rdma_ucm_listen>{},
-                [&](Id& id) { return cmd_listen(id, b); });
+      return on(type_identity<rdma_ucm_listen>{}, [&](Id& id) {
+        const int rc = cmd_listen(id, b);
+        if (rc == 0) release_held(now);
+        return rc;
+      });
     case RDMA_USER_CM_CMD_ACCEPT:
       return on(type_identity<rdma_ucm_accept>{},
                 [&](Id& id) { return cmd_accept(id, b, now); });
@@ -1347,7 +1352,7 @@ void CmServer::on_close(const ClientInfo& ci) {
 }
 
 bool CmServer::busy() const {
-  if (!loop_.empty()) return true;
+  if (!loop_.empty() || !held_.empty()) return true;
   for (const auto& [n, id] : ids_)
     if (id.retry_at || id.st == St::kAddrQuery) return true;
   return false;
@@ -1357,6 +1362,7 @@ void CmServer::shutdown(uint64_t now) {
   if (shut_down_) return;
   shut_down_ = true;
   now_ = now;
+  release_held(UINT64_MAX);  // refused: nobody will listen now
   for (auto& [n, id] : ids_)
     if (id.st != St::kListen) emit(id, kDeviceRemoval, 0);
 }
@@ -1559,8 +1565,12 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
   const Incoming in = incoming(q.private_data, q.service_id);
   Id* lis = listener(IBV_QPT_RC, in);
   if (!lis) {
-    // Nobody listens on this service ID: REJ "invalid service ID", echoing
-    // the REQ's TID (Linux cm_issue_rej).
+    // Nobody listens on this service ID (yet): held for a listener no longer
+    // than half of what the active side waits for our answer, then REJ
+    // "invalid service ID", echoing the REQ's TID (Linux cm_issue_rej).
+    if (hold(f, h, mad,
+             ms_ns(cm::timeout_ms(q.remote_cm_response_timeout)) / 2))
+      return;
     send_rej(peer, h.tid, 0, q.local_comm_id, 0,
              static_cast<uint16_t>(cm::RejReason::kInvalidServiceId), nullptr,
              0);
@@ -1902,7 +1912,10 @@ void CmServer::on_sidr_req(const wire::RoceFields& f, const cm::MadHdr& h,
   const Incoming in = incoming(q.private_data, q.service_id);
   Id* lis = listener(IBV_QPT_UD, in);
   if (!lis) {
-    // No UD listener: "unsupported" (cm_sidr_req_handler).
+    // No UD listener (yet): held for one, then "unsupported"
+    // (cm_sidr_req_handler). A SIDR_REQ says nothing of its timeout; Linux's
+    // cma waits 4 s, longer than the longest grace.
+    if (hold(f, h, mad, UINT64_MAX)) return;
     reply(cm::SidrStatus::kUnsupported);
     return;
   }
@@ -1928,6 +1941,55 @@ void CmServer::on_sidr_req(const wire::RoceFields& f, const cm::MadHdr& h,
         e.param.ud.private_data_len = cm::kSidrReqUserDataSize;
       },
       lis->id);
+}
+
+bool CmServer::hold(const wire::RoceFields& f, const cm::MadHdr& h,
+                    const uint8_t* mad, uint64_t wait_ns) {
+  if (refuse_ || env_.listen_grace_ns == 0) return false;
+  const uint32_t peer = wire::gid_to_ipv4(f.sgid);
+  for (const Held& o : held_)
+    if (o.h.tid == h.tid && o.h.attr_id == h.attr_id &&
+        wire::gid_to_ipv4(o.f.sgid) == peer)
+      return true;  // sent again while held
+  if (held_.size() >= kMaxHeld) return false;
+  Held& o = held_.emplace_back();
+  o.f = f;
+  o.h = h;
+  std::memcpy(o.mad.data(), mad, cm::kMadSize);
+  o.until = now_ + std::min(env_.listen_grace_ns, wait_ns);
+  ctr_.req_holds.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void CmServer::release_held(uint64_t now) {
+  if (held_.empty()) return;
+  std::deque<Held> todo;
+  todo.swap(held_);
+  for (Held& o : todo) {
+    const bool req = o.h.attr_id == static_cast<uint16_t>(cm::Attr::kReq);
+    Id* lis;
+    if (req) {
+      cm::Req q;
+      cm::decode(o.mad.data(), q);
+      lis = listener(IBV_QPT_RC, incoming(q.private_data, q.service_id));
+    } else {
+      cm::SidrReq q;
+      cm::decode(o.mad.data(), q);
+      lis = listener(IBV_QPT_UD, incoming(q.private_data, q.service_id));
+    }
+    if (!lis && now < o.until) {
+      held_.push_back(std::move(o));
+      continue;
+    }
+    if (!lis) ctr_.req_hold_expired.fetch_add(1, std::memory_order_relaxed);
+    // Handled as if it came now: taken by the listener, or refused.
+    refuse_ = true;
+    if (req)
+      on_req(o.f, o.h, o.mad.data(), now);
+    else
+      on_sidr_req(o.f, o.h, o.mad.data());
+    refuse_ = false;
+  }
 }
 
 void CmServer::on_sidr_rep(const uint8_t* mad) {
@@ -1965,6 +2027,7 @@ void CmServer::on_sidr_rep(const uint8_t* mad) {
 
 void CmServer::tick(uint64_t now) {
   now_ = now;
+  release_held(now);
   while (!loop_.empty()) {
     std::vector<uint8_t> fr = std::move(loop_.front());
     loop_.pop_front();

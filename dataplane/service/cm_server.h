@@ -52,6 +52,9 @@ struct CmEnv {
   // REP or DREQ, as Linux's cma uses them.
   uint8_t cm_response_timeout = 20;
   uint8_t max_cm_retries = 15;
+  // How long a REQ or SIDR_REQ for a service nobody listens on is held for
+  // a listener before it is refused (config cm.listen_grace_ms; 0: at once).
+  uint64_t listen_grace_ns = 0;
 };
 
 struct CmCounters {
@@ -70,6 +73,9 @@ struct CmCounters {
   // listening now: "is my server listening yet?" for an operator, and what
   // a test waits for before it starts a client.
   std::atomic<uint64_t> listens{0}, listening{0};
+  // REQs and SIDR_REQs held for a listener (CmEnv::listen_grace_ns), and
+  // those refused when their hold ended with nobody listening.
+  std::atomic<uint64_t> req_holds{0}, req_hold_expired{0};
 };
 
 class CmServer {
@@ -274,6 +280,22 @@ class CmServer {
   void on_sidr_req(const wire::RoceFields& f, const wire::cm::MadHdr& h,
                    const uint8_t* mad);
   void on_sidr_rep(const uint8_t* mad);
+  // A REQ or SIDR_REQ that found no listener, held for one (Linux refuses
+  // it at once; a client racing its server's rdma_listen then fails).
+  struct Held {
+    wire::RoceFields f;
+    wire::cm::MadHdr h;
+    std::array<uint8_t, wire::cm::kMadSize> mad{};
+    uint64_t until = 0;  // ns: refused then
+  };
+  static constexpr size_t kMaxHeld = 256;
+  // Holds the request unless the grace is off, the hold is full or it has
+  // ended (`refuse`); true when held (or already held: a retransmission).
+  bool hold(const wire::RoceFields& f, const wire::cm::MadHdr& h,
+            const uint8_t* mad, uint64_t wait_ns);
+  // The held requests a listener now takes go to on_req / on_sidr_req, those
+  // whose hold ended (`now` past it) are refused.
+  void release_held(uint64_t now);
   void ah_of(const Id& id, ib_uverbs_ah_attr& ah) const;
   void cma_hdr(const Id& id, uint8_t out[wire::cm::kCmaHdrSize]) const;
   void enter_timewait(Id& id, uint64_t now);
@@ -291,6 +313,8 @@ class CmServer {
   uint32_t psn_ = 0;
   bool shut_down_ = false;                 // of the MADs we send (UD: any PSN)
   std::deque<std::vector<uint8_t>> loop_;  // MADs to ourselves
+  std::deque<Held> held_;
+  bool refuse_ = false;  // release_held: on_req / on_sidr_req hold nothing
   uint64_t now_ = 0;
   CmCounters ctr_;
   std::string why_;

@@ -303,6 +303,7 @@ CmEnv Daemon::cm_env() {
   ce.node_guid = shim_info(dc_).node_guid;
   ce.active_mtu = static_cast<uint8_t>(dc_.active_mtu);
   ce.vlan_tci = cfg_.port.vlan;
+  ce.listen_grace_ns = uint64_t{cfg_.cm.listen_grace_ms} * 1'000'000;
   ce.send_frame = [this](const uint8_t dgid[16], const uint8_t* frame,
                          uint32_t len) {
     return cm_send_frame(dgid, frame, len);

@@ -157,8 +157,9 @@ class CmServerTest : public ::testing::Test {
     for (int fd : fds_) close(fd);
   }
 
-  void start(Node& n) {
+  void start(Node& n, uint64_t listen_grace_ms = 0) {
     CmEnv e;
+    e.listen_grace_ns = listen_grace_ms * kMs;
     e.addrs.mac = {{0x02, 0, 0, 0, 0x63, static_cast<uint8_t>(n.ip)}};
     e.addrs.ipv4 = n.ip;
     e.addrs.ipv4_prefix = 24;
@@ -172,6 +173,14 @@ class CmServerTest : public ::testing::Test {
     e.neighbour = [](const uint8_t*) { return 0; };
     n.srv = std::make_unique<CmServer>(std::move(e));
     n.srv->tick(now);
+  }
+
+  // A with config cm.listen_grace_ms = `ms` (and a new channel a).
+  void restart_a(uint64_t ms) {
+    A.srv.reset();
+    A.tx.clear();
+    start(A, ms);
+    a = open(A);
   }
 
   // --- time ---------------------------------------------------------------
@@ -802,6 +811,117 @@ TEST_F(CmServerTest, NoListenerIsRej8) {
   EXPECT_TRUE(B.tx.empty());
   EXPECT_EQ(stat(A, "cm_rej_tx"), 1u);
   EXPECT_EQ(stat(B, "cm_rej_rx"), 1u);
+}
+
+// 2a. With cm.listen_grace_ms, a REQ that finds no listener waits for one
+// (perftest -R's client connects right after the handshake after which its
+// server listens): no REJ, no event; the same REQ again (a retransmission)
+// is not held twice; the rdma_listen for its port takes it at once.
+TEST_F(CmServerTest, RequestWaitsForTheListener) {
+  restart_a(100);
+  ASSERT_NO_FATAL_FAILURE(connect_from_b());
+  req = take(B, Attr::kReq);
+  deliver(req, A);
+  EXPECT_TRUE(A.tx.empty());
+  EXPECT_TRUE(events(a).empty());
+  EXPECT_TRUE(A.srv->busy());  // the control loop ticks for the hold
+  EXPECT_EQ(stat(A, "cm_req_holds"), 1u);
+  deliver(req, A);
+  EXPECT_EQ(stat(A, "cm_req_holds"), 1u);
+  advance(60);
+  EXPECT_TRUE(A.tx.empty());
+  // A listener on another port does not take it.
+  const uint32_t other = create_id(a, 0x61);
+  ASSERT_EQ(bind_ip(a, other, kIpA, kPort + 1), 0);
+  ASSERT_EQ(listen(a, other), 0);
+  EXPECT_TRUE(A.tx.empty());
+  EXPECT_TRUE(events(a).empty());
+  // Its own does, and the connection completes.
+  lis = create_id(a, kUidListen);
+  ASSERT_EQ(bind_ip(a, lis, kIpA, kPort), 0);
+  ASSERT_EQ(listen(a, lis), 0);
+  const auto cr = event(a, RDMA_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(cr.resp.uid, kUidListen);
+  aid = cr.resp.id;
+  EXPECT_TRUE(A.tx.empty());
+  ASSERT_EQ(accept(a, aid, kUidA, {0x456, 1, 1, ""}), 0);
+  rep = take(A, Attr::kRep);
+  deliver(rep, B);
+  ASSERT_EQ(event(b, RDMA_CM_EVENT_CONNECT_RESPONSE).resp.id, bid);
+  ASSERT_EQ(accept_response(b, bid, kUidB), 0);
+  deliver(take(B, Attr::kRtu), A);
+  EXPECT_EQ(event(a, RDMA_CM_EVENT_ESTABLISHED).resp.id, aid);
+  // Past the grace nothing more happens: the hold is over.
+  advance(200);
+  EXPECT_TRUE(A.tx.empty());
+  EXPECT_EQ(stat(A, "cm_req_hold_expired"), 0u);
+  EXPECT_EQ(stat(A, "cm_rej_tx"), 0u);
+  EXPECT_EQ(stat(A, "cm_connections"), 1u);
+}
+
+// 2b. A held REQ nobody listens for is refused when the grace ends: REJ 8
+// for it, REJECTED on B, as without the grace but later.
+TEST_F(CmServerTest, HeldRequestIsRefusedAfterTheGrace) {
+  restart_a(100);
+  ASSERT_NO_FATAL_FAILURE(connect_from_b());
+  req = take(B, Attr::kReq);
+  deliver(req, A);
+  advance(99);
+  EXPECT_TRUE(A.tx.empty());
+  advance(1);
+  const Mad rej = take(A, Attr::kRej);
+  EXPECT_EQ(rej.h.tid, req.h.tid);
+  EXPECT_EQ(rej.as<cm::Rej>().reason, 8);
+  EXPECT_EQ(rej.as<cm::Rej>().remote_comm_id, req.as<cm::Req>().local_comm_id);
+  EXPECT_FALSE(A.srv->busy());
+  deliver(rej, B);
+  EXPECT_EQ(static_cast<int32_t>(event(b, RDMA_CM_EVENT_REJECTED).resp.status),
+            8);
+  EXPECT_EQ(stat(A, "cm_req_holds"), 1u);
+  EXPECT_EQ(stat(A, "cm_req_hold_expired"), 1u);
+  EXPECT_EQ(stat(A, "cm_rej_tx"), 1u);
+  // A listener after the refusal changes nothing.
+  lis = create_id(a, kUidListen);
+  ASSERT_EQ(bind_ip(a, lis, kIpA, kPort), 0);
+  ASSERT_EQ(listen(a, lis), 0);
+  EXPECT_TRUE(events(a).empty());
+}
+
+// 2c. A SIDR_REQ (a UD id's rdma_connect) waits for a UD listener alike,
+// and is answered "unsupported" when the grace ends without one.
+TEST_F(CmServerTest, SidrRequestWaitsForTheListener) {
+  restart_a(100);
+  auto sidr_from_b = [&](uint64_t uid) {
+    bid = create_id(b, uid, cm::kPsUdp, IBV_QPT_UD);
+    ASSERT_EQ(resolve_ip(b, bid, kIpA, kPort), 0);
+    ASSERT_EQ(event(b, RDMA_CM_EVENT_ADDR_RESOLVED).resp.id, bid);
+    ASSERT_EQ(resolve_route(b, bid), 0);
+    ASSERT_EQ(event(b, RDMA_CM_EVENT_ROUTE_RESOLVED).resp.id, bid);
+    ASSERT_EQ(connect(b, bid, {0x123, 0, 0, "ud"}), 0);
+  };
+  ASSERT_NO_FATAL_FAILURE(sidr_from_b(kUidB));
+  const Mad q1 = take(B, Attr::kSidrReq);
+  deliver(q1, A);
+  EXPECT_TRUE(A.tx.empty());
+  advance(50);
+  lis = create_id(a, kUidListen, cm::kPsUdp, IBV_QPT_UD);
+  ASSERT_EQ(bind_ip(a, lis, kIpA, kPort), 0);
+  ASSERT_EQ(listen(a, lis), 0);
+  EXPECT_EQ(event(a, RDMA_CM_EVENT_CONNECT_REQUEST).resp.uid, kUidListen);
+  ASSERT_EQ(destroy_id(a, lis), 0);
+  // Another, with nobody listening any more: "unsupported" after 100 ms.
+  ASSERT_NO_FATAL_FAILURE(sidr_from_b(kUidB + 1));
+  const Mad q2 = take(B, Attr::kSidrReq);
+  deliver(q2, A);
+  advance(99);
+  EXPECT_TRUE(A.tx.empty());
+  advance(1);
+  const Mad r = take(A, Attr::kSidrRep);
+  EXPECT_EQ(r.h.tid, q2.h.tid);
+  EXPECT_EQ(r.as<cm::SidrRep>().status,
+            static_cast<uint8_t>(cm::SidrStatus::kUnsupported));
+  EXPECT_EQ(stat(A, "cm_req_holds"), 2u);
+  EXPECT_EQ(stat(A, "cm_req_hold_expired"), 1u);
 }
 
 // A loopback address binds as the wildcard, as on Linux (cma_any_addr):

@@ -353,6 +353,7 @@ field_mutations() {
           {"arp.retry_ms", [](Config& c) { c.arp.retry_ms = 60000; }},
           {"arp.retries", [](Config& c) { c.arp.retries = 100; }},
           {"arp.queue_len", [](Config& c) { c.arp.queue_len = 0; }},
+          {"cm.listen_grace_ms", [](Config& c) { c.cm.listen_grace_ms = 0; }},
           {"limits.max_qp", [](Config& c) { c.limits.max_qp = 262144; }},
           {"limits.max_qp_wr", [](Config& c) { c.limits.max_qp_wr = 32768; }},
           {"limits.max_sge", [](Config& c) { c.limits.max_sge = 1; }},
