@@ -8,7 +8,10 @@
 #   - ucx_perftest across the services: UCP tag_lat and tag_bw with
 #     UCX_TLS=rc_v (rc_verbs, ud_verbs for wire-up) and with ud_v; UCT
 #     put_bw and am_lat on rc_verbs, am_lat on ud_verbs. Both ends exit 0
-#     and each service's RoCE counters moved.
+#     and each service's RoCE counters moved;
+#   - UCP's client/server connection (tests/shim/ucp_sockaddr: a
+#     ucp_listener on urnic's address, UCX's rdmacm connection manager),
+#     every byte checked.
 #  Two services joined by a net_memif pair (one namespace: mpirun reaches
 #  its ranks over loopback), one rank on each:
 #   - Open MPI 4.1, --mca pml ucx, UCX_TLS=rc_v (no shared memory, no TCP):
@@ -20,12 +23,13 @@
 #     verified again, and less than twice the clean run's bytes sent.
 # ucx_perftest checks no data; mpi_check does.
 # Every started process is stopped by PID on exit, pass or fail.
-# usage: ucx.sh URNICD URNICCTL SHIM_SO [MPI_CHECK]
+# usage: ucx.sh URNICD URNICCTL SHIM_SO [MPI_CHECK|""] [UCP_SOCKADDR]
 set -euo pipefail
 URNICD=$1
 URNICCTL=$2
 SHIM=$(realpath "$3")
 MPI_CHECK=${4:+$(realpath "$4")}
+UCP_SOCKADDR=${5:+$(realpath "$5")}
 ID=ucx-$$
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -102,6 +106,37 @@ check "ucx_perftest am_lat on rc_verbs (UCT)" \
   perftest am_lat-rc -- -d urnic0:1 -x rc_verbs -t am_lat -n 100
 check "ucx_perftest am_lat on ud_verbs (UCT)" \
   perftest am_lat-ud -- -d urnic0:1 -x ud_verbs -t am_lat -n 100
+
+# UCX's client/server connection (ucp_listener on urnic's address, the
+# client's endpoint made from it), set up by UCX's rdmacm connection manager
+# through urnicd's RDMA CM: 20 x 1 MiB each way, every byte checked.
+sockaddr_pair() {
+  local l0 c0 sp rc=0
+  l0=$(counter "$SA" cm_listens)
+  c0=$(counter "$SA" cm_connections)
+  on "$NS_A" "$SA" env UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_TLS=rc_v \
+    timeout 60 "$UCP_SOCKADDR" -p 13590 -l 10.97.0.1 >"$TMP/ucp-s.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  wait_cm_listen "$SA" "$l0" || rc=1
+  [ "$rc" = 0 ] && { on "$NS_B" "$SB" env UCX_SOCKADDR_TLS_PRIORITY=rdmacm \
+    UCX_TLS=rc_v timeout 60 "$UCP_SOCKADDR" -p 13590 10.97.0.1 \
+    >"$TMP/ucp-c.out" 2>&1 || rc=$?; }
+  wait "$sp" || rc=$((rc ? rc : $?))
+  sed "s/^/  client: /" "$TMP/ucp-c.out"
+  [ "$rc" = 0 ] && grep -q verified "$TMP/ucp-s.out" &&
+    grep -q verified "$TMP/ucp-c.out" &&
+    [ "$(counter "$SA" cm_connections)" -gt "$c0" ] || {
+    tail -5 "$TMP/ucp-s.out" "$TMP/ucp-c.out"
+    return 1
+  }
+}
+if [ -n "$UCP_SOCKADDR" ]; then
+  check "UCP client/server through the RDMA CM (rdmacm), data checked" \
+    sockaddr_pair
+else
+  echo "SKIP - UCP client/server: tests/shim/ucp_sockaddr (libucx-dev) missing"
+fi
 
 # --- Open MPI, two services on a memif pair ----------------------------------
 if [ -z "$MPI_CHECK" ] || ! command -v mpirun >/dev/null; then
