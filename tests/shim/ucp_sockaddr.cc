@@ -84,11 +84,16 @@ int main(int argc, char** argv) {
   size_t size = 1 << 20;
   const char* listen_ip = nullptr;
   while ((opt = getopt(argc, argv, "p:s:n:l:")) != -1) {
-    if (opt == 'p') port = atoi(optarg);
-    else if (opt == 's') size = strtoull(optarg, nullptr, 0);
-    else if (opt == 'n') iters = atoi(optarg);
-    else if (opt == 'l') listen_ip = optarg;
-    else return 2;
+    if (opt == 'p')
+      port = atoi(optarg);
+    else if (opt == 's')
+      size = strtoull(optarg, nullptr, 0);
+    else if (opt == 'n')
+      iters = atoi(optarg);
+    else if (opt == 'l')
+      listen_ip = optarg;
+    else
+      return 2;
   }
   const char* server_ip = optind < argc ? argv[optind] : nullptr;
   if ((listen_ip == nullptr) == (server_ip == nullptr) || size == 0 ||
@@ -114,7 +119,8 @@ int main(int argc, char** argv) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, listen_ip ? listen_ip : server_ip, &sa.sin_addr) != 1) {
+  if (inet_pton(AF_INET, listen_ip ? listen_ip : server_ip, &sa.sin_addr) !=
+      1) {
     fprintf(stderr, "ucp_sockaddr: not an IPv4 address\n");
     return 2;
   }
@@ -126,8 +132,8 @@ int main(int argc, char** argv) {
   ep_params.err_handler.cb = on_ep_error;
   if (listen_ip) {
     ucp_listener_params_t lp{};
-    lp.field_mask =
-        UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+                    UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
     lp.sockaddr.addrlen = sizeof sa;
     lp.conn_handler.cb = on_conn;
@@ -143,8 +149,8 @@ int main(int argc, char** argv) {
     ep_params.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
     ep_params.conn_request = g_conn;
   } else {
-    ep_params.field_mask |= UCP_EP_PARAM_FIELD_FLAGS |
-                            UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    ep_params.field_mask |=
+        UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
     ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
     ep_params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
     ep_params.sockaddr.addrlen = sizeof sa;

@@ -182,6 +182,13 @@ class CmServerTest : public ::testing::Test {
     start(A, ms);
     a = open(A);
   }
+  // A with a 100 ms listen grace and no listener gets B's REQ.
+  void request_held_by_a() {
+    restart_a(100);
+    ASSERT_NO_FATAL_FAILURE(connect_from_b());
+    req = take(B, Attr::kReq);
+    deliver(req, A);
+  }
 
   // --- time ---------------------------------------------------------------
   void advance(uint64_t ms) {
@@ -539,6 +546,10 @@ class CmServerTest : public ::testing::Test {
   // ... and the rest of the handshake: REP, RTU, ESTABLISHED.
   void establish() {
     ASSERT_NO_FATAL_FAILURE(request_reaches_a());
+    ASSERT_NO_FATAL_FAILURE(accept_on_a());
+  }
+  // ... the accept of aid on A: REP, RTU, ESTABLISHED.
+  void accept_on_a() {
     ASSERT_EQ(accept(a, aid, kUidA, {0x456, 1, 1, ""}), 0);
     rep = take(A, Attr::kRep);
     deliver(rep, B);
@@ -818,10 +829,7 @@ TEST_F(CmServerTest, NoListenerIsRej8) {
 // server listens): no REJ, no event; the same REQ again (a retransmission)
 // is not held twice; the rdma_listen for its port takes it at once.
 TEST_F(CmServerTest, RequestWaitsForTheListener) {
-  restart_a(100);
-  ASSERT_NO_FATAL_FAILURE(connect_from_b());
-  req = take(B, Attr::kReq);
-  deliver(req, A);
+  ASSERT_NO_FATAL_FAILURE(request_held_by_a());
   EXPECT_TRUE(A.tx.empty());
   EXPECT_TRUE(events(a).empty());
   EXPECT_TRUE(A.srv->busy());  // the control loop ticks for the hold
@@ -844,13 +852,7 @@ TEST_F(CmServerTest, RequestWaitsForTheListener) {
   EXPECT_EQ(cr.resp.uid, kUidListen);
   aid = cr.resp.id;
   EXPECT_TRUE(A.tx.empty());
-  ASSERT_EQ(accept(a, aid, kUidA, {0x456, 1, 1, ""}), 0);
-  rep = take(A, Attr::kRep);
-  deliver(rep, B);
-  ASSERT_EQ(event(b, RDMA_CM_EVENT_CONNECT_RESPONSE).resp.id, bid);
-  ASSERT_EQ(accept_response(b, bid, kUidB), 0);
-  deliver(take(B, Attr::kRtu), A);
-  EXPECT_EQ(event(a, RDMA_CM_EVENT_ESTABLISHED).resp.id, aid);
+  ASSERT_NO_FATAL_FAILURE(accept_on_a());
   // Past the grace nothing more happens: the hold is over.
   advance(200);
   EXPECT_TRUE(A.tx.empty());
@@ -862,10 +864,7 @@ TEST_F(CmServerTest, RequestWaitsForTheListener) {
 // 2b. A held REQ nobody listens for is refused when the grace ends: REJ 8
 // for it, REJECTED on B, as without the grace but later.
 TEST_F(CmServerTest, HeldRequestIsRefusedAfterTheGrace) {
-  restart_a(100);
-  ASSERT_NO_FATAL_FAILURE(connect_from_b());
-  req = take(B, Attr::kReq);
-  deliver(req, A);
+  ASSERT_NO_FATAL_FAILURE(request_held_by_a());
   advance(99);
   EXPECT_TRUE(A.tx.empty());
   advance(1);
