@@ -1362,7 +1362,9 @@ void CmServer::shutdown(uint64_t now) {
   if (shut_down_) return;
   shut_down_ = true;
   now_ = now;
-  release_held(UINT64_MAX);  // refused: nobody will listen now
+  // Refused: nobody will listen now (the REJs reach the wire only if the
+  // workers still run; else the peers' REQs time out).
+  release_held(now, true);
   for (auto& [n, id] : ids_)
     if (id.st != St::kListen) emit(id, kDeviceRemoval, 0);
 }
@@ -1593,7 +1595,9 @@ void CmServer::on_req(const wire::RoceFields& f, const cm::MadHdr& h,
   uint32_t waiting = 0;
   for (auto& [n, o] : ids_)
     if (o.listener == lis->id && o.st == St::kReqRcvd) ++waiting;
-  if (waiting >= lis->backlog) return;  // full: the REQ will come again
+  // Full: the REQ will come again (also one a LISTEN released from the hold
+  // beyond its backlog: after the peer's CM response timeout).
+  if (waiting >= lis->backlog) return;
 
   Id* child = passive_id(*lis, in, h.tid);
   if (!child) return;  // no id to give: the REQ will come again
@@ -1714,6 +1718,15 @@ void CmServer::on_rej(const uint8_t* mad, uint64_t now) {
       if (o.listener && o.remote_guid == guid &&
           o.remote_comm_id == r.local_comm_id)
         id = &o;
+    // Or a REQ still held for a listener: it is forgotten, not given to one.
+    const size_t held = held_.size();
+    std::erase_if(held_, [&](const Held& o) {
+      if (o.h.attr_id != static_cast<uint16_t>(cm::Attr::kReq)) return false;
+      cm::Req q;
+      cm::decode(o.mad.data(), q);
+      return q.local_ca_guid == guid && q.local_comm_id == r.local_comm_id;
+    });
+    if (!id && held_.size() != held) return;
   }
   if (!id || (id->st != St::kReqSent && id->st != St::kReqRcvd &&
               id->st != St::kRepSent && id->st != St::kRepRcvd &&
@@ -1961,7 +1974,7 @@ bool CmServer::hold(const wire::RoceFields& f, const cm::MadHdr& h,
   return true;
 }
 
-void CmServer::release_held(uint64_t now) {
+void CmServer::release_held(uint64_t now, bool all) {
   if (held_.empty()) return;
   std::deque<Held> todo;
   todo.swap(held_);
@@ -1977,7 +1990,7 @@ void CmServer::release_held(uint64_t now) {
       cm::decode(o.mad.data(), q);
       lis = listener(IBV_QPT_UD, incoming(q.private_data, q.service_id));
     }
-    if (!lis && now < o.until) {
+    if (!lis && now < o.until && !all) {
       held_.push_back(std::move(o));
       continue;
     }

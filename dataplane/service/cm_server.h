@@ -294,8 +294,8 @@ class CmServer {
   bool hold(const wire::RoceFields& f, const wire::cm::MadHdr& h,
             const uint8_t* mad, uint64_t wait_ns);
   // The held requests a listener now takes go to on_req / on_sidr_req, those
-  // whose hold ended (`now` past it) are refused.
-  void release_held(uint64_t now);
+  // whose hold ended (`now` past it) are refused; `all`: every one is.
+  void release_held(uint64_t now, bool all = false);
   void ah_of(const Id& id, ib_uverbs_ah_attr& ah) const;
   void cma_hdr(const Id& id, uint8_t out[wire::cm::kCmaHdrSize]) const;
   void enter_timewait(Id& id, uint64_t now);

@@ -886,6 +886,27 @@ TEST_F(CmServerTest, HeldRequestIsRefusedAfterTheGrace) {
   EXPECT_TRUE(events(a).empty());
 }
 
+// 2b'. A held REQ its sender withdraws (rdma_destroy_id in REQ_SENT: REJ
+// "timeout" naming it by CA GUID and comm ID) is forgotten: a listener
+// later gets no CONNECT_REQUEST for it, and nothing is refused.
+TEST_F(CmServerTest, WithdrawnRequestLeavesTheHold) {
+  ASSERT_NO_FATAL_FAILURE(request_held_by_a());
+  ASSERT_EQ(destroy_id(b, bid), 0);
+  const Mad rej = take(B, Attr::kRej);
+  EXPECT_EQ(rej.as<cm::Rej>().reason,
+            static_cast<uint16_t>(cm::RejReason::kTimeout));
+  deliver(rej, A);
+  EXPECT_FALSE(A.srv->busy());
+  EXPECT_EQ(stat(A, "cm_mads_unmatched"), 0u);
+  lis = create_id(a, kUidListen);
+  ASSERT_EQ(bind_ip(a, lis, kIpA, kPort), 0);
+  ASSERT_EQ(listen(a, lis), 0);
+  advance(200);
+  EXPECT_TRUE(events(a).empty());
+  EXPECT_TRUE(A.tx.empty());
+  EXPECT_EQ(stat(A, "cm_req_hold_expired"), 0u);
+}
+
 // 2c. A SIDR_REQ (a UD id's rdma_connect) waits for a UD listener alike,
 // and is answered "unsupported" when the grace ends without one.
 TEST_F(CmServerTest, SidrRequestWaitsForTheListener) {
