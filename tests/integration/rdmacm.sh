@@ -135,8 +135,9 @@ pair_retry() {
 # first. Linux's CM refuses it at once (REJ reason 8; SIDR_REP
 # "unsupported"), and perftest's retry loop then uses the ids it has just
 # destroyed and crashes (SEGV in rdma_resolve_addr); urnicd holds it for a
-# listener (cm.listen_grace_ms, 100 ms). Without the hold 4 of 10 pairs
-# passed on 2 vCPUs (2026-12-01), with it 16 of 16 and every pair here. The
+# listener (cm.listen_grace_ms, 100 ms). Without the hold 6 of 20
+# ib_write_bw -R pairs passed on 2 vCPUs (clients yielding, 2026-12-01),
+# with it 16 of 16 (write_bw and send_bw -c UD) and every pair here. The
 # client's stdout is line-buffered so its event line survives a crash.
 pair_perftest() {
   pair "$1" "$2" "$3" "$4" "stdbuf -oL $5"
