@@ -1247,6 +1247,9 @@ void usage(FILE* f) {
       "      --gap US          lat: sleep US before each op (not timed): the\n"
       "                        service is idle when it comes\n"
       "      --loop            server: serve clients until killed\n"
+      "      --slots N         at least N message slots per QP in each side's\n"
+      "                        buffer (1; --verify: 2 x depth), WRs cycling\n"
+      "                        through them: the memory the run touches\n"
       "Environment: URNIC_PERF_CORRUPT=1 makes the client damage one payload\n"
       "(a check that --verify works).\n");
 }
@@ -1283,7 +1286,8 @@ Options parse(int argc, char** argv) {
     kServer,
     kLoop,
     kTrace,
-    kGap
+    kGap,
+    kSlots
   };
   static const option kLong[] = {
       {"dev", 1, nullptr, 'd'},          {"ib-port", 1, nullptr, 'i'},
@@ -1302,13 +1306,15 @@ Options parse(int argc, char** argv) {
       {"timeout", 1, nullptr, kTimeout}, {"retry-cnt", 1, nullptr, kRetry},
       {"rnr-retry", 1, nullptr, kRnr},   {"hold", 1, nullptr, kHold},
       {"server", 0, nullptr, kServer},   {"loop", 0, nullptr, kLoop},
-      {"gap", 1, nullptr, kGap},         {"help", 0, nullptr, 'h'},
+      {"gap", 1, nullptr, kGap},         {"slots", 1, nullptr, kSlots},
+      {"help", 0, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   if (const char* e = getenv("URNIC_SOCKET")) {
     o.urnicd = e;
     o.urnicd = o.urnicd.substr(0, o.urnicd.find(':'));
   }
   bool depth_set = false;
+  uint32_t slots_min = 1;
   int c;
   while ((c = getopt_long(argc, argv, "d:i:x:p:o:m:s:aq:t:D:n:h", kLong,
                           nullptr)) != -1) {
@@ -1429,6 +1435,11 @@ Options parse(int argc, char** argv) {
       case kGap:
         o.gap_us = parse_u32(optarg, "gap");
         break;
+      case kSlots:
+        slots_min = parse_u32(optarg, "slots");
+        if (slots_min == 0 || slots_min > 65536)
+          die(2, "slots must be 1..65536");
+        break;
       case kTimeout:
         p.timeout = parse_u32(optarg, "timeout");
         break;
@@ -1492,7 +1503,9 @@ Options parse(int argc, char** argv) {
   // Slots: one per QP unless data is checked (then enough that a slot is
   // never rewritten before it was checked: the sender's depth plus the
   // receiver's receive queue), and the READ source slots.
-  p.slots = p.verify ? 2 * p.depth : 1;
+  // --slots asks for more: a buffer footprint that does not depend on the
+  // QP count (1 QP x 256 slots touches what 256 QPs x 1 slot do).
+  p.slots = std::max(p.verify ? 2 * p.depth : 1, slots_min);
   if (p.mode == Mode::kLat) p.slots = std::max<uint32_t>(p.slots, 256);
   return o;
 }
