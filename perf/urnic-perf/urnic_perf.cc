@@ -1307,8 +1307,7 @@ Options parse(int argc, char** argv) {
       {"rnr-retry", 1, nullptr, kRnr},   {"hold", 1, nullptr, kHold},
       {"server", 0, nullptr, kServer},   {"loop", 0, nullptr, kLoop},
       {"gap", 1, nullptr, kGap},         {"slots", 1, nullptr, kSlots},
-      {"help", 0, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0}};
+      {"help", 0, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   if (const char* e = getenv("URNIC_SOCKET")) {
     o.urnicd = e;
     o.urnicd = o.urnicd.substr(0, o.urnicd.find(':'));
