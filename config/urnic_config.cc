@@ -159,6 +159,7 @@ struct Schema<IdleConfig> {
       {.key = "spin_polls", .member = &S::spin_polls, .max = 16777216},
       {.key = "pause_polls", .member = &S::pause_polls, .max = 16777216},
       {.key = "sleep_us", .member = &S::sleep_us, .max = 1000000},
+      {.key = "no_qp_sleep_us", .member = &S::no_qp_sleep_us, .max = 1000000},
       {.key = "yield", .member = &S::yield},
   };
 };

@@ -68,12 +68,17 @@ struct MempoolConfig {
 // (benchmarks). With yield and spin_polls not given, spin_polls is
 // kSpinPollsYield: a worker that shares its CPU yields at its first empty
 // poll (perf/README.md, "Request / response latency and the idle
-// back-off").
+// back-off"). While the service has no QP at all, each sleep is
+// no_qp_sleep_us instead (when longer and sleep_us is not 0): nothing can
+// then wait on a worker but address resolution, pings, CM MADs and
+// control commands, and a 50 us sleep costs its CPU ~30 % of a core on a
+// VM (perf/README.md, "An idle service").
 struct IdleConfig {
   static constexpr uint32_t kSpinPollsYield = 0;
   uint32_t spin_polls = 256;
   uint32_t pause_polls = 4096;
   uint32_t sleep_us = 50;
+  uint32_t no_qp_sleep_us = 1000;
   bool yield = false;
 };
 

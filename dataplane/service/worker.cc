@@ -866,9 +866,20 @@ void Worker::loop_st() {
         rte_pause();
       } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
                  idle.sleep_us) {
-        gate_.sleep_st(uint64_t{idle.sleep_us} * 1000);  // park() wakes it
-        ctr_.inc(Ctr::idle_sleeps);
-        slept_ns = uint64_t{idle.sleep_us} * 1000;
+        // No QP on the whole device (not just here: another worker's
+        // frames may land on this one's queue): nothing can wait on this
+        // lcore but ARP/ND, pings, CM MADs (ms timeouts) and commands
+        // (polled every kTimerNs anyway), so sleep longer. Each sleep and
+        // wake-up cost this VM ~28 us of CPU: 50 us sleeps kept an idle
+        // worker ~30 % busy (perf/README.md, "An idle service"). Creating
+        // a QP parks its home lcore, which wakes it.
+        const bool no_qp = engine_.device().qp_total() == 0 &&
+                           idle.no_qp_sleep_us > idle.sleep_us;
+        const uint64_t ns =
+            uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
+        gate_.sleep_st(ns);  // park() wakes it
+        ctr_.inc(no_qp ? Ctr::idle_sleeps_no_qp : Ctr::idle_sleeps);
+        slept_ns = ns;
         next_timer = 0;  // slept: look at timers and commands at once
       } else if (empty_polls > idle.spin_polls) {
         // yield: an application thread sharing this CPU runs now rather

@@ -355,9 +355,12 @@ class Device {
   uint32_t num_srqs() const { return nsrq_; }
   uint32_t num_ahs() const { return nah_; }
   // QPs of every engine on this device (each engine adds its own; control
-  // thread), so max_qp holds for the device.
-  uint32_t qp_total() const { return nqp_; }
-  void count_qp(int d) { nqp_ += static_cast<uint32_t>(d); }
+  // thread), so max_qp holds for the device. Atomic: a worker reads it
+  // unparked to choose its idle sleep (no QP anywhere: a longer one).
+  uint32_t qp_total() const { return nqp_.load(std::memory_order_relaxed); }
+  void count_qp(int d) {
+    nqp_.fetch_add(static_cast<uint32_t>(d), std::memory_order_relaxed);
+  }
 
   // Multicast groups with members on any engine, for the limits and for
   // the lcores' "is anyone here a member" (frames to other groups are not
@@ -405,7 +408,7 @@ class Device {
   std::vector<uint32_t> dead_pds_, dead_mrs_, dead_mws_, dead_cqs_, dead_srqs_,
       dead_ahs_;
   uint32_t npd_ = 0, nmr_ = 0, nmw_ = 0, ncq_ = 0, nsrq_ = 0, nah_ = 0;
-  uint32_t nqp_ = 0;
+  std::atomic<uint32_t> nqp_{0};
   std::map<Gid, uint32_t> mcast_;  // group -> members
   uint32_t nmcast_ = 0;            // attachments
   McastHook mcast_hook_;
