@@ -68,11 +68,12 @@ struct MempoolConfig {
 // (benchmarks). With yield and spin_polls not given, spin_polls is
 // kSpinPollsYield: a worker that shares its CPU yields at its first empty
 // poll (perf/README.md, "Request / response latency and the idle
-// back-off"). While the service has no QP at all, each sleep is
-// no_qp_sleep_us instead (when longer and sleep_us is not 0): nothing can
-// then wait on a worker but address resolution, pings, CM MADs and
-// control commands, and a 50 us sleep costs its CPU ~30 % of a core on a
-// VM (perf/README.md, "An idle service").
+// back-off"). While the service has no QP at all and a worker has had
+// nothing to do for a second, its sleeps are no_qp_sleep_us instead (when
+// longer and sleep_us is not 0): nothing can then wait on it but address
+// resolution, pings, CM MADs and control commands, and 50 us sleeps cost
+// an idle worker ~30 % of a core on a VM (perf/README.md, "An idle
+// service").
 struct IdleConfig {
   static constexpr uint32_t kSpinPollsYield = 0;
   uint32_t spin_polls = 256;

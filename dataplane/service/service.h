@@ -232,6 +232,9 @@ class alignas(64) Worker final : public transport::PacketIo {
   // After a park, how long the idle lcore polls before its back-off
   // resumes (loop_st: the next park of a run finds it awake).
   static constexpr uint64_t kControlBurstNs = 1'000'000;
+  // With no QP on the device, how long without work before the idle
+  // back-off takes lcores.idle.no_qp_sleep_us instead of sleep_us.
+  static constexpr uint64_t kQuietNs = 1'000'000'000;
   // handle_st's decoding, reused: decode() fills it whole, and a local
   // would be zeroed once more for every packet by its initializers.
   wire::FrameInfo rx_fi_;

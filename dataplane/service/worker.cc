@@ -749,7 +749,8 @@ void Worker::loop_st() {
   uint32_t empty_polls = 0;
   uint64_t control_burst_until = 0;  // ns: poll, neither yield nor sleep
   uint64_t next_timer = 0;
-  uint64_t slept_ns = 0;  // asked for by the idle back-off in the last pass
+  uint64_t slept_ns = 0;   // asked for by the idle back-off in the last pass
+  uint64_t last_busy = 0;  // ns: the last pass that had anything to do
   rte_mbuf* pkts[config::kMaxBurst];
   uint64_t t_prev = rte_rdtsc();
   while (!g_quit.load(std::memory_order_relaxed)) {
@@ -858,6 +859,7 @@ void Worker::loop_st() {
       ctr_.inc(Ctr::poll_busy);
       ctr_.add(Ctr::cycles_busy, t - t_prev);
       empty_polls = 0;
+      last_busy = now;
     } else {
       ctr_.inc(Ctr::poll_idle);
       ctr_.add(Ctr::cycles_idle, t - t_prev);
@@ -867,14 +869,17 @@ void Worker::loop_st() {
       } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
                  idle.sleep_us) {
         // No QP on the whole device (not just here: another worker's
-        // frames may land on this one's queue): nothing can wait on this
-        // lcore but ARP/ND, pings, CM MADs (ms timeouts) and commands
-        // (polled every kTimerNs anyway), so sleep longer. Each sleep and
-        // wake-up cost this VM ~28 us of CPU: 50 us sleeps kept an idle
-        // worker ~30 % busy (perf/README.md, "An idle service"). Creating
+        // frames may land on this one's queue) and nothing done for
+        // kQuietNs: nothing can wait on this lcore but ARP/ND, pings, CM
+        // MADs (ms timeouts) and commands (polled every kTimerNs anyway),
+        // so sleep longer. Each sleep and wake-up cost this VM ~28 us of
+        // CPU: 50 us sleeps kept an idle worker ~30 % busy (perf/README.md,
+        // "An idle service"). The quiet second keeps a run of pings or a
+        // CM exchange on the short sleeps after its first frame. Creating
         // a QP parks its home lcore, which wakes it.
         const bool no_qp = engine_.device().qp_total() == 0 &&
-                           idle.no_qp_sleep_us > idle.sleep_us;
+                           idle.no_qp_sleep_us > idle.sleep_us &&
+                           now_ - last_busy >= kQuietNs;
         const uint64_t ns =
             uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
         gate_.sleep_st(ns);  // park() wakes it
