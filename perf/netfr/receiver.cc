@@ -33,7 +33,10 @@ class Receiver {
       : c_(c),
         o_(o),
         p_(c.p),
-        table_(kQps * (2 * p_.ring + 8)),
+        // Per QP: its ring's notify receives (reposted with the same
+        // context) and the credit SENDs not yet completed, up to its send
+        // queue (return_credits).
+        table_(kQps * (p_.ring + c.sq_depth)),
         reorder_(kQps * p_.ring),
         credit_batch_(std::max(1u, p_.ring / 4)),
         lat_(p_.count) {}

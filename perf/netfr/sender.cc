@@ -28,7 +28,13 @@ struct Ctx {
 class Sender {
  public:
   Sender(Conn& c, const Options& o)
-      : c_(c), o_(o), p_(c.p), table_(kQps * (2 * p_.ring + 2)) {}
+      // Per QP: the credit receives (ring + 2, reposted with the same
+      // context) and a notify per frame until its SEND completes: up to
+      // half the send queue (WRITE + SEND per frame), not the ring's
+      // credits, since a credit can come back before the ACK that
+      // completes the frame's SEND (Linux rxe defers ACKs: a table of
+      // 2 x ring + 2 per QP ran out against it).
+      : c_(c), o_(o), p_(c.p), table_(kQps * (c.sq_depth / 2 + p_.ring + 2)) {}
 
   int run() {
     post_credit_receives();
