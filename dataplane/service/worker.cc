@@ -872,7 +872,7 @@ void Worker::loop_st() {
         // frames may land on this one's queue) and nothing done for
         // kQuietNs: nothing can wait on this lcore but ARP/ND, pings, CM
         // MADs (ms timeouts) and commands (polled every kTimerNs anyway),
-        // so sleep longer. Each sleep and wake-up cost this VM ~28 us of
+        // so sleep longer. Each sleep and wake-up cost this VM ~25 us of
         // CPU: 50 us sleeps kept an idle worker ~30 % busy (perf/README.md,
         // "An idle service"). The quiet second keeps a run of pings or a
         // CM exchange on the short sleeps after its first frame. Creating
