@@ -301,7 +301,7 @@ sleeps() {  # sleeps SOCK: "idle_sleeps idle_sleeps_no_qp" of the service
 # sleeps_move SOCK SHORT LONG: in one of twenty 0.5 s windows, each kind of
 # sleep rose (1) or did not (0). Windows, not one: a frame (the kernel
 # peer's IPv6 ND, an ARP) puts a service without QPs back on the short
-# sleeps for a second; with a QP a long sleep in every window fails it.
+# sleeps for a second.
 sleeps_move() {
   local s0 l0 s1 l1 i
   for i in $(seq 20); do
@@ -315,7 +315,7 @@ sleeps_move() {
 }
 check "A, no QP: the idle worker takes the long sleeps only" sleeps_move "$SOCK_A" 0 1
 qp_held() {  # an ibv_rc_pingpong server holds a QP while it waits for a peer
-  local p rc=0
+  local p rc=0 s0 l0 s1 l1
   ip netns exec "$NS_A" timeout 60 \
     env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$SOCK_A" \
     ibv_rc_pingpong -d urnic0 -g 0 -p 18599 >"$TMP/hold.out" 2>&1 &
@@ -326,7 +326,14 @@ qp_held() {  # an ibv_rc_pingpong server holds a QP while it waits for a peer
     sleep 0.1
   done
   devline "$SOCK_A" | grep ' qps 1$' || rc=1
-  [ $rc = 0 ] && { sleeps_move "$SOCK_A" 1 0 || rc=1; }
+  # One window of 2 s, strict: longer than the quiet second after the
+  # QP's creation (which alone keeps the short sleeps), so a device-wide
+  # QP count the worker misread would show as a long sleep here.
+  read -r s0 l0 < <(sleeps "$SOCK_A")
+  sleep 2
+  read -r s1 l1 < <(sleeps "$SOCK_A")
+  echo "with the QP: idle_sleeps $s0 -> $s1, idle_sleeps_no_qp $l0 -> $l1"
+  [ "$s1" -gt "$s0" ] && [ "$l1" = "$l0" ] || rc=1
   stop_pid "$p" || true
   forget "$p"
   wait_devline "$SOCK_A" "$BASE_A" || rc=1
