@@ -879,7 +879,7 @@ void Worker::loop_st() {
         // a QP parks its home lcore, which wakes it.
         const bool no_qp = engine_.device().qp_total() == 0 &&
                            idle.no_qp_sleep_us > idle.sleep_us &&
-                           now_ - last_busy >= kQuietNs;
+                           now - last_busy >= kQuietNs;
         const uint64_t ns =
             uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
         gate_.sleep_st(ns);  // park() wakes it
