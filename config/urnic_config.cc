@@ -160,6 +160,7 @@ struct Schema<IdleConfig> {
       {.key = "pause_polls", .member = &S::pause_polls, .max = 16777216},
       {.key = "sleep_us", .member = &S::sleep_us, .max = 1000000},
       {.key = "no_qp_sleep_us", .member = &S::no_qp_sleep_us, .max = 1000000},
+      {.key = "wait_ms", .member = &S::wait_ms, .max = 10000},
       {.key = "yield", .member = &S::yield},
   };
 };

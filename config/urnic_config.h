@@ -80,6 +80,7 @@ struct IdleConfig {
   uint32_t pause_polls = 4096;
   uint32_t sleep_us = 50;
   uint32_t no_qp_sleep_us = 1000;
+  uint32_t wait_ms = 100;
   bool yield = false;
 };
 

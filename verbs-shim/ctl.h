@@ -6,9 +6,11 @@
 #include <string>
 #include <string_view>
 
+#include "dataplane/hostif/ctl_proto.h"
+
 namespace urnic::shim {
 
-constexpr int kMaxReplyFds = 4;
+constexpr int kMaxReplyFds = static_cast<int>(ctl::kMaxReplyFds);
 
 struct Reply {
   int status = 0;            // the service's: 0 or -errno

@@ -10,6 +10,18 @@
 #include "verbs-shim/shim.h"
 
 namespace urnic::shim {
+
+void ring_and_wake(Context& ctx, uint32_t doorbell) {
+  if (ring_doorbell(*ctx.db, doorbell) &&
+      doorbell_wakes(*ctx.db, doorbell, ctx.info.homes)) {
+    // The lcore waits for events: one write wakes it. A failure (the
+    // service gone) loses nothing: nobody is left to wake.
+    const int fd = ctx.bells[doorbell_home(doorbell, ctx.info.homes)];
+    const uint64_t one = 1;
+    if (fd >= 0) (void)!write(fd, &one, sizeof one);
+  }
+}
+
 namespace {
 
 constexpr uint32_t kMaxMsgSize = uint32_t{1} << 31;  // = max_msg_sz
@@ -153,7 +165,7 @@ int build_send(Qp& q, ShmSendWqe& w, const ibv_send_wr* wr) {
 void publish_sq(Qp& q, uint32_t prod) {
   q.sq_prod = prod;
   q.sh->sq_prod.store(prod, std::memory_order_release);
-  ring_doorbell(*q.ctx().db, q.doorbell);
+  ring_and_wake(q.ctx(), q.doorbell);
 }
 
 }  // namespace
@@ -225,7 +237,7 @@ int fill_recv(ShmRecvWqe& w, const ibv_recv_wr* wr, uint32_t max_sge) {
 // `prod` is the caller's copy of its own index; the caller holds the lock.
 int post_recv_ring(ShmRecvWqe* ring, uint32_t size, uint32_t max_sge,
                    uint32_t& prod, std::atomic<uint32_t>& shared_prod,
-                   const std::atomic<uint32_t>& done, DoorbellPage& db,
+                   const std::atomic<uint32_t>& done, Context& ctx,
                    uint32_t doorbell, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   int rc = 0;
   uint32_t p = prod;
@@ -245,7 +257,7 @@ int post_recv_ring(ShmRecvWqe* ring, uint32_t size, uint32_t max_sge,
   if (p != prod) {
     prod = p;
     shared_prod.store(p, std::memory_order_release);
-    ring_doorbell(db, doorbell);
+    ring_and_wake(ctx, doorbell);
   }
   if (rc) *bad = wr;
   return rc;
@@ -269,7 +281,7 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     return EINVAL;
   }
   const int rc = post_recv_ring(q.rq(), q.rq_size(), q.max_recv_sge, q.rq_prod,
-                                q.sh->rq_prod, q.sh->rq_done, *q.ctx().db,
+                                q.sh->rq_prod, q.sh->rq_done, q.ctx(),
                                 q.doorbell, wr, bad);
   return rc == ENOMEM ? q.ctx().full_or_gone() : rc;
 }
@@ -282,7 +294,7 @@ int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   }
   std::lock_guard g(s.lock);
   const int rc = post_recv_ring(s.ring, s.size, s.max_sge, s.prod, s.sh->prod,
-                                s.sh->done, *s.ctx->db, s.doorbell, wr, bad);
+                                s.sh->done, *s.ctx, s.doorbell, wr, bad);
   return rc == ENOMEM ? s.ctx->full_or_gone() : rc;
 }
 

@@ -96,9 +96,9 @@ void report_unreachable(Device& d, int err, HelloFail how,
 
 // Opens a service connection as ibv_open_device does. On success *fd is
 // the control socket, *async_fd our end of the event socket, *db_fd the
-// doorbell page.
+// doorbell page, and bells[0 .. info->homes) the worker lcores' bells.
 int open_connection(Device& d, char* buf, OpenRep* info, int* fd, int* async_fd,
-                    int* db_fd) {
+                    int* db_fd, int bells[kSummaryWords]) {
   int rc = connect_service(d.path, fd);
   if (rc) {
     report_unreachable(d, rc, HelloFail::kConnect, "");
@@ -121,7 +121,14 @@ int open_connection(Device& d, char* buf, OpenRep* info, int* fd, int* async_fd,
     say("urnicd at %s refused to open %s: %.*s", d.path.c_str(), d.dev.name,
         static_cast<int>(r.payload.size()), r.payload.data());
     rc = -r.status;
-  } else if (rc == 0 && (r.payload.size() != sizeof(OpenRep) || r.nfds != 1)) {
+  } else if (rc == 0 &&
+             (r.payload.size() != sizeof(OpenRep) || r.nfds < 1 ||
+              reinterpret_cast<const OpenRep*>(r.payload.data())->homes == 0 ||
+              reinterpret_cast<const OpenRep*>(r.payload.data())->homes >
+                  kSummaryWords ||
+              static_cast<uint32_t>(r.nfds) !=
+                  1 + reinterpret_cast<const OpenRep*>(r.payload.data())
+                          ->homes)) {
     say("urnicd at %s: malformed open reply (is it the urnicd this "
         "liburnic-verbs.so was built with?)",
         d.path.c_str());
@@ -147,6 +154,7 @@ int open_connection(Device& d, char* buf, OpenRep* info, int* fd, int* async_fd,
   }
   *async_fd = sp[0];
   *db_fd = r.fds[0];
+  for (uint32_t h = 0; h < info->homes; ++h) bells[h] = r.fds[1 + h];
   return 0;
 }
 
@@ -237,12 +245,13 @@ bool device_info(Device& d, OpenRep* out) {
     // A short-lived connection: the guid and the attributes are asked for
     // before any context exists (ibv_devices, sysfs readers).
     std::unique_ptr<char[]> buf(new char[urnic::ctl::kMaxMsg]);
-    int fd, async_fd, db_fd;
-    if (open_connection(d, buf.get(), &d.info, &fd, &async_fd, &db_fd))
+    int fd, async_fd, db_fd, bells[kSummaryWords];
+    if (open_connection(d, buf.get(), &d.info, &fd, &async_fd, &db_fd, bells))
       return false;
     close(fd);
     close(async_fd);
     close(db_fd);
+    for (uint32_t h = 0; h < d.info.homes; ++h) close(bells[h]);
     d.have_info = true;
   }
   *out = d.info;
@@ -398,7 +407,7 @@ ibv_context* ours::ibv_open_device(ibv_device* device) {
   ctx->rx.reset(new (std::nothrow) char[urnic::ctl::kMaxMsg]);
   int fd = -1, async_fd = -1, db_fd = -1;
   int rc = ctx->rx ? open_connection(*d, ctx->rx.get(), &ctx->info, &fd,
-                                     &async_fd, &db_fd)
+                                     &async_fd, &db_fd, ctx->bells.data())
                    : ENOMEM;
   if (rc == 0) {
     ctx->db_len = page_round(sizeof(DoorbellPage));
@@ -407,6 +416,7 @@ ibv_context* ours::ibv_open_device(ibv_device* device) {
       rc = errno;
       close(fd);
       close(async_fd);
+      ctx->close_bells();
     }
   }
   if (rc) {
@@ -481,6 +491,7 @@ int ours::ibv_close_device(ibv_context* context) {
     ctx->cqs.clear();
   }
   munmap(ctx->db, ctx->db_len);
+  ctx->close_bells();
   if (context->async_fd >= 0) close(context->async_fd);
   pthread_mutex_destroy(&context->mutex);
   delete ctx;

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -167,6 +169,19 @@ struct Context {
   DoorbellPage* db = nullptr;
   size_t db_len = 0;
   OpenRep info;
+  // The worker lcores' bells, by home (info.homes of them): written after
+  // ringing a doorbell whose lcore waits for events (ring_and_wake()).
+  std::array<int, kSummaryWords> bells = [] {
+    std::array<int, kSummaryWords> b;
+    b.fill(-1);
+    return b;
+  }();
+  void close_bells() {
+    for (int& b : bells) {
+      if (b >= 0) close(b);
+      b = -1;
+    }
+  }
   std::atomic<bool> async_eof{false};
   std::mutex obj_mu;  // the handle maps (events look objects up)
   HandleTable<Qp> qps;
@@ -193,6 +208,10 @@ struct Context {
   // is gone, so that a program posting in a loop hears why.
   int full_or_gone();
 };
+
+// Rings doorbell `doorbell` of the context, and the bell of the lcore that
+// serves it when that lcore waits for events (DoorbellPage::waiting).
+void ring_and_wake(Context& ctx, uint32_t doorbell);
 
 // The Context of an ibv_context we made (its CtxBox).
 inline Context& ctx_of(ibv_context* c) {

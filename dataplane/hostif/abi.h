@@ -27,7 +27,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 6;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 7;  // OpenReq.abi must equal this
 using hostif::kMaxInline;
 using hostif::kMaxSge;
 constexpr uint32_t kMaxGids = 16;
@@ -39,7 +39,8 @@ constexpr uint32_t kNoHandle = 0;  // handles are never 0
 // --- control operations (ctl::Op values 100+; 1..99 are urnicctl's) --------
 enum class Op : uint16_t {
   kOpen = 100,      // OpenReq + fd: async-event socket (shim end kept)
-                    //   -> OpenRep + fd: doorbell page (DoorbellPage)
+                    //   -> OpenRep + fds: doorbell page (DoorbellPage),
+                    //   then OpenRep.homes bells (eventfds, by home)
   kQueryPort,       // -> ibv_port_attr
   kAllocPd,         // -> HandleRep
   kDeallocPd,       // HandleReq
@@ -88,6 +89,9 @@ struct OpenRep {
   uint16_t pad = 0;
   uint64_t node_guid = 0;  // network byte order, EUI-64 from the MAC
   char service_version[32] = {};
+  // Worker lcores serving doorbells (1..kSummaryWords): the reply carries
+  // one bell per home after the doorbell page (DoorbellPage::waiting).
+  uint32_t homes = 1;
 };
 
 struct HandleReq {
@@ -369,7 +373,15 @@ constexpr uint32_t kArmSolicited = 2;
 // (acquire) and drains the queues whose bits were set: work per loop
 // follows what was rung, not how many QPs exist. The service hands out
 // doorbell indices so that each summary word (4096 indices) belongs to one
-// lcore: lcores never take each other's bits.
+// lcore (doorbell_home): lcores never take each other's bits.
+//
+// `waiting` is the service's: bit h is set while the lcore of home h waits
+// for events instead of polling (idle). A shim that set a pending bit then
+// reads it and, if its lcore's bit is set, writes that lcore's bell (an
+// eventfd from kOpen's reply). Both sides store, then load the other's word
+// (the shim pending then waiting; the lcore waiting then pending, in the
+// poll before it waits), so both are seq_cst: otherwise each can miss the
+// other's store and the WQE waits for the lcore's next timeout.
 //
 // `closed` is the service's: set once it has stopped serving this context
 // (shutdown: every QP flushed, no more WQEs taken or completions made). The
@@ -378,20 +390,40 @@ constexpr uint32_t kArmSolicited = 2;
 constexpr uint32_t kDoorbellsPerSummary = 64 * 64;
 constexpr uint32_t kSummaryWords = kMaxDoorbells / kDoorbellsPerSummary;
 static_assert(kSummaryWords <= 32, "pending has a bit per summary word");
+static_assert(1 + kSummaryWords <= ctl::kMaxReplyFds,
+              "kOpen's reply: the doorbell page and a bell per home");
 struct alignas(64) DoorbellPage {
   alignas(64) std::atomic<uint32_t> pending{0};
   std::atomic<uint32_t> closed{0};
+  std::atomic<uint32_t> waiting{0};
   alignas(64) std::atomic<uint64_t> summary[kSummaryWords]{};
   alignas(64) std::atomic<uint64_t> bits[kMaxDoorbells / 64]{};
 };
 
-inline void ring_doorbell(DoorbellPage& db, uint32_t index) {
+// The home (worker lcore, 0..homes-1) that serves doorbell `index`.
+constexpr uint32_t doorbell_home(uint32_t index, uint32_t homes) {
+  return (index / kDoorbellsPerSummary) % homes;
+}
+
+// Returns true when this call made the doorbell pending (false: it already
+// was, and whoever made it so wakes the lcore if needed).
+inline bool ring_doorbell(DoorbellPage& db, uint32_t index) {
   const uint64_t bit = uint64_t{1} << (index % 64);
   const uint32_t w = index / 64;
-  if (db.bits[w].fetch_or(bit, std::memory_order_acq_rel) & bit) return;
+  if (db.bits[w].fetch_or(bit, std::memory_order_acq_rel) & bit) return false;
   db.summary[w / 64].fetch_or(uint64_t{1} << (w % 64),
                               std::memory_order_release);
-  db.pending.fetch_or(1u << (w / 64), std::memory_order_release);
+  db.pending.fetch_or(1u << (w / 64), std::memory_order_seq_cst);
+  return true;
+}
+
+// After ring_doorbell returned true: whether the lcore serving `index`
+// waits for events, so that the shim must write its bell.
+inline bool doorbell_wakes(const DoorbellPage& db, uint32_t index,
+                           uint32_t homes) {
+  return (db.waiting.load(std::memory_order_seq_cst) >>
+          doorbell_home(index, homes)) &
+         1;
 }
 
 // Every shared block is laid out in pages of this size.

@@ -13,6 +13,9 @@ constexpr uint32_t kMagic = 0x434e5255;  // "URNC" little-endian
 // summary words (QPs on several lcores).
 constexpr uint16_t kVersion = 3;
 constexpr uint32_t kMaxMsg = 64 * 1024;
+// Fds in one reply, at most (the shim's kOpen: the doorbell page and one
+// bell per worker lcore).
+constexpr uint32_t kMaxReplyFds = 20;
 
 enum class Op : uint16_t {
   kHello = 1,      // reply: "urnicd <version> proto <n>"

@@ -376,8 +376,8 @@ void ControlServer::process(Client& c) {
   msghdr om{};
   om.msg_iov = &oiov;
   om.msg_iovlen = 1;
-  alignas(cmsghdr) char ocbuf[CMSG_SPACE(sizeof(int) * 4)];
-  if (!out.fds.empty() && out.fds.size() <= 4) {
+  alignas(cmsghdr) char ocbuf[CMSG_SPACE(sizeof(int) * ctl::kMaxReplyFds)];
+  if (!out.fds.empty() && out.fds.size() <= ctl::kMaxReplyFds) {
     om.msg_control = ocbuf;
     om.msg_controllen = CMSG_SPACE(sizeof(int) * out.fds.size());
     cmsghdr* cm = CMSG_FIRSTHDR(&om);

@@ -220,6 +220,7 @@ ShimEnv Daemon::shim_env() {
   for (auto& w : workers_) {
     env.engines.push_back(&w->engine());
     env.gates.push_back(&w->gate());
+    env.bells.push_back(w->bell());
   }
   env.info = shim_info(dc_);
   env.client_limits = cfg_.client_limits;

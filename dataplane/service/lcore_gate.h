@@ -11,6 +11,8 @@
 #include <ctime>
 #include <span>
 
+#include "dataplane/service/wake.h"
+
 namespace urnic::service {
 
 // Parks a worker lcore at a safe point (top of its loop, no references
@@ -55,6 +57,8 @@ class LcoreGate {
     wait(&req_, g, ns);
     sleeping_.store(false, std::memory_order_relaxed);
   }
+  // Set-up: how park() reaches the lcore when it waits for events.
+  void set_wake(Wake* w) { wake_ = w; }
   void set_running(bool r) {
     running_.store(r, std::memory_order_seq_cst);
     if (!r && waiting_.load(std::memory_order_seq_cst)) wake(&ack_);
@@ -66,6 +70,7 @@ class LcoreGate {
     // its FUTEX_WAIT sees the new generation and does not sleep.
     const uint32_t g = req_.fetch_add(1, std::memory_order_seq_cst) + 1;
     if (sleeping_.load(std::memory_order_seq_cst)) wake(&req_);
+    if (wake_) wake_->ring();
     // A polling lcore answers within microseconds. After that, block until
     // it acks (check_st wakes us) rather than sched_yield: on a CPU shared
     // with other runnable threads a yield gave the CPU away for a whole
@@ -109,6 +114,7 @@ class LcoreGate {
     syscall(SYS_futex, word(a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
   }
 
+  Wake* wake_ = nullptr;
   std::atomic<uint32_t> req_{0};  // control thread; odd: park requested
   std::atomic<uint32_t> ack_{0};  // lcore: the generation it parked for
   std::atomic<bool> running_{false};

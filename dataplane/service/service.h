@@ -143,7 +143,14 @@ class alignas(64) Worker final : public transport::PacketIo {
     return engine_.counters();
   }
   // Control thread: hands a command over; false if the ring is full.
-  bool post(Command* c) { return rte_ring_enqueue(cmd_ring_, c) == 0; }
+  bool post(Command* c) {
+    if (rte_ring_enqueue(cmd_ring_, c) != 0) return false;
+    wake_.ring();
+    return true;
+  }
+  // The eventfd that wakes this worker when it waits (wake.h); clients get
+  // a copy.
+  int bell() const { return wake_.bell(); }
   LcoreGate& gate() { return gate_; }
   transport::Engine& engine() { return engine_; }
   // Home `queue()` of QPs: this worker serves the shim's doorbells of the
@@ -160,6 +167,10 @@ class alignas(64) Worker final : public transport::PacketIo {
 
  private:
   void loop_st();
+  bool can_wait_st() const;
+  void announce_st();
+  void withdraw_st();
+  void wake_handed_st();
   void handle_st(rte_mbuf* m, uint64_t now);
   void commands_st(uint64_t now);
   void send_ip_st(rte_mbuf* m, const uint8_t gid[16], uint64_t now);
@@ -204,6 +215,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   uint64_t igmp_answered_ns_ = 0;  // when an IGMP query was last answered
   rte_mbuf* tx_[config::kMaxBurst];
   transport::Engine engine_;
+  Wake wake_;
   LcoreGate gate_;
   ShimServer* shim_ = nullptr;
   const ZeroCopyTx* zc_ = nullptr;  // null: every payload is copied
@@ -218,6 +230,7 @@ class alignas(64) Worker final : public transport::PacketIo {
   };
   std::vector<Held> held_;  // sized by serve(); empty with one worker
   uint32_t held_total_ = 0;
+  uint32_t handed_ = 0;  // bit per home: frames handed off this pass
   // Frames to our own MAC (a QP talking to a QP of this service) loop back
   // here, whole and with their ICRC, and are received on the next loop.
   static constexpr uint32_t kLoopSize = 1024;

@@ -204,12 +204,13 @@ uint32_t ShimServer::alloc_doorbell(Client& c, uint32_t home) {
 }
 
 ShimServer::Target& ShimServer::target(Client& c, uint32_t doorbell) {
-  return c.targets[db_home(doorbell, homes())][db_local(doorbell, homes())];
+  return c
+      .targets[doorbell_home(doorbell, homes())][db_local(doorbell, homes())];
 }
 
 void ShimServer::free_doorbell(Client& c, uint32_t doorbell) {
   target(c, doorbell) = {};
-  c.free_doorbells[db_home(doorbell, homes())].push_back(doorbell);
+  c.free_doorbells[doorbell_home(doorbell, homes())].push_back(doorbell);
 }
 
 uint32_t ShimServer::pick_home() const {
@@ -517,9 +518,23 @@ int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
     why_ = "open needs the async-event socket";
     return EINVAL;
   }
+  // Copies of the workers' bells: the reply's fds are closed once sent.
+  std::vector<int> bells;
+  for (int b : env_.bells) {
+    const int d = fcntl(b, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) {
+      const int err = errno;
+      for (int x : bells) close(x);
+      close(async_fd);
+      why_ = "open: cannot pass the bells (" + std::string(strerror(err)) + ")";
+      return err;
+    }
+    bells.push_back(d);
+  }
   Mapping m;
   const int fd = make_shared(page_round(sizeof(DoorbellPage)), "urnic-db", &m);
   if (fd < 0) {
+    for (int x : bells) close(x);
     close(async_fd);
     return -fd;
   }
@@ -533,9 +548,11 @@ int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
   }
   ctr_.clients.fetch_add(1, std::memory_order_relaxed);
   OpenRep r = env_.info;
+  r.homes = homes();
   if (env_.port_state) env_.port_state(r.port);
   reply_with(rep, r);
   rep.fds.push_back(fd);
+  rep.fds.insert(rep.fds.end(), bells.begin(), bells.end());
   return 0;
 }
 

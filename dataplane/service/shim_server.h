@@ -80,6 +80,10 @@ struct ShimEnv {
                     uint64_t since_ns)>
       warm_neighbour;
   shim::OpenRep info;  // device/port attributes and GIDs
+  // Each worker's bell (an eventfd, by home; the server keeps them): a
+  // client gets a copy of each at open and writes one after ringing a
+  // doorbell whose lcore waits (shim::DoorbellPage::waiting).
+  std::vector<int> bells;
   std::function<void(ibv_port_attr&)> port_state;  // live link state
   TxMemory* tx_memory = nullptr;  // null: the lcore copies every payload
   config::ClientLimitsConfig client_limits;  // 0s: no per-client limit
@@ -126,6 +130,12 @@ class ShimServer final : public transport::RecvSource {
   // Worker lcore `home`: serves the rung doorbells of the QPs and SRQs
   // homed there; returns WQEs taken and adds the doorbells served to *rung.
   uint32_t doorbells_st(uint32_t home, uint32_t* rung);
+  // Lcore of `home`: marks it waiting for events (or no longer) in every
+  // live client's doorbell page, so that a client that rings one of its
+  // doorbells writes its bell (shim::DoorbellPage::waiting). The client
+  // list changes only while every lcore is parked: a waiting lcore is
+  // woken (its bell) and unmarks itself before it parks.
+  void set_waiting_st(uint32_t home, bool waiting);
   // The engine's lcore, for a QP or SRQ homed there whose queue it found
   // empty (transport::RecvSource).
   bool refill(transport::Qp& qp) override;
@@ -253,11 +263,8 @@ class ShimServer final : public transport::RecvSource {
   // A doorbell index in a summary word of `home`'s; UINT32_MAX: none left.
   uint32_t alloc_doorbell(Client& c, uint32_t home);
   Target& target(Client& c, uint32_t doorbell);
-  // Which home a doorbell index belongs to, and its place in that home's
-  // table (the inverse of alloc_doorbell).
-  static uint32_t db_home(uint32_t doorbell, uint32_t homes) {
-    return (doorbell / shim::kDoorbellsPerSummary) % homes;
-  }
+  // A doorbell index's place in its home's table (shim::doorbell_home says
+  // which home; the inverse of alloc_doorbell).
   static uint32_t db_local(uint32_t doorbell, uint32_t homes) {
     return (doorbell / shim::kDoorbellsPerSummary) / homes *
                shim::kDoorbellsPerSummary +

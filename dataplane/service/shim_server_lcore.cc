@@ -69,6 +69,16 @@ uint32_t ShimServer::doorbells_st(uint32_t home, uint32_t* rung) {
   return taken;
 }
 
+void ShimServer::set_waiting_st(uint32_t home, bool waiting) {
+  const uint32_t bit = 1u << home;
+  for (Client* c : live_) {
+    if (waiting)
+      c->db->waiting.fetch_or(bit, std::memory_order_seq_cst);
+    else
+      c->db->waiting.fetch_and(~bit, std::memory_order_relaxed);
+  }
+}
+
 namespace {
 
 // The application wrote the slots on another core: each WQE's first read

@@ -173,6 +173,15 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
   if (!cmd_ring_)
     throw std::runtime_error("command ring: " +
                              std::string(rte_strerror(rte_errno)));
+  // The PMD's ring sockets (af_packet): one per queue pair, in queue
+  // order; if they cannot be told apart, every one wakes every worker (a
+  // frame for another queue costs this one a spurious pass).
+  const std::vector<int>& fds = port.ring_fds;
+  if (fds.size() == port.nb_queues)
+    wake_.watch_rx(fds[queue]);
+  else
+    for (int fd : fds) wake_.watch_rx(fd);
+  gate_.set_wake(&wake_);
 }
 
 Worker::~Worker() {
@@ -235,6 +244,7 @@ void Worker::hand_off_st(uint32_t home, rte_mbuf* m) {
   Held& h = held_[home];
   if (h.n == 0 && rte_ring_enqueue(peers_[home]->handoff_, m) == 0) {
     ctr_.inc(Ctr::roce_handoff);
+    handed_ |= 1u << home;
     return;
   }
   if (h.n == kHandoffHold) {  // only a fault stage's release gets here
@@ -245,6 +255,16 @@ void Worker::hand_off_st(uint32_t home, rte_mbuf* m) {
   h.m[(h.head + h.n++) % kHandoffHold] = m;
   ++held_total_;
   ctr_.inc(Ctr::roce_handoff_held);
+}
+
+// The workers this pass handed frames to: each is woken if it waits (once
+// per pass, not per frame: a wake-up check is a full fence).
+void Worker::wake_handed_st() {
+  while (handed_) {
+    const uint32_t home = static_cast<uint32_t>(std::countr_zero(handed_));
+    handed_ &= handed_ - 1;
+    peers_[home]->wake_.ring();
+  }
 }
 
 // Offers the held frames again, oldest first, as many as the rings take.
@@ -258,6 +278,7 @@ bool Worker::release_held_st() {
           peers_[home]->handoff_, reinterpret_cast<void* const*>(&h.m[h.head]),
           run, nullptr);
       ctr_.add(Ctr::roce_handoff, k);
+      if (k) handed_ |= 1u << home;
       h.head = (h.head + k) % kHandoffHold;
       h.n -= k;
       held_total_ -= k;
@@ -744,6 +765,27 @@ void Worker::handle_st(rte_mbuf* m, uint64_t now) {
   }
 }
 
+// Waiting for events needs a frame to wake the lcore (its queue's
+// readiness fd) and nothing that only time brings: no engine timer armed
+// (a QP with packets out, a pacing limiter), no neighbour resolution
+// pending, nothing held back in a ring, a fault stage or the TX buffer.
+bool Worker::can_wait_st() const {
+  return cfg_.lcores.idle.wait_ms && wake_.covers_rx() && engine_.quiet() &&
+         pending_.size() == 0 && tx_n_ == 0 && held_total_ == 0 &&
+         loop_head_ == loop_tail_ && !rx_fault_.pending() &&
+         !tx_fault_.pending();
+}
+
+void Worker::announce_st() {
+  wake_.announce_st();
+  if (shim_) shim_->set_waiting_st(queue_, true);
+}
+
+void Worker::withdraw_st() {
+  wake_.withdraw_st();
+  if (shim_) shim_->set_waiting_st(queue_, false);
+}
+
 void Worker::loop_st() {
   const config::IdleConfig& idle = cfg_.lcores.idle;
   uint32_t empty_polls = 0;
@@ -764,7 +806,12 @@ void Worker::loop_st() {
     // a sleeper is woken at once (perf/README.md, "control path").
     const bool parked = gate_.check_st();
     const uint64_t now = now_ns();
-    if (parked) control_burst_until = now + kControlBurstNs;
+    if (parked) {
+      control_burst_until = now + kControlBurstNs;
+      // The client list may have changed meanwhile: a new client's page
+      // does not say this lcore waits. Announced again when idle.
+      if (wake_.announced_st()) withdraw_st();
+    }
     // Off the CPU since the last pass (beyond an idle sleep it asked for):
     // the engine's timers stand still that long (Engine::lcore_paused).
     if (now_ && now - now_ > slept_ns + kPauseNs) {
@@ -842,6 +889,7 @@ void Worker::loop_st() {
     const uint32_t work = engine_.poll(now, timers);
     if (tx_fault_.pending()) local += fault_release_st(now_ns());
     tx_flush_st();
+    if (handed_) wake_handed_st();
     // 4. Poll accounting and idle back-off (poll -> pause -> sleep); never
     // sleep while the engine has packets it could send.
     const uint64_t t = rte_rdtsc();
@@ -860,12 +908,29 @@ void Worker::loop_st() {
       ctr_.add(Ctr::cycles_busy, t - t_prev);
       empty_polls = 0;
       last_busy = now;
+      if (wake_.announced_st()) withdraw_st();
     } else {
       ctr_.inc(Ctr::poll_idle);
       ctr_.add(Ctr::cycles_idle, t - t_prev);
       ++empty_polls;
       if (now_ < control_burst_until) {
         rte_pause();
+      } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
+                 idle.sleep_us && can_wait_st()) {
+        // Wait for events rather than sleep a fixed time (wake.h): first
+        // announce it and poll once more (this pass's poll came before
+        // anyone could know), then wait.
+        if (!wake_.announced_st()) {
+          announce_st();
+        } else {
+          const uint64_t t0 = now_ns();
+          if (!wake_.wait_st(static_cast<int>(idle.wait_ms)))
+            ctr_.inc(Ctr::idle_wait_timeouts);
+          withdraw_st();
+          ctr_.inc(Ctr::idle_waits);
+          slept_ns = now_ns() - t0;
+          next_timer = 0;  // look at timers and commands at once
+        }
       } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
                  idle.sleep_us) {
         // No QP on the whole device (not just here: another worker's

@@ -38,7 +38,8 @@ namespace urnic::stats {
   X(lcore_paused_us)   X(timers_deferred)   X(mcast_rx)                      \
   X(mcast_not_joined)  X(mcast_loopback)    X(igmp_queries_rx)               \
   X(igmp_queries_ignored) X(igmp_reports_tx) X(igmp_other)                 \
-  X(idle_sleeps)        X(idle_sleeps_no_qp)
+  X(idle_sleeps)        X(idle_sleeps_no_qp)  X(idle_waits)                   \
+  X(idle_wait_timeouts)
 // clang-format on
 
 enum class Ctr : uint16_t {

@@ -285,6 +285,9 @@ class Engine {
   // True while some QP has packets it could send now (TX was full, or a
   // budget ran out): the caller should poll() again without waiting.
   bool busy() const { return !ready_.empty() || !ack_.empty(); }
+  // Nothing to send and no timer armed: only a frame or a new work
+  // request can give the engine work (the lcore may wait for events).
+  bool quiet() const { return !busy() && timers_.size() == 0; }
 
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }

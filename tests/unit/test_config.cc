@@ -104,6 +104,7 @@ TEST(ConfigDefaults, StructDefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.lcores.burst, 32);
   EXPECT_EQ(c.lcores.idle.sleep_us, 50u);
   EXPECT_EQ(c.lcores.idle.no_qp_sleep_us, 1000u);
+  EXPECT_EQ(c.lcores.idle.wait_ms, 100u);
   EXPECT_EQ(c.control.socket, "/run/urnic/urnicd.sock");
   EXPECT_EQ(c.control.mode, 0660u);
   EXPECT_EQ(c.stats.period_ms, 1000u);
@@ -336,6 +337,7 @@ field_mutations() {
            [](Config& c) { c.lcores.idle.sleep_us = 0; }},
           {"lcores.idle.no_qp_sleep_us",
            [](Config& c) { c.lcores.idle.no_qp_sleep_us = 0; }},
+          {"lcores.idle.wait_ms", [](Config& c) { c.lcores.idle.wait_ms = 0; }},
           {"lcores.idle.yield", [](Config& c) { c.lcores.idle.yield = true; }},
           {"control.socket",
            [](Config& c) { c.control.socket = "/tmp/urnic test.sock"; }},
