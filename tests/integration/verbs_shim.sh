@@ -290,58 +290,6 @@ check "B1: ibv_devinfo -v: urnic0, PORT_ACTIVE, Ethernet, GID 0 ::ffff:10.80.0.1
 check "B2: ibv_devinfo -v: urnic0, PORT_ACTIVE, Ethernet, GID 0 ::ffff:10.80.0.2" \
   devinfo_check "$NS_B2" "$SOCK_B2" 10.80.0.2
 
-# --- the idle back-off ------------------------------------------------------------
-# A service with no QP that has had nothing to do for a second sleeps
-# lcores.idle.no_qp_sleep_us (1 ms) per empty poll, one with a QP the short
-# sleep (50 us): the counters say which.
-sleeps() {  # sleeps SOCK: "idle_sleeps idle_sleeps_no_qp" of the service
-  "$URNICCTL" -s "$1" stats --json | $PY -c \
-    "import json,sys; t=json.load(sys.stdin)['totals']; print(t['idle_sleeps'], t['idle_sleeps_no_qp'])"
-}
-# sleeps_move SOCK SHORT LONG: in one of twenty 0.5 s windows, each kind of
-# sleep rose (1) or did not (0). Windows, not one: a frame (the kernel
-# peer's IPv6 ND, an ARP) puts a service without QPs back on the short
-# sleeps for a second.
-sleeps_move() {
-  local s0 l0 s1 l1 i
-  for i in $(seq 20); do
-    read -r s0 l0 < <(sleeps "$1")
-    sleep 0.5
-    read -r s1 l1 < <(sleeps "$1")
-    echo "idle_sleeps $s0 -> $s1, idle_sleeps_no_qp $l0 -> $l1"
-    [ "$((s1 > s0))" = "$2" ] && [ "$((l1 > l0))" = "$3" ] && return 0
-  done
-  return 1
-}
-check "A, no QP: the idle worker takes the long sleeps only" sleeps_move "$SOCK_A" 0 1
-qp_held() {  # an ibv_rc_pingpong server holds a QP while it waits for a peer
-  local p rc=0 s0 l0 s1 l1
-  ip netns exec "$NS_A" timeout 60 \
-    env "$CLIENT_ASAN" LD_PRELOAD="$PRELOAD" URNIC_SOCKET="$SOCK_A" \
-    ibv_rc_pingpong -d urnic0 -g 0 -p 18599 >"$TMP/hold.out" 2>&1 &
-  p=$!
-  PIDS+=("$p")
-  for _ in $(seq 100); do
-    devline "$SOCK_A" | grep -q ' qps 1$' && break
-    sleep 0.1
-  done
-  devline "$SOCK_A" | grep ' qps 1$' || rc=1
-  # One window of 2 s, strict: longer than the quiet second after the
-  # QP's creation (which alone keeps the short sleeps), so a device-wide
-  # QP count the worker misread would show as a long sleep here.
-  read -r s0 l0 < <(sleeps "$SOCK_A")
-  sleep 2
-  read -r s1 l1 < <(sleeps "$SOCK_A")
-  echo "with the QP: idle_sleeps $s0 -> $s1, idle_sleeps_no_qp $l0 -> $l1"
-  [ "$s1" -gt "$s0" ] && [ "$l1" = "$l0" ] || rc=1
-  stop_pid "$p" || true
-  forget "$p"
-  wait_devline "$SOCK_A" "$BASE_A" || rc=1
-  [ $rc = 0 ] && { sleeps_move "$SOCK_A" 0 1 || rc=1; }
-  return $rc
-}
-check "A, one QP: short sleeps only; the long ones again once it is gone" qp_held
-
 # --- ibverbs-utils pingpongs ------------------------------------------------------
 for t in a b; do
   T=${t^^}

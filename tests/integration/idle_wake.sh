@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Integration: an idle worker waits for events instead of polling or
+# sleeping a fixed time (dataplane/service/wake.h), and nothing that should
+# wake it is slept through. Two urnicd on net_af_packet over a veth pair
+# between two namespaces, each worker waiting at its first empty poll
+# (spin_polls 0, pause_polls 0, no yield) so that every exchange below
+# goes through a wait, for up to 10 s (lcores.idle.wait_ms=10000): a
+# wake-up lost would cost 10 s and show as a wait that timed out.
+#  - idle, no QP, then an ibv_rc_pingpong server holding a QP: for 2 s the
+#    worker takes no timed sleep and polls fewer than 2000 times (a
+#    polling worker polls millions of times, a sleeping one ~40 000);
+#  - an 8 B SEND ping-pong (2000 exchanges, 100 us apart; the client's
+#    post rings its service's bell, the frame wakes the other) and WRITE
+#    and READ 64 KiB on 4 QPs, data checked: both ends exit 0, each worker
+#    waited (idle_waits) and no wait ran out (idle_wait_timeouts);
+#  - a third service on net_null, whose port cannot wake it: timed sleeps
+#    as before (no QP, quiet: lcores.idle.no_qp_sleep_us; a QP: sleep_us).
+# Every started process is stopped by PID on exit, pass or fail.
+# usage: idle_wake.sh URNICD URNICCTL SHIM_SO URNIC_PERF
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+shim_test_init iw-$$ "$@"
+
+SA=$TMP/a.sock
+SB=$TMP/b.sock
+SC=$TMP/c.sock
+EAGER=(-o lcores.idle.yield=false -o lcores.idle.spin_polls=0
+  -o lcores.idle.pause_polls=0 -o lcores.idle.wait_ms=10000)
+veth_pair
+afp_start a "$NS_A" "$IF_A" 10.97.0.1 "$SA" "${EAGER[@]}"
+afp_start b "$NS_B" "$IF_B" 10.97.0.2 "$SB" "${EAGER[@]}"
+wait_link "$SA"
+wait_link "$SB"
+
+# idle SOCK: for 2 s, no timed sleep of either kind and < 2000 polls.
+idle() {
+  local s0 l0 p0 s1 l1 p1
+  s0=$(counter "$1" idle_sleeps) l0=$(counter "$1" idle_sleeps_no_qp)
+  p0=$(counter "$1" poll_idle)
+  sleep 2
+  s1=$(counter "$1" idle_sleeps) l1=$(counter "$1" idle_sleeps_no_qp)
+  p1=$(counter "$1" poll_idle)
+  echo "idle_sleeps $s0 -> $s1, idle_sleeps_no_qp $l0 -> $l1, poll_idle $p0 -> $p1"
+  [ "$s1" = "$s0" ] && [ "$l1" = "$l0" ] && [ $((p1 - p0)) -lt 2000 ]
+}
+check "A, no QP: the worker waits (no timed sleep, < 2000 polls in 2 s)" idle "$SA"
+hold() {  # idle SOCK while an ibv_rc_pingpong server holds a QP there
+  local p rc=0
+  ip netns exec "$NS_A" timeout 60 env $CLIENT_ENV LD_PRELOAD="$PRELOAD" \
+    URNIC_SOCKET="$1" ibv_rc_pingpong -d urnic0 -g 0 -p 18611 \
+    >"$TMP/hold.out" 2>&1 &
+  p=$!
+  PIDS+=("$p")
+  for _ in $(seq 100); do
+    [ "$(counter "$1" qps)" = 1 ] && break
+    sleep 0.1
+  done
+  [ "$(counter "$1" qps)" = 1 ] || { echo "no QP held"; rc=1; }
+  [ $rc = 0 ] && { "$2" "$1" || rc=1; }
+  stop_pid "$p" || true
+  return $rc
+}
+check "A, one QP held: the worker waits all the same" hold "$SA" idle
+
+# waits SOCK: "idle_waits idle_wait_timeouts"
+waits() { echo "$(counter "$1" idle_waits) $(counter "$1" idle_wait_timeouts)"; }
+port=19300
+# run NAME MIN_WAITS CLIENT_ARGS...: a verified urnic-perf run B -> A (the
+# server's own options in SRV); both ends exit 0, each service waited at
+# least MIN_WAITS times and no wait timed out meanwhile.
+run() {
+  local name=$1 min=$2 rc=0 sp a0 at0 b0 bt0 a1 at1 b1 bt1
+  shift 2
+  port=$((port + 1))
+  read -r a0 at0 < <(waits "$SA")
+  read -r b0 bt0 < <(waits "$SB")
+  ip netns exec "$NS_A" env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD" \
+    timeout 60 "$UPERF" --server -p "$port" --period 0 --verify $SRV \
+    >"$TMP/$name-s.out" 2>&1 &
+  sp=$!
+  PIDS+=("$sp")
+  wait_tcp "$port" "$NS_A" "$sp" || rc=1
+  ip netns exec "$NS_B" env $CLIENT_ENV URNIC_SOCKET="$SB" LD_PRELOAD="$PRELOAD" \
+    timeout 60 "$UPERF" -p "$port" --period 0 --verify "$@" 10.97.0.11 \
+    >"$TMP/$name-c.out" 2>&1 || rc=$?
+  wait "$sp" || rc=$((rc ? rc : $?))
+  read -r a1 at1 < <(waits "$SA")
+  read -r b1 bt1 < <(waits "$SB")
+  tail -2 "$TMP/$name-c.out"
+  echo "exit $rc; A waits $a0 -> $a1 (timed out $at0 -> $at1), B waits $b0 -> $b1 (timed out $bt0 -> $bt1)"
+  [ $rc = 0 ] && [ $((a1 - a0)) -ge "$min" ] && [ $((b1 - b0)) -ge "$min" ] &&
+    [ "$at1" = "$at0" ] && [ "$bt1" = "$bt0" ]
+}
+ip -n "$NS_A" addr add 10.97.0.11/24 dev "$IF_A"
+ip -n "$NS_B" addr add 10.97.0.12/24 dev "$IF_B"
+SRV="-o send -m lat -s 8"
+check "SEND ping-pong, 2000 x 8 B 100 us apart: every exchange wakes both workers" \
+  run pp 1000 -o send -m lat -s 8 -n 2000 --gap 100
+SRV=
+check "WRITE 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
+  run write 1 -o write -q 4 -s 65536 -D 2 --warmup 0
+check "READ 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
+  run read 1 -o read -q 4 -s 65536 -D 2 --warmup 0
+
+# A port that cannot wake its worker (net_null): timed sleeps, the long
+# ones once the device has had no QP and no work for a second.
+urnicd_start c 10.98.0.1 "$SC" -o port.vdev=net_null0,no-rx=1 \
+  -o lcores.idle.yield=false
+wait_sock "$SC"
+sleeps_move() {  # SOCK SHORT LONG: in one of ten 0.5 s windows each kind rose (1) or not (0)
+  local s0 l0 s1 l1
+  for _ in $(seq 10); do
+    s0=$(counter "$1" idle_sleeps) l0=$(counter "$1" idle_sleeps_no_qp)
+    sleep 0.5
+    s1=$(counter "$1" idle_sleeps) l1=$(counter "$1" idle_sleeps_no_qp)
+    echo "idle_sleeps $s0 -> $s1, idle_sleeps_no_qp $l0 -> $l1"
+    [ "$((s1 > s0))" = "$2" ] && [ "$((l1 > l0))" = "$3" ] && return 0
+  done
+  return 1
+}
+check "C (net_null), no QP: the long timed sleeps only, no wait" \
+  sleeps_move "$SC" 0 1
+short_only() {  # SOCK: one strict 2 s window: short sleeps only
+  local s0 l0 w0 s1 l1 w1
+  s0=$(counter "$1" idle_sleeps) l0=$(counter "$1" idle_sleeps_no_qp)
+  w0=$(counter "$1" idle_waits)
+  sleep 2
+  s1=$(counter "$1" idle_sleeps) l1=$(counter "$1" idle_sleeps_no_qp)
+  w1=$(counter "$1" idle_waits)
+  echo "idle_sleeps $s0 -> $s1, idle_sleeps_no_qp $l0 -> $l1, idle_waits $w0 -> $w1"
+  [ "$s1" -gt "$s0" ] && [ "$l1" = "$l0" ] && [ "$w1" = "$w0" ]
+}
+check "C (net_null), one QP held: the short timed sleeps only" \
+  hold "$SC" short_only
+check "C (net_null): the long sleeps again once the QP is gone" \
+  sleeps_move "$SC" 0 1
+finish
