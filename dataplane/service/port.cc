@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -51,9 +52,12 @@ uint32_t vdev_num(const std::string& vdev, const char* key, uint32_t dflt) {
                    : static_cast<uint32_t>(strtoul(v.c_str(), nullptr, 0));
 }
 
-// The PMD's packet sockets on the vdev's interface (one per queue pair),
-// found among our own descriptors: DPDK does not hand them out.
-std::vector<int> af_packet_sockets(const std::string& vdev) {
+// The PMD's sockets of `domain` (AF_PACKET, AF_XDP) found among our own
+// descriptors (DPDK does not hand them out), in fd order: the PMDs open
+// them one per queue, in queue order. af_packet's are those bound to the
+// vdev's interface; an AF_XDP socket cannot say where it is bound
+// (getsockname), but urnicd opens none of its own.
+std::vector<int> pmd_sockets(const std::string& vdev, int domain) {
   std::vector<int> fds;
   const unsigned ifindex = if_nametoindex(vdev_arg(vdev, "iface").c_str());
   DIR* d = opendir("/proc/self/fd");
@@ -63,22 +67,41 @@ std::vector<int> af_packet_sockets(const std::string& vdev) {
   }
   while (dirent* e = readdir(d)) {
     char* end;
-    const long fd = std::strtol(e->d_name, &end, 10);
+    const long l = std::strtol(e->d_name, &end, 10);
+    const int fd = static_cast<int>(l);
     if (*end || end == e->d_name || fd == dirfd(d)) continue;
-    int domain = 0;
-    socklen_t len = sizeof domain;
-    sockaddr_ll ll{};
-    socklen_t llen = sizeof ll;
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_DOMAIN, &domain,
-                   &len) == 0 &&
-        domain == AF_PACKET &&
-        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ll),
-                    &llen) == 0 &&
-        ll.sll_ifindex == static_cast<int>(ifindex))
-      fds.push_back(static_cast<int>(fd));
+    int dom = 0;
+    socklen_t len = sizeof dom;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &len) != 0 || dom != domain)
+      continue;
+    if (domain == AF_PACKET) {
+      sockaddr_ll ll{};
+      socklen_t llen = sizeof ll;
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&ll), &llen) != 0 ||
+          ll.sll_ifindex != static_cast<int>(ifindex))
+        continue;
+    }
+    fds.push_back(fd);
   }
   closedir(d);
+  std::sort(fds.begin(), fds.end());
   return fds;
+}
+
+// Per queue, the fds that become readable when a frame waits in it (a
+// waiting worker's wake-up, wake.h): af_packet's ring sockets and AF_XDP's
+// sockets. When there are not one per queue, every queue gets all of them
+// (a frame for another queue then only costs a spurious wake-up).
+std::vector<std::vector<int>> rx_wake_fds(const std::vector<int>& socks,
+                                          uint16_t queues) {
+  std::vector<std::vector<int>> out(socks.empty() ? 0 : queues);
+  for (uint16_t q = 0; q < out.size(); ++q) {
+    if (socks.size() == queues)
+      out[q].push_back(socks[q]);
+    else
+      out[q] = socks;
+  }
+  return out;
 }
 
 }  // namespace
@@ -415,8 +438,13 @@ PortInfo port_setup(const config::Config& cfg) {
   rte_eth_allmulticast_enable(pid);
   if (!p.soft_mac) rte_eth_macaddr_get(pid, &mac);
   std::memcpy(p.mac, mac.addr_bytes, 6);
-  if (p.driver == "net_af_packet")
-    p.ring_fds = af_packet_sockets(cfg.port.vdev);
+  if (p.driver == "net_af_packet") {
+    p.ring_fds = pmd_sockets(cfg.port.vdev, AF_PACKET);
+    p.rx_wake_fds = rx_wake_fds(p.ring_fds, p.nb_queues);
+  } else if (p.driver == "net_af_xdp") {
+    p.rx_wake_fds =
+        rx_wake_fds(pmd_sockets(cfg.port.vdev, AF_XDP), p.nb_queues);
+  }
   return p;
 }
 
@@ -469,6 +497,7 @@ void port_teardown(PortInfo& p) {
   rte_eth_dev_stop(p.port_id);
   rte_eth_dev_close(p.port_id);
   p.ring_fds.clear();  // closed with the device
+  p.rx_wake_fds.clear();
 }
 
 }  // namespace urnic::service

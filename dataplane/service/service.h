@@ -76,6 +76,10 @@ struct PortInfo {
   // net_af_packet: the PMD's sockets, whose kernel rings' drops
   // port_ring_drops() reads (the PMD reports none: imissed stays 0).
   std::vector<int> ring_fds;
+  // By queue: fds readable when a frame waits in that queue (af_packet's
+  // ring sockets, AF_XDP's sockets), which wake a waiting worker (wake.h).
+  // Empty: the port cannot wake its workers; they sleep timed sleeps.
+  std::vector<std::vector<int>> rx_wake_fds;
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)

@@ -77,9 +77,7 @@ class Wake {
     uint64_t v;
     (void)!read(bell_, &v, sizeof v);
   }
-  bool announced_st() const {
-    return waiting_.load(std::memory_order_relaxed);
-  }
+  bool announced_st() const { return waiting_.load(std::memory_order_relaxed); }
   // Lcore, announced and polled: sleeps until a frame or a bell, at most
   // `ms`. Returns false when it timed out.
   bool wait_st(int ms) {

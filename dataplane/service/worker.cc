@@ -173,14 +173,8 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
   if (!cmd_ring_)
     throw std::runtime_error("command ring: " +
                              std::string(rte_strerror(rte_errno)));
-  // The PMD's ring sockets (af_packet): one per queue pair, in queue
-  // order; if they cannot be told apart, every one wakes every worker (a
-  // frame for another queue costs this one a spurious pass).
-  const std::vector<int>& fds = port.ring_fds;
-  if (fds.size() == port.nb_queues)
-    wake_.watch_rx(fds[queue]);
-  else
-    for (int fd : fds) wake_.watch_rx(fd);
+  if (queue < port.rx_wake_fds.size())
+    for (int fd : port.rx_wake_fds[queue]) wake_.watch_rx(fd);
   gate_.set_wake(&wake_);
 }
 

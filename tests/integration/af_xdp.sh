@@ -8,7 +8,8 @@
 #  - each service says zero-copy TX is off, and why;
 #  - urnic-perf WRITE, READ and SEND, 64 KiB, 4 QPs, every message's data
 #    checked (--verify), both ends exit 0;
-#  - neither service counted a malformed frame, and RoCE frames crossed.
+#  - neither service counted a malformed frame, and RoCE frames crossed;
+#  - idle, a worker waits on its AF_XDP socket (no timed sleep).
 # SKIP when the kernel, the container or DPDK cannot give urnicd an AF_XDP
 # socket (the reason from urnicd's log is printed).
 # Every started process is stopped by PID on exit, pass or fail.
@@ -82,5 +83,14 @@ clean() {  # no malformed frame at either end; RoCE frames reached A
   [ "$m" = "$m0" ] && [ "$r" -gt $((r0 + 1000)) ]
 }
 check "  no malformed frame at either service, RoCE frames crossed" clean
+idle() {  # idle, the worker waits on its AF_XDP socket: no timed sleep in 2 s
+  local s0 w0 s1 w1
+  s0=$(counter "$SA" idle_sleeps) w0=$(counter "$SA" idle_waits)
+  sleep 2
+  s1=$(counter "$SA" idle_sleeps) w1=$(counter "$SA" idle_waits)
+  echo "  idle_sleeps $s0 -> $s1, idle_waits $w0 -> $w1"
+  [ "$s1" = "$s0" ] && [ "$w1" -gt "$w0" ]
+}
+check "idle, A's worker waits for its socket (wake.h), no timed sleep" idle
 
 finish

@@ -3,8 +3,6 @@
 // before the announcement are dropped, and a ring() to an lcore that has
 // not announced writes nothing; park() rings a waiting lcore. The
 // doorbell page's half of the protocol (ring_doorbell, doorbell_wakes).
-#include "dataplane/service/wake.h"
-
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 
 #include "dataplane/hostif/abi.h"
 #include "dataplane/service/lcore_gate.h"
+#include "dataplane/service/wake.h"
 
 namespace urnic::service {
 namespace {
@@ -66,9 +65,9 @@ TEST(Wake, WatchedFdEdgeWakesAndStaleEdgesAreDropped) {
   ASSERT_GE(rx, 0);
   w.watch_rx(rx);
   EXPECT_TRUE(w.covers_rx());
-  poke(rx);            // a frame read long ago (never consumed here)
-  w.ring_always();     // a bell from before
-  w.announce_st();     // drops both
+  poke(rx);         // a frame read long ago (never consumed here)
+  w.ring_always();  // a bell from before
+  w.announce_st();  // drops both
   EXPECT_FALSE(w.wait_st(0));
   poke(rx);  // a new frame: a new edge
   EXPECT_TRUE(w.wait_st(10000));
