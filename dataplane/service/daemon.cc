@@ -445,8 +445,15 @@ void Daemon::check_link() {
   next_link_check_ = now_ns() + 500'000'000;
 }
 
-void Daemon::stop() {
+// g_quit is set: every worker ends its pass and returns. One waiting for
+// events (wake.h) would see it only when its wait ends.
+void Daemon::join_workers() {
+  for (auto& w : workers_) w->wake();
   rte_eal_mp_wait_lcore();
+}
+
+void Daemon::stop() {
+  join_workers();
   leave_groups();
   cm_->shutdown(now_ns());
   if (const size_t live = shim_->clients_open()) {
@@ -465,7 +472,7 @@ void Daemon::stop() {
 
 void Daemon::teardown() {
   g_quit.store(true);
-  rte_eal_mp_wait_lcore();
+  join_workers();
   if (shim_) shim_->shutdown();
   if (cm_) cm_->shutdown(now_ns());
   ctl_.reset();

@@ -44,6 +44,7 @@ class Daemon {
   // After serve(): lcores stopped, clients told (IBV_EVENT_DEVICE_FATAL),
   // the final stats printed, everything torn down.
   void stop();
+  void join_workers();  // g_quit set: wakes the workers, waits for them
   // Idempotent; safe after a start() that threw part-way.
   void teardown();
 

@@ -155,6 +155,8 @@ class alignas(64) Worker final : public transport::PacketIo {
   // The eventfd that wakes this worker when it waits (wake.h); clients get
   // a copy.
   int bell() const { return wake_.bell(); }
+  // Ends a wait now (shutdown: g_quit is read once per pass).
+  void wake() { wake_.ring_always(); }
   LcoreGate& gate() { return gate_; }
   transport::Engine& engine() { return engine_; }
   // Home `queue()` of QPs: this worker serves the shim's doorbells of the

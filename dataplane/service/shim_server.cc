@@ -101,8 +101,10 @@ static_assert(config::kMaxWorkers <= kSummaryWords,
 
 ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {
   if (env_.engines.empty() || env_.engines.size() > kSummaryWords ||
-      env_.gates.size() != env_.engines.size())
-    throw std::invalid_argument("ShimServer: 1..16 engines, a gate each");
+      env_.gates.size() != env_.engines.size() ||
+      (!env_.bells.empty() && env_.bells.size() != env_.engines.size()))
+    throw std::invalid_argument(
+        "ShimServer: 1..16 engines, a gate each (and a bell each, or none)");
   for (transport::Engine* e : env_.engines) e->set_recv_source(this);
   env_.dev->set_mcast_hook([this](const transport::Gid& g, bool joined) {
     mcast_changed(g, joined);

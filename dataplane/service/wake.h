@@ -13,9 +13,10 @@
 // The protocol is the Dekker pattern of LcoreGate::park: the lcore stores
 // "waiting" (announce_st), then polls everything once more, then waits;
 // each giver publishes its work, then loads "waiting" (seq_cst both), so
-// either the poll sees the work or the giver rings. announce_st also
-// empties the epoll set's stale edges and the bell first, so a wait returns
-// for what came after that last poll, not for frames read long ago.
+// either the poll sees the work or the giver rings. announce_st first
+// empties the epoll set's stale edges and the bell, so a wait returns for
+// what came after that last poll, not for frames read long ago (a frame
+// or a bell after the emptying is either polled or ends the wait).
 #pragma once
 
 #include <sys/epoll.h>
@@ -70,12 +71,12 @@ class Wake {
   // Lcore: from here every giver rings; the lcore must poll everything once
   // more before wait_st.
   void announce_st() {
-    waiting_.store(true, std::memory_order_seq_cst);
     epoll_event ev[kEvents];
     while (epoll_wait(ep_, ev, kEvents, 0) == kEvents) {
     }
     uint64_t v;
     (void)!read(bell_, &v, sizeof v);
+    waiting_.store(true, std::memory_order_seq_cst);
   }
   bool announced_st() const { return waiting_.load(std::memory_order_relaxed); }
   // Lcore, announced and polled: sleeps until a frame or a bell, at most

@@ -913,9 +913,11 @@ void Worker::loop_st() {
                  idle.sleep_us && can_wait_st()) {
         // Wait for events rather than sleep a fixed time (wake.h): first
         // announce it and poll once more (this pass's poll came before
-        // anyone could know), then wait.
+        // anyone could know), commands included (one posted since the
+        // last look rang no bell), then wait.
         if (!wake_.announced_st()) {
           announce_st();
+          next_timer = 0;
         } else {
           const uint64_t t0 = now_ns();
           if (!wake_.wait_st(static_cast<int>(idle.wait_ms)))

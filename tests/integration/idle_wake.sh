@@ -13,6 +13,7 @@
 #    post rings its service's bell, the frame wakes the other) and WRITE
 #    and READ 64 KiB on 4 QPs, data checked: both ends exit 0, each worker
 #    waited (idle_waits) and no wait ran out (idle_wait_timeouts);
+#  - SIGTERM while the worker waits: the service exits 0 at once;
 #  - a third service on net_null, whose port cannot wake it: timed sleeps
 #    as before (no QP, quiet: lcores.idle.no_qp_sleep_us; a QP: sleep_us).
 # Every started process is stopped by PID on exit, pass or fail.
@@ -29,6 +30,7 @@ EAGER=(-o lcores.idle.yield=false -o lcores.idle.spin_polls=0
   -o lcores.idle.pause_polls=0 -o lcores.idle.wait_ms=10000)
 veth_pair
 afp_start a "$NS_A" "$IF_A" 10.97.0.1 "$SA" "${EAGER[@]}"
+PID_A=$LAST_PID
 afp_start b "$NS_B" "$IF_B" 10.97.0.2 "$SB" "${EAGER[@]}"
 wait_link "$SA"
 wait_link "$SB"
@@ -102,6 +104,24 @@ check "WRITE 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
   run write 1 -o write -q 4 -s 65536 -D 2 --warmup 0
 check "READ 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
   run read 1 -o read -q 4 -s 65536 -D 2 --warmup 0
+
+stops() {  # SIGTERM while A's worker waits (10 s): gone within 3 s, exit 0
+  local rc=0
+  idle "$SA" >/dev/null || true  # waiting by now
+  kill -TERM "$PID_A"
+  for _ in $(seq 30); do
+    kill -0 "$PID_A" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$PID_A" 2>/dev/null; then
+    echo "still running 3 s after SIGTERM"
+    return 1
+  fi
+  wait "$PID_A" || rc=$?
+  echo "exit $rc"
+  [ $rc = 0 ]
+}
+check "A stops on SIGTERM at once though its worker waits (exit 0)" stops
 
 # A port that cannot wake its worker (net_null): timed sleeps, the long
 # ones once the device has had no QP and no work for a second.

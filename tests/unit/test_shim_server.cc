@@ -3,6 +3,7 @@
 // Device + Engine whose frames loop back through the wire codec.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -67,6 +68,7 @@ struct ShimServerTest : ::testing::Test {
         dev(device()),
         engines(make_engines(dev, io, homes)),
         gates(homes),
+        bells(make_bells(homes)),
         srv(env()) {
     ci.id = 7;
     ci.pid = getpid();
@@ -74,6 +76,14 @@ struct ShimServerTest : ::testing::Test {
   ~ShimServerTest() override {
     srv.on_close(ci);
     for (auto& [p, n] : maps) munmap(p, n);
+    for (int fd : bells) close(fd);
+    for (int fd : client_bells) close(fd);
+  }
+  static std::vector<int> make_bells(uint32_t homes) {
+    std::vector<int> v;
+    for (uint32_t h = 0; h < homes; ++h)
+      v.push_back(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    return v;
   }
   static transport::DeviceConfig device() {
     transport::DeviceConfig dc;
@@ -100,6 +110,7 @@ struct ShimServerTest : ::testing::Test {
     for (auto& en : engines) e.engines.push_back(en.get());
     // Never running: park() returns at once.
     for (LcoreGate& g : gates) e.gates.push_back(&g);
+    e.bells = bells;
     e.info.num_gids = 1;
     e.client_limits = limits;
     e.tx_memory = tx_memory;
@@ -173,7 +184,9 @@ struct ShimServerTest : ::testing::Test {
     async_fd = sv[0];
     Reply r = call(Op::kOpen, OpenReq{}, {sv[1]});
     ASSERT_EQ(r.status, 0) << r.payload;
-    ASSERT_EQ(r.fds.size(), 1u);
+    ASSERT_EQ(r.fds.size(), 1 + engines.size());  // the page, a bell each
+    EXPECT_EQ(r.as<OpenRep>().homes, engines.size());
+    client_bells.assign(r.fds.begin() + 1, r.fds.end());
     db = static_cast<DoorbellPage*>(map(r.fds[0], page_round(sizeof *db)));
   }
   uint32_t handle(const Reply& r) {
@@ -392,6 +405,8 @@ struct ShimServerTest : ::testing::Test {
   LoopIo io;
   std::vector<std::unique_ptr<transport::Engine>> engines;
   std::vector<LcoreGate> gates;
+  std::vector<int> bells;         // the workers' (ShimEnv::bells)
+  std::vector<int> client_bells;  // the copies open() got
   ShimServer srv;
   ClientInfo ci;
   int async_fd = -1;
@@ -414,6 +429,24 @@ TEST_F(ShimServerTest, FirstRequestMustBeOpenAndAbiIsChecked) {
   open();
   r = call(Op::kOpen, OpenReq{});
   EXPECT_EQ(r.status, -EPROTO);  // already open
+}
+
+// A client gets a copy of each worker's bell at open; a worker that waits
+// marks itself in the client's page (DoorbellPage::waiting), and the
+// client's write to its copy is a write to the worker's bell.
+TEST_F(ShimServerTest, OpenPassesTheBellsAndWaitingMarksThePage) {
+  open();
+  ASSERT_EQ(client_bells.size(), 1u);
+  EXPECT_EQ(db->waiting.load(), 0u);
+  srv.set_waiting_st(0, true);
+  EXPECT_EQ(db->waiting.load(), 1u);
+  const uint64_t one = 1;
+  ASSERT_EQ(write(client_bells[0], &one, sizeof one), 8);
+  uint64_t v = 0;
+  ASSERT_EQ(read(bells[0], &v, sizeof v), 8);
+  EXPECT_EQ(v, 1u);
+  srv.set_waiting_st(0, false);
+  EXPECT_EQ(db->waiting.load(), 0u);
 }
 
 TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
