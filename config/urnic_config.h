@@ -73,7 +73,9 @@ struct MempoolConfig {
 // longer and sleep_us is not 0): nothing can then wait on it but address
 // resolution, pings, CM MADs and control commands, and 50 us sleeps cost
 // an idle worker ~30 % of a core on a VM (perf/README.md, "An idle
-// service").
+// service"). Where the port can wake the worker (af_packet, AF_XDP) and
+// nothing but a frame or a work request can give it work, it waits for
+// those instead of sleeping, up to wait_ms (0: never; the timed sleeps).
 struct IdleConfig {
   static constexpr uint32_t kSpinPollsYield = 0;
   uint32_t spin_polls = 256;
