@@ -159,6 +159,14 @@ void Daemon::start() {
     for (auto& w : workers_) w->set_zero_copy(zero_copy_.get());
   }
   printf("urnicd: zero-copy TX %s\n", zero_copy_state_.c_str());
+  if (!cfg_.lcores.idle.wait_ms)
+    printf("urnicd: idle workers sleep timed sleeps (lcores.idle.wait_ms 0)\n");
+  else if (port_.wake_source.empty())
+    printf("urnicd: idle workers sleep timed sleeps (%s cannot wake them)\n",
+           port_.driver.c_str());
+  else
+    printf("urnicd: idle workers wait for events (a frame: %s)\n",
+           port_.wake_source.c_str());
   shim_ = std::make_unique<ShimServer>(std::move(env));
   for (auto& w : workers_) w->serve(shim_.get(), peers_);
   // RDMA CM: MADs for QP1 reach the control thread by ring; the ones

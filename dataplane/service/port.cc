@@ -88,6 +88,20 @@ std::vector<int> pmd_sockets(const std::string& vdev, int domain) {
   return fds;
 }
 
+// The kernel driver a PCI device is bound to ("vfio-pci", "uio_pci_generic",
+// ...), "" if unknown. `addr` as in port.pci; sysfs names carry the domain.
+std::string pci_kernel_driver(const std::string& addr) {
+  const std::string full =
+      std::count(addr.begin(), addr.end(), ':') == 1 ? "0000:" + addr : addr;
+  char buf[256];
+  const std::string link = "/sys/bus/pci/devices/" + full + "/driver";
+  const ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = 0;
+  const char* slash = strrchr(buf, '/');
+  return slash ? slash + 1 : buf;
+}
+
 // Per queue, the fds that become readable when a frame waits in it (a
 // waiting worker's wake-up, wake.h): af_packet's ring sockets and AF_XDP's
 // sockets. When there are not one per queue, every queue gets all of them
@@ -329,6 +343,12 @@ PortInfo port_setup(const config::Config& cfg) {
   }
   conf.rxmode.offloads = p.rx_offloads;
   conf.txmode.offloads = p.tx_offloads;
+  // A PCI port on vfio-pci: per-queue RX interrupts (an eventfd each) wake
+  // a waiting worker (wake.h). uio gives no per-queue interrupt. A PMD or
+  // device that cannot start with them is started without (below).
+  const std::string kdrv =
+      cfg.port.pci.empty() ? "" : pci_kernel_driver(cfg.port.pci);
+  conf.intr_conf.rxq = cfg.lcores.idle.wait_ms && kdrv == "vfio-pci";
   if (int rc = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
     throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-rc)));
 
@@ -385,16 +405,19 @@ PortInfo port_setup(const config::Config& cfg) {
     throw std::runtime_error(
         fmt("mempool of %u mbufs: %s (raise eal.memory_mb?)", cfg.mempool.mbufs,
             rte_strerror(rte_errno)));
-  for (uint16_t q = 0; q < p.nb_queues; ++q) {
-    rte_eth_rxconf rxc = info.default_rxconf;
-    rxc.offloads = p.rx_offloads;
-    if (int rc = rte_eth_rx_queue_setup(pid, q, nb_rxd, socket, &rxc, p.pool))
-      throw std::runtime_error(fmt("rx queue %u: %s", q, strerror(-rc)));
-    rte_eth_txconf txc = info.default_txconf;
-    txc.offloads = p.tx_offloads;
-    if (int rc = rte_eth_tx_queue_setup(pid, q, nb_txd, socket, &txc))
-      throw std::runtime_error(fmt("tx queue %u: %s", q, strerror(-rc)));
-  }
+  auto setup_queues = [&] {
+    for (uint16_t q = 0; q < p.nb_queues; ++q) {
+      rte_eth_rxconf rxc = info.default_rxconf;
+      rxc.offloads = p.rx_offloads;
+      if (int rc = rte_eth_rx_queue_setup(pid, q, nb_rxd, socket, &rxc, p.pool))
+        throw std::runtime_error(fmt("rx queue %u: %s", q, strerror(-rc)));
+      rte_eth_txconf txc = info.default_txconf;
+      txc.offloads = p.tx_offloads;
+      if (int rc = rte_eth_tx_queue_setup(pid, q, nb_txd, socket, &txc))
+        throw std::runtime_error(fmt("tx queue %u: %s", q, strerror(-rc)));
+    }
+  };
+  setup_queues();
   // af_packet shares its interface with the kernel, and its PMD would set
   // port.mac on that interface. We keep it to ourselves instead, as a second
   // station on the segment: the kernel then sees our frames as addressed to
@@ -421,8 +444,20 @@ PortInfo port_setup(const config::Config& cfg) {
           "%s: promiscuous mode failed; port.mac needs it", p.driver.c_str()));
     }
   }
-  if (int rc = rte_eth_dev_start(pid))
-    throw std::runtime_error(fmt("rte_eth_dev_start: %s", strerror(-rc)));
+  int rc = rte_eth_dev_start(pid);
+  if (rc && conf.intr_conf.rxq) {
+    fprintf(stderr,
+            "urnicd: %s: start with RX interrupts failed (%s): started "
+            "without; idle workers sleep timed sleeps\n",
+            p.driver.c_str(), strerror(-rc));
+    conf.intr_conf.rxq = 0;
+    conf.rxmode.mtu = mtu;  // a new configure resets it otherwise
+    if (int c = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
+      throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-c)));
+    setup_queues();
+    rc = rte_eth_dev_start(pid);
+  }
+  if (rc) throw std::runtime_error(fmt("rte_eth_dev_start: %s", strerror(-rc)));
   p.started = true;
   // Promiscuous/all-multicast are best effort: ND needs solicited-node
   // multicast; PMDs without the ops still deliver what is addressed to us
@@ -444,7 +479,22 @@ PortInfo port_setup(const config::Config& cfg) {
   } else if (p.driver == "net_af_xdp") {
     p.rx_wake_fds =
         rx_wake_fds(pmd_sockets(cfg.port.vdev, AF_XDP), p.nb_queues);
+  } else if (conf.intr_conf.rxq) {
+    std::vector<std::vector<int>> fds(p.nb_queues);
+    for (uint16_t q = 0; q < p.nb_queues; ++q) {
+      const int fd = rte_eth_dev_rx_intr_ctl_q_get_fd(pid, q);
+      if (fd < 0) {
+        fds.clear();  // all or none: one queue without wakes its worker late
+        break;
+      }
+      fds[q].push_back(fd);
+    }
+    p.rx_wake_fds = std::move(fds);
+    p.rx_intr = !p.rx_wake_fds.empty();
   }
+  if (!p.rx_wake_fds.empty())
+    p.wake_source =
+        p.rx_intr ? "its queue's RX interrupt (vfio)" : "the PMD's socket";
   return p;
 }
 

@@ -80,6 +80,10 @@ struct PortInfo {
   // ring sockets, AF_XDP's sockets), which wake a waiting worker (wake.h).
   // Empty: the port cannot wake its workers; they sleep timed sleeps.
   std::vector<std::vector<int>> rx_wake_fds;
+  // rx_wake_fds are the queues' RX interrupt eventfds (a PCI port on
+  // vfio-pci): a worker enables its queue's interrupt while it waits.
+  bool rx_intr = false;
+  std::string wake_source;  // what wakes a waiting worker ("": nothing)
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)

@@ -770,7 +770,11 @@ bool Worker::can_wait_st() const {
          !tx_fault_.pending();
 }
 
+// The queue's RX interrupt (a PCI port on vfio) is on from the
+// announcement, before the poll that precedes the wait: a frame that
+// arrives after that poll raises it.
 void Worker::announce_st() {
+  if (port_.rx_intr) rte_eth_dev_rx_intr_enable(port_.port_id, queue_);
   wake_.announce_st();
   if (shim_) shim_->set_waiting_st(queue_, true);
 }
@@ -778,6 +782,7 @@ void Worker::announce_st() {
 void Worker::withdraw_st() {
   wake_.withdraw_st();
   if (shim_) shim_->set_waiting_st(queue_, false);
+  if (port_.rx_intr) rte_eth_dev_rx_intr_disable(port_.port_id, queue_);
 }
 
 void Worker::loop_st() {

@@ -34,6 +34,9 @@ PID_A=$LAST_PID
 afp_start b "$NS_B" "$IF_B" 10.97.0.2 "$SB" "${EAGER[@]}"
 wait_link "$SA"
 wait_link "$SB"
+check "A's log: idle workers wait for events, woken by the PMD's socket" \
+  grep -q "idle workers wait for events (a frame: the PMD's socket)" \
+  "$TMP/urnicd-a.log"
 
 # idle SOCK: for 2 s, no timed sleep of either kind and < 2000 polls.
 idle() {
@@ -128,6 +131,9 @@ check "A stops on SIGTERM at once though its worker waits (exit 0)" stops
 urnicd_start c 10.98.0.1 "$SC" -o port.vdev=net_null0,no-rx=1 \
   -o lcores.idle.yield=false
 wait_sock "$SC"
+check "C's log: idle workers sleep timed sleeps, net_null cannot wake them" \
+  grep -q "idle workers sleep timed sleeps (net_null cannot wake them)" \
+  "$TMP/urnicd-c.log"
 sleeps_move() {  # SOCK SHORT LONG: in one of ten 0.5 s windows each kind rose (1) or not (0)
   local s0 l0 s1 l1
   for _ in $(seq 10); do
