@@ -2,6 +2,7 @@
 // rte_eth_dev_info, so e1000 "em" (one queue), igb (RSS), af_packet, tap,
 // memif and ring ports all come up with what they actually have.
 #include <dirent.h>
+#include <fcntl.h>
 #include <linux/if_packet.h>
 #include <net/if.h>
 #include <rte_eal.h>
@@ -88,18 +89,44 @@ std::vector<int> pmd_sockets(const std::string& vdev, int domain) {
   return fds;
 }
 
+// A PCI device's sysfs directory. `addr` as in port.pci; sysfs names carry
+// the domain.
+std::string pci_sysfs(const std::string& addr) {
+  return "/sys/bus/pci/devices/" +
+         (std::count(addr.begin(), addr.end(), ':') == 1 ? "0000:" + addr
+                                                         : addr);
+}
+
 // The kernel driver a PCI device is bound to ("vfio-pci", "uio_pci_generic",
-// ...), "" if unknown. `addr` as in port.pci; sysfs names carry the domain.
+// ...), "" if unknown.
 std::string pci_kernel_driver(const std::string& addr) {
-  const std::string full =
-      std::count(addr.begin(), addr.end(), ':') == 1 ? "0000:" + addr : addr;
   char buf[256];
-  const std::string link = "/sys/bus/pci/devices/" + full + "/driver";
+  const std::string link = pci_sysfs(addr) + "/driver";
   const ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
   if (n <= 0) return "";
   buf[n] = 0;
   const char* slash = strrchr(buf, '/');
   return slash ? slash + 1 : buf;
+}
+
+// Whether the device has the MSI-X capability (PCI 3.0 6.8.2: capability
+// ID 0x11 in the list at config offset 0x34). Per-queue RX interrupts need
+// a vector per queue: without MSI-X (82540EM, QEMU's e1000) EAL fails to
+// enable them ("Error enabling MSI-X interrupts") and the PMD starts all
+// the same, so a waiting worker would hear no frame at all.
+bool pci_has_msix(const std::string& addr) {
+  uint8_t cfg[256] = {};
+  const int fd = open((pci_sysfs(addr) + "/config").c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  const ssize_t n = pread(fd, cfg, sizeof cfg, 0);
+  close(fd);
+  if (n < 0x40 || !(cfg[0x06] & 0x10)) return false;  // no capability list
+  uint8_t at = cfg[0x34] & 0xfc;
+  for (int hops = 0; at >= 0x40 && at + 1 < n && hops < 48; ++hops) {
+    if (cfg[at] == 0x11) return true;
+    at = cfg[at + 1] & 0xfc;
+  }
+  return false;
 }
 
 // Per queue, the fds that become readable when a frame waits in it (a
@@ -343,12 +370,13 @@ PortInfo port_setup(const config::Config& cfg) {
   }
   conf.rxmode.offloads = p.rx_offloads;
   conf.txmode.offloads = p.tx_offloads;
-  // A PCI port on vfio-pci: per-queue RX interrupts (an eventfd each) wake
-  // a waiting worker (wake.h). uio gives no per-queue interrupt. A PMD or
-  // device that cannot start with them is started without (below).
-  const std::string kdrv =
-      cfg.port.pci.empty() ? "" : pci_kernel_driver(cfg.port.pci);
-  conf.intr_conf.rxq = cfg.lcores.idle.wait_ms && kdrv == "vfio-pci";
+  // A PCI port on vfio-pci with MSI-X: per-queue RX interrupts (an eventfd
+  // each) wake a waiting worker (wake.h). uio gives no per-queue
+  // interrupt. A PMD that cannot start with them is started without
+  // (below).
+  conf.intr_conf.rxq = cfg.lcores.idle.wait_ms && !cfg.port.pci.empty() &&
+                       pci_kernel_driver(cfg.port.pci) == "vfio-pci" &&
+                       pci_has_msix(cfg.port.pci);
   if (int rc = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
     throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-rc)));
 
