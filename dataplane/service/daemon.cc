@@ -162,8 +162,8 @@ void Daemon::start() {
   if (!cfg_.lcores.idle.wait_ms)
     printf("urnicd: idle workers sleep timed sleeps (lcores.idle.wait_ms 0)\n");
   else if (port_.wake_source.empty())
-    printf("urnicd: idle workers sleep timed sleeps (%s cannot wake them)\n",
-           port_.driver.c_str());
+    printf("urnicd: idle workers sleep timed sleeps (%s)\n",
+           port_.no_wake.c_str());
   else
     printf("urnicd: idle workers wait for events (a frame: %s)\n",
            port_.wake_source.c_str());

@@ -374,9 +374,10 @@ PortInfo port_setup(const config::Config& cfg) {
   // each) wake a waiting worker (wake.h). uio gives no per-queue
   // interrupt. A PMD that cannot start with them is started without
   // (below).
-  conf.intr_conf.rxq = cfg.lcores.idle.wait_ms && !cfg.port.pci.empty() &&
-                       pci_kernel_driver(cfg.port.pci) == "vfio-pci" &&
-                       pci_has_msix(cfg.port.pci);
+  const std::string kdrv =
+      cfg.port.pci.empty() ? "" : pci_kernel_driver(cfg.port.pci);
+  const bool msix = kdrv == "vfio-pci" && pci_has_msix(cfg.port.pci);
+  conf.intr_conf.rxq = cfg.lcores.idle.wait_ms && msix;
   if (int rc = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
     throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-rc)));
 
@@ -479,6 +480,7 @@ PortInfo port_setup(const config::Config& cfg) {
             "without; idle workers sleep timed sleeps\n",
             p.driver.c_str(), strerror(-rc));
     conf.intr_conf.rxq = 0;
+    p.no_wake = "it would not start with RX interrupts";
     conf.rxmode.mtu = mtu;  // a new configure resets it otherwise
     if (int c = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
       throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-c)));
@@ -513,6 +515,7 @@ PortInfo port_setup(const config::Config& cfg) {
       const int fd = rte_eth_dev_rx_intr_ctl_q_get_fd(pid, q);
       if (fd < 0) {
         fds.clear();  // all or none: one queue without wakes its worker late
+        p.no_wake = "the PMD gave no RX interrupt fd";
         break;
       }
       fds[q].push_back(fd);
@@ -523,6 +526,13 @@ PortInfo port_setup(const config::Config& cfg) {
   if (!p.rx_wake_fds.empty())
     p.wake_source =
         p.rx_intr ? "its queue's RX interrupt (vfio)" : "the PMD's socket";
+  else if (p.no_wake.empty() && cfg.port.pci.empty())
+    p.no_wake = p.driver + " has no RX wake-up source";
+  else if (p.no_wake.empty() && kdrv != "vfio-pci")
+    p.no_wake = "PCI on " + (kdrv.empty() ? std::string("?") : kdrv) +
+                ": no per-queue RX interrupts (vfio-pci has them)";
+  else if (p.no_wake.empty())
+    p.no_wake = "the device has no MSI-X for per-queue RX interrupts";
   return p;
 }
 

@@ -84,6 +84,7 @@ struct PortInfo {
   // vfio-pci): a worker enables its queue's interrupt while it waits.
   bool rx_intr = false;
   std::string wake_source;  // what wakes a waiting worker ("": nothing)
+  std::string no_wake;      // why nothing can (wake_source "")
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)

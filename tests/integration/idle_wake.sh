@@ -132,7 +132,7 @@ urnicd_start c 10.98.0.1 "$SC" -o port.vdev=net_null0,no-rx=1 \
   -o lcores.idle.yield=false
 wait_sock "$SC"
 check "C's log: idle workers sleep timed sleeps, net_null cannot wake them" \
-  grep -q "idle workers sleep timed sleeps (net_null cannot wake them)" \
+  grep -q "idle workers sleep timed sleeps (net_null has no RX wake-up source)" \
   "$TMP/urnicd-c.log"
 sleeps_move() {  # SOCK SHORT LONG: in one of ten 0.5 s windows each kind rose (1) or not (0)
   local s0 l0 s1 l1
