@@ -713,7 +713,11 @@ struct Fuzz {
       uint32_t work = 0;
       now += 1'000'000;
       for (uint32_t h = 0; h < 2; ++h) {
+        // As a worker about to wait: marked waiting in every client's
+        // page, polled once more, unmarked (Worker::announce_st).
+        if (i & 1) srv.set_waiting_st(h, true);
         work += srv.doorbells_st(h, &rung);
+        if (i & 1) srv.set_waiting_st(h, false);
         work += engine(h).poll(now);
       }
       for (int f = 0; f < 64 && !io.frames.empty(); ++f) {
@@ -854,6 +858,7 @@ struct Fuzz {
           k.db->summary[in.u8() % std::size(k.db->summary)].store(in.u64());
         if (t & 4) k.db->bits[in.u16() % std::size(k.db->bits)].store(in.u64());
         if (t & 8) k.db->closed.store(in.u32());
+        if (t & 16) k.db->waiting.store(in.u32());
         break;
       }
       default: {  // raw bytes anywhere in a mapping of this client
