@@ -513,9 +513,13 @@ PortInfo port_setup(const config::Config& cfg) {
     std::vector<std::vector<int>> fds(p.nb_queues);
     for (uint16_t q = 0; q < p.nb_queues; ++q) {
       const int fd = rte_eth_dev_rx_intr_ctl_q_get_fd(pid, q);
-      if (fd < 0) {
+      // A PMD without the enable op would hand out an fd that never fires.
+      const int en = fd < 0 ? -1 : rte_eth_dev_rx_intr_enable(pid, q);
+      if (en == 0) rte_eth_dev_rx_intr_disable(pid, q);
+      if (fd < 0 || en != 0) {
         fds.clear();  // all or none: one queue without wakes its worker late
-        p.no_wake = "the PMD gave no RX interrupt fd";
+        p.no_wake = fd < 0 ? "the PMD gave no RX interrupt fd"
+                           : "the PMD cannot enable RX interrupts";
         break;
       }
       fds[q].push_back(fd);

@@ -80,10 +80,14 @@ class Wake {
   }
   bool announced_st() const { return waiting_.load(std::memory_order_relaxed); }
   // Lcore, announced and polled: sleeps until a frame or a bell, at most
-  // `ms`. Returns false when it timed out.
-  bool wait_st(int ms) {
+  // `ms`. Returns what ended it: kTimedOut, or kRx and/or kBell.
+  static constexpr unsigned kTimedOut = 0, kRx = 1, kBell = 2;
+  unsigned wait_st(int ms) {
     epoll_event ev[kEvents];
-    return epoll_wait(ep_, ev, kEvents, ms) > 0;
+    const int n = epoll_wait(ep_, ev, kEvents, ms);
+    unsigned why = kTimedOut;
+    for (int i = 0; i < n; ++i) why |= ev[i].data.fd == bell_ ? kBell : kRx;
+    return why;
   }
   void withdraw_st() { waiting_.store(false, std::memory_order_relaxed); }
 

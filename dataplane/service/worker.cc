@@ -925,8 +925,9 @@ void Worker::loop_st() {
           next_timer = 0;
         } else {
           const uint64_t t0 = now_ns();
-          if (!wake_.wait_st(static_cast<int>(idle.wait_ms)))
-            ctr_.inc(Ctr::idle_wait_timeouts);
+          const unsigned why = wake_.wait_st(static_cast<int>(idle.wait_ms));
+          if (why == Wake::kTimedOut) ctr_.inc(Ctr::idle_wait_timeouts);
+          if (why & Wake::kRx) ctr_.inc(Ctr::idle_wakes_rx);
           withdraw_st();
           ctr_.inc(Ctr::idle_waits);
           slept_ns = now_ns() - t0;

@@ -39,7 +39,7 @@ namespace urnic::stats {
   X(mcast_not_joined)  X(mcast_loopback)    X(igmp_queries_rx)               \
   X(igmp_queries_ignored) X(igmp_reports_tx) X(igmp_other)                 \
   X(idle_sleeps)        X(idle_sleeps_no_qp)  X(idle_waits)                   \
-  X(idle_wait_timeouts)
+  X(idle_wait_timeouts) X(idle_wakes_rx)
 // clang-format on
 
 enum class Ctr : uint16_t {

@@ -12,7 +12,8 @@
 #  - an 8 B SEND ping-pong (2000 exchanges, 100 us apart; the client's
 #    post rings its service's bell, the frame wakes the other) and WRITE
 #    and READ 64 KiB on 4 QPs, data checked: both ends exit 0, each worker
-#    waited (idle_waits) and no wait ran out (idle_wait_timeouts);
+#    waited (idle_waits), the server's worker woken by frames
+#    (idle_wakes_rx), and no wait ran out (idle_wait_timeouts);
 #  - SIGTERM while the worker waits: the service exits 0 at once;
 #  - a third service on net_null, whose port cannot wake it: timed sleeps
 #    as before (no QP, quiet: lcores.idle.no_qp_sleep_us; a QP: sleep_us).
@@ -110,8 +111,16 @@ run() {
 ip -n "$NS_A" addr add 10.97.0.11/24 dev "$IF_A"
 ip -n "$NS_B" addr add 10.97.0.12/24 dev "$IF_B"
 SRV="-o send -m lat -s 8"
+R0=$(counter "$SA" idle_wakes_rx)
 check "SEND ping-pong, 2000 x 8 B 100 us apart: every exchange wakes both workers" \
   run pp 1000 -o send -m lat -s 8 -n 2000 --gap 100
+rx_woke() {  # A (the server) was woken by its ring socket, not only bells
+  local r
+  r=$(counter "$SA" idle_wakes_rx)
+  echo "A's idle_wakes_rx $R0 -> $r"
+  [ $((r - R0)) -ge 500 ]
+}
+check "  frames woke A's waiting worker (idle_wakes_rx)" rx_woke
 SRV=
 check "WRITE 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
   run write 1 -o write -q 4 -s 65536 -D 2 --warmup 0

@@ -27,14 +27,14 @@ TEST(Wake, NotAnnouncedRingWritesNothing) {
   Wake w;
   w.ring();  // nobody waits: no write
   w.announce_st();
-  EXPECT_FALSE(w.wait_st(0));
+  EXPECT_EQ(w.wait_st(0), Wake::kTimedOut);
 }
 
 TEST(Wake, AnnouncedRingWakesTheWait) {
   Wake w;
   w.announce_st();
   w.ring();
-  EXPECT_TRUE(w.wait_st(10000));
+  EXPECT_EQ(w.wait_st(10000), Wake::kBell);
   w.withdraw_st();
   EXPECT_FALSE(w.announced_st());
 }
@@ -47,7 +47,7 @@ TEST(Wake, BellFromAnotherThreadEndsAWait) {
     w.ring();
   });
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(w.wait_st(10000));
+  EXPECT_EQ(w.wait_st(10000), Wake::kBell);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   t.join();
 }
@@ -55,7 +55,7 @@ TEST(Wake, BellFromAnotherThreadEndsAWait) {
 TEST(Wake, TimesOutWithoutEvents) {
   Wake w;
   w.announce_st();
-  EXPECT_FALSE(w.wait_st(5));
+  EXPECT_EQ(w.wait_st(5), Wake::kTimedOut);
 }
 
 TEST(Wake, WatchedFdEdgeWakesAndStaleEdgesAreDropped) {
@@ -68,9 +68,9 @@ TEST(Wake, WatchedFdEdgeWakesAndStaleEdgesAreDropped) {
   poke(rx);         // a frame read long ago (never consumed here)
   w.ring_always();  // a bell from before
   w.announce_st();  // drops both
-  EXPECT_FALSE(w.wait_st(0));
+  EXPECT_EQ(w.wait_st(0), Wake::kTimedOut);
   poke(rx);  // a new frame: a new edge
-  EXPECT_TRUE(w.wait_st(10000));
+  EXPECT_EQ(w.wait_st(10000), Wake::kRx);
   w.withdraw_st();
   close(rx);
 }
@@ -87,7 +87,7 @@ TEST(Wake, ParkRingsAWaitingLcore) {
     // or rings the bell; never slept through (10 s bound).
     w.announce_st();
     polled = g.check_st();
-    if (!polled) woke = w.wait_st(10000);
+    if (!polled) woke = w.wait_st(10000) == Wake::kBell;
     w.withdraw_st();
     while (!polled && !g.check_st()) {
     }
