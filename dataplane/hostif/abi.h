@@ -421,9 +421,8 @@ inline bool ring_doorbell(DoorbellPage& db, uint32_t index) {
 // waits for events, so that the shim must write its bell.
 inline bool doorbell_wakes(const DoorbellPage& db, uint32_t index,
                            uint32_t homes) {
-  return (db.waiting.load(std::memory_order_seq_cst) >>
-          doorbell_home(index, homes)) &
-         1;
+  const uint32_t w = db.waiting.load(std::memory_order_seq_cst);
+  return w && ((w >> doorbell_home(index, homes)) & 1);  // busy: no division
 }
 
 // Every shared block is laid out in pages of this size.
