@@ -915,44 +915,45 @@ void Worker::loop_st() {
       if (now_ < control_burst_until) {
         rte_pause();
       } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
-                 idle.sleep_us && can_wait_st()) {
-        // Wait for events rather than sleep a fixed time (wake.h): first
-        // announce it and poll once more (this pass's poll came before
-        // anyone could know), commands included (one posted since the
-        // last look rang no bell), then wait.
-        if (!wake_.announced_st()) {
-          announce_st();
-          next_timer = 0;
-        } else {
-          const uint64_t t0 = now_ns();
-          const unsigned why = wake_.wait_st(static_cast<int>(idle.wait_ms));
-          if (why == Wake::kTimedOut) ctr_.inc(Ctr::idle_wait_timeouts);
-          if (why & Wake::kRx) ctr_.inc(Ctr::idle_wakes_rx);
-          withdraw_st();
-          ctr_.inc(Ctr::idle_waits);
-          slept_ns = now_ns() - t0;
-          next_timer = 0;  // look at timers and commands at once
-        }
-      } else if (empty_polls > idle.spin_polls + idle.pause_polls &&
                  idle.sleep_us) {
-        // No QP on the whole device (not just here: another worker's
-        // frames may land on this one's queue) and nothing done for
-        // kQuietNs: nothing can wait on this lcore but ARP/ND, pings, CM
-        // MADs (ms timeouts) and commands (polled every kTimerNs anyway),
-        // so sleep longer. Each sleep and wake-up cost this VM ~25 us of
-        // CPU: 50 us sleeps kept an idle worker ~30 % busy (perf/README.md,
-        // "An idle service"). The quiet second keeps a run of pings or a
-        // CM exchange on the short sleeps after its first frame. Creating
-        // a QP parks its home lcore, which wakes it.
-        const bool no_qp = engine_.device().qp_total() == 0 &&
-                           idle.no_qp_sleep_us > idle.sleep_us &&
-                           now - last_busy >= kQuietNs;
-        const uint64_t ns =
-            uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
-        gate_.sleep_st(ns);  // park() wakes it
-        ctr_.inc(no_qp ? Ctr::idle_sleeps_no_qp : Ctr::idle_sleeps);
-        slept_ns = ns;
-        next_timer = 0;  // slept: look at timers and commands at once
+        if (can_wait_st()) {
+          // Wait for events rather than sleep a fixed time (wake.h): first
+          // announce it and poll once more (this pass's poll came before
+          // anyone could know), commands included (one posted since the
+          // last look rang no bell), then wait.
+          if (!wake_.announced_st()) {
+            announce_st();
+            next_timer = 0;
+          } else {
+            const uint64_t t0 = now_ns();
+            const unsigned why = wake_.wait_st(static_cast<int>(idle.wait_ms));
+            if (why == Wake::kTimedOut) ctr_.inc(Ctr::idle_wait_timeouts);
+            if (why & Wake::kRx) ctr_.inc(Ctr::idle_wakes_rx);
+            withdraw_st();
+            ctr_.inc(Ctr::idle_waits);
+            slept_ns = now_ns() - t0;
+            next_timer = 0;  // look at timers and commands at once
+          }
+        } else {
+          // No QP on the whole device (not just here: another worker's
+          // frames may land on this one's queue) and nothing done for
+          // kQuietNs: nothing can wait on this lcore but ARP/ND, pings, CM
+          // MADs (ms timeouts) and commands (polled every kTimerNs anyway),
+          // so sleep longer. Each sleep and wake-up cost this VM ~25 us of
+          // CPU: 50 us sleeps kept an idle worker ~30 % busy (perf/README.md,
+          // "An idle service"). The quiet second keeps a run of pings or a
+          // CM exchange on the short sleeps after its first frame. Creating
+          // a QP parks its home lcore, which wakes it.
+          const bool no_qp = engine_.device().qp_total() == 0 &&
+                             idle.no_qp_sleep_us > idle.sleep_us &&
+                             now - last_busy >= kQuietNs;
+          const uint64_t ns =
+              uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
+          gate_.sleep_st(ns);  // park() wakes it
+          ctr_.inc(no_qp ? Ctr::idle_sleeps_no_qp : Ctr::idle_sleeps);
+          slept_ns = ns;
+          next_timer = 0;  // slept: look at timers and commands at once
+        }
       } else if (empty_polls > idle.spin_polls) {
         // yield: an application thread sharing this CPU runs now rather
         // than after the scheduler's slice (milliseconds).
