@@ -161,12 +161,12 @@ void Daemon::start() {
   printf("urnicd: zero-copy TX %s\n", zero_copy_state_.c_str());
   if (!cfg_.lcores.idle.wait_ms)
     printf("urnicd: idle workers sleep timed sleeps (lcores.idle.wait_ms 0)\n");
-  else if (port_.wake_source.empty())
+  else if (port_.rx_wake_fds.empty())
     printf("urnicd: idle workers sleep timed sleeps (%s)\n",
-           port_.no_wake.c_str());
+           port_.wake_why.c_str());
   else
     printf("urnicd: idle workers wait for events (a frame: %s)\n",
-           port_.wake_source.c_str());
+           port_.wake_why.c_str());
   shim_ = std::make_unique<ShimServer>(std::move(env));
   for (auto& w : workers_) w->serve(shim_.get(), peers_);
   // RDMA CM: MADs for QP1 reach the control thread by ring; the ones

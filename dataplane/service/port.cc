@@ -483,7 +483,7 @@ PortInfo port_setup(const config::Config& cfg) {
             "without; idle workers sleep timed sleeps\n",
             p.driver.c_str(), strerror(-rc));
     conf.intr_conf.rxq = 0;
-    p.no_wake = "it would not start with RX interrupts";
+    p.wake_why = "it would not start with RX interrupts";
     conf.rxmode.mtu = mtu;  // a new configure resets it otherwise
     if (int c = rte_eth_dev_configure(pid, p.nb_queues, p.nb_queues, &conf))
       throw std::runtime_error(fmt("rte_eth_dev_configure: %s", strerror(-c)));
@@ -521,8 +521,8 @@ PortInfo port_setup(const config::Config& cfg) {
       if (en == 0) rte_eth_dev_rx_intr_disable(pid, q);
       if (fd < 0 || en != 0) {
         fds.clear();  // all or none: one queue without wakes its worker late
-        p.no_wake = fd < 0 ? "the PMD gave no RX interrupt fd"
-                           : "the PMD cannot enable RX interrupts";
+        p.wake_why = fd < 0 ? "the PMD gave no RX interrupt fd"
+                            : "the PMD cannot enable RX interrupts";
         break;
       }
       fds[q].push_back(fd);
@@ -530,18 +530,20 @@ PortInfo port_setup(const config::Config& cfg) {
     p.rx_wake_fds = std::move(fds);
     p.rx_intr = !p.rx_wake_fds.empty();
   }
-  if (!p.rx_wake_fds.empty())
-    p.wake_source =
+  if (!p.rx_wake_fds.empty()) {
+    p.wake_why =
         p.rx_intr ? "its queue's RX interrupt (vfio)" : "the PMD's socket";
-  else if (p.no_wake.empty() && cfg.port.pci.empty())
-    p.no_wake = p.driver + " has no RX wake-up source";
-  else if (p.no_wake.empty() && kdrv != "vfio-pci")
-    p.no_wake = "PCI on " + (kdrv.empty() ? std::string("?") : kdrv) +
-                ": no per-queue RX interrupts (vfio-pci has them)";
-  else if (p.no_wake.empty() && !msix)
-    p.no_wake = "the device has no MSI-X for per-queue RX interrupts";
-  else if (p.no_wake.empty())
-    p.no_wake = p.driver + ": per-queue RX interrupts not known to work";
+  } else if (p.wake_why.empty()) {  // else a failed start or fd said why
+    if (cfg.port.pci.empty())
+      p.wake_why = p.driver + " has no RX wake-up source";
+    else if (kdrv != "vfio-pci")
+      p.wake_why = "PCI on " + (kdrv.empty() ? std::string("?") : kdrv) +
+                   ": no per-queue RX interrupts (vfio-pci has them)";
+    else if (!msix)
+      p.wake_why = "the device has no MSI-X for per-queue RX interrupts";
+    else
+      p.wake_why = p.driver + ": per-queue RX interrupts not known to work";
+  }
   return p;
 }
 

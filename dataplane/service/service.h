@@ -83,8 +83,8 @@ struct PortInfo {
   // rx_wake_fds are the queues' RX interrupt eventfds (a PCI port on
   // vfio-pci): a worker enables its queue's interrupt while it waits.
   bool rx_intr = false;
-  std::string wake_source;  // what wakes a waiting worker ("": nothing)
-  std::string no_wake;      // why nothing can (wake_source "")
+  // What wakes a waiting worker (rx_wake_fds set), or why nothing can.
+  std::string wake_why;
 };
 
 // Probes the one configured port, configures min(workers, PMD limit)
