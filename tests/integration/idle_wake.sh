@@ -2,7 +2,10 @@
 # Integration: an idle worker waits for events instead of polling or
 # sleeping a fixed time (dataplane/service/wake.h), and nothing that should
 # wake it is slept through. Two urnicd on net_af_packet over a veth pair
-# between two namespaces, each worker waiting at its first empty poll
+# between two namespaces, each with two workers on two queues (the kernel's
+# fanout spreads flows over the queues by hash, so frames land on the
+# other worker's queue and are handed over: that worker rings its peer's
+# bell), each worker waiting at its first empty poll
 # (spin_polls 0, pause_polls 0, no yield) so that every exchange below
 # goes through a wait, for up to 10 s (lcores.idle.wait_ms=10000): a
 # wake-up lost would cost 10 s and show as a wait that timed out.
@@ -11,9 +14,10 @@
 #    polling worker polls millions of times, a sleeping one ~40 000);
 #  - an 8 B SEND ping-pong (2000 exchanges, 100 us apart; the client's
 #    post rings its service's bell, the frame wakes the other) and WRITE
-#    and READ 64 KiB on 4 QPs, data checked: both ends exit 0, each worker
-#    waited (idle_waits), the server's worker woken by frames
-#    (idle_wakes_rx), and no wait ran out (idle_wait_timeouts);
+#    and READ 64 KiB on 8 QPs, data checked: both ends exit 0, the workers
+#    waited (idle_waits), the server's workers woken by frames
+#    (idle_wakes_rx), frames handed between workers (roce_handoff), and
+#    no wait ran out (idle_wait_timeouts);
 #  - SIGTERM while the worker waits: the service exits 0 at once;
 #  - a third service on net_null, whose port cannot wake it: timed sleeps
 #    as before (no QP, quiet: lcores.idle.no_qp_sleep_us; a QP: sleep_us).
@@ -29,10 +33,12 @@ SB=$TMP/b.sock
 SC=$TMP/c.sock
 EAGER=(-o lcores.idle.yield=false -o lcores.idle.spin_polls=0
   -o lcores.idle.pause_polls=0 -o lcores.idle.wait_ms=10000)
+TWO=(-o 'eal.workers=[1,2]' -o 'eal.extra_args=["--lcores=0@0,1@1,2@1"]')
 veth_pair
-afp_start a "$NS_A" "$IF_A" 10.97.0.1 "$SA" "${EAGER[@]}"
+export AFP_QPAIRS=2
+afp_start a "$NS_A" "$IF_A" 10.97.0.1 "$SA" "${EAGER[@]}" "${TWO[@]}"
 PID_A=$LAST_PID
-afp_start b "$NS_B" "$IF_B" 10.97.0.2 "$SB" "${EAGER[@]}"
+afp_start b "$NS_B" "$IF_B" 10.97.0.2 "$SB" "${EAGER[@]}" "${TWO[@]}"
 wait_link "$SA"
 wait_link "$SB"
 check "A's log: idle workers wait for events, woken by the PMD's socket" \
@@ -122,10 +128,42 @@ rx_woke() {  # A (the server) was woken by its ring socket, not only bells
 }
 check "  frames woke A's waiting worker (idle_wakes_rx)" rx_woke
 SRV=
-check "WRITE 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
-  run write 1 -o write -q 4 -s 65536 -D 2 --warmup 0
-check "READ 64 KiB, 4 QPs, 2 s, verified: no wait slept through" \
-  run read 1 -o read -q 4 -s 65536 -D 2 --warmup 0
+H0=$(($(counter "$SA" roce_handoff) + $(counter "$SB" roce_handoff)))
+check "WRITE 64 KiB, 8 QPs, 2 s, verified: no wait slept through" \
+  run write 1 -o write -q 8 -s 65536 -D 2 --warmup 0
+check "READ 64 KiB, 8 QPs, 2 s, verified: no wait slept through" \
+  run read 1 -o read -q 8 -s 65536 -D 2 --warmup 0
+# 8 QPs on two queues: the odds that every flow of both directions landed
+# on its home's queue are 2^-16.
+handed() {
+  local h
+  h=$(($(counter "$SA" roce_handoff) + $(counter "$SB" roce_handoff)))
+  echo "roce_handoff (A + B) $H0 -> $h"
+  [ "$h" -gt "$H0" ]
+}
+check "  frames were handed between workers, and no hand-off's wake was lost" \
+  handed
+
+# One QP's ping-pong, six times, each a new QP: with two queues, a QP's
+# frames land on its home's queue or, by the fanout's hash, all on the
+# other's; then the home hears of them only through its hand-off ring and
+# sleeps through them (10 s) unless the worker that handed them over rings
+# its bell. The odds that all six QPs land home on both services: 4^-6.
+singles() {
+  local i h0 h1 any=0
+  for i in 1 2 3 4 5 6; do
+    h0=$(($(counter "$SA" roce_handoff) + $(counter "$SB" roce_handoff)))
+    run "single$i" 100 -o send -m lat -s 8 -n 300 --gap 200 || return 1
+    h1=$(($(counter "$SA" roce_handoff) + $(counter "$SB" roce_handoff)))
+    echo "  roce_handoff +$((h1 - h0))"
+    [ $((h1 - h0)) -gt 100 ] && any=1
+  done
+  [ $any = 1 ]
+}
+SRV="-o send -m lat -s 8"
+check "six 1-QP ping-pongs, 300 x 8 B 200 us apart: frames handed to a waiting worker wake it" \
+  singles
+SRV=
 
 stops() {  # SIGTERM while A's worker waits (10 s): gone within 3 s, exit 0
   local rc=0

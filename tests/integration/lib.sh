@@ -20,7 +20,8 @@
 #                       provider offers MSG endpoints only on a device
 #                       whose address it finds on an interface
 #   afp_start ROLE NS IFACE IP SOCK [urnicd options]  urnicd in NS on
-#                       net_af_packet over IFACE; LAST_PID = the service
+#                       net_af_packet over IFACE (AFP_QPAIRS queue pairs,
+#                       default 1); LAST_PID = the service
 #   wait_sock SOCK      until a service answers there (10 s)
 #   wait_link SOCK      until that service's port link is up (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"port"/"shim" counter of
@@ -206,7 +207,7 @@ afp_start() {
   local role=$1 ns=$2 ifc=$3 ip=$4 sock=$5
   shift 5
   IN_NS=$ns urnicd_start "$role" "$ip" "$sock" \
-    -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=1" "$@"
+    -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=${AFP_QPAIRS:-1}" "$@"
 }
 
 wait_sock() {
