@@ -26,6 +26,7 @@
 #   wait_link SOCK      until that service's port link is up (10 s)
 #   counter SOCK NAME   a "totals"/"transport"/"port"/"shim" counter of
 #                       stats --json (the first section that has it)
+#   losses SOCK         that service's drop/refusal counters not 0, a line
 #   wait_cm_listen SOCK N   until that service counted more than N
 #                       rdma_listen calls
 #   wait_tcp PORT [NS [PID]]  until a TCP socket listens on PORT (in netns
@@ -255,6 +256,20 @@ wait_tcp() {
   return 1
 }
 
+# losses SOCK: the service's counters of frames and work requests dropped
+# or refused that are not 0, on one line (a failed test's diagnosis).
+losses() {
+  "$URNICCTL" -s "$1" stats --json 2>/dev/null | /usr/bin/python3 -c "
+import json, re, sys
+j = json.load(sys.stdin)
+out = []
+for k in ('totals', 'transport', 'port'):
+    for n, v in sorted(j.get(k, {}).items()):
+        if isinstance(v, int) and v and not n.startswith('idle_') and re.search(
+                'drop|no_|bad|missed|errors|full|malformed|timeout|nak|retr|refus|invalid|seq', n):
+            out.append('%s %d' % (n, v))
+print('  ' + '$1'.split('/')[-1] + ': ' + (', '.join(out) or 'no losses counted'))" || true
+}
 counter() {
   "$URNICCTL" -s "$1" stats --json | /usr/bin/python3 -c "
 import json, sys

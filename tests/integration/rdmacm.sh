@@ -108,6 +108,8 @@ pair() {
   if [ "$rc" != 0 ]; then
     echo "  $name: exit $rc"
     tail -5 "$TMP/$name-srv.out" "$TMP/$name-cli.out"
+    losses "$ssock"
+    [ "$csock" = "$ssock" ] || losses "$csock"
   fi
   return "$rc"
 }
