@@ -45,7 +45,9 @@ void cc_progress(Engine& e, Qp& qp) {
   e.cc_sync(qp);
   if (!e.config().cc.window) return;
   const uint32_t acked = qp.cc_.on_progress(e.config().cc, qp.comp_.psn);
-  e.cc_shared_.on_acked(e.config().cc, acked);
+  // What was in use when these ACKs left the peer: still in flight or
+  // granted, and what they acknowledge.
+  e.cc_shared_.on_acked(e.config().cc, acked, e.cc_committed() + acked);
   qp.ctr_.cc_window.set(qp.cc_.window());
 }
 

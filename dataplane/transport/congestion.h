@@ -485,9 +485,10 @@ class DcqcnRate {
 // up to more than the path holds once there are many QPs (256 QPs x 32
 // packets overran a 512-frame af_packet ring at once). Each QP may use its
 // share, window / QPs with packets in flight (at least min_window), and
-// its own window, whichever is smaller. Grown by every QP's ACKs; cut by a
-// loss or timeout of any QP at most once per window of data ACKed (losses
-// of one congestion event arrive at many QPs).
+// its own window, whichever is smaller. Grown by every QP's ACKs while at
+// least half of it is in use; cut by a loss or timeout of any QP at most
+// once per window of data ACKed (losses of one congestion event arrive at
+// many QPs).
 class SharedWindow {
  public:
   void reset(const CcParams& p) {
@@ -511,9 +512,17 @@ class SharedWindow {
     if (active > 1) pool /= active;
     return std::max<uint64_t>(pool, floor);
   }
-  void on_acked(const CcParams& p, uint32_t n) {
+  // `n` packets ACKed while `used` were in flight or granted. A window
+  // that does not limit is not grown (as RFC 7661 validates TCP's): one QP
+  // running alone for 5 s, its own window 512, grew the shared one to
+  // ~1 M packets. 256 QPs starting next were all let in at once, and a
+  // window that size is cut once per that many packets ACKed: they then
+  // overran a 512-frame af_packet ring for seconds (perf/README.md, "256
+  // QPs on a 512-frame ring").
+  void on_acked(const CcParams& p, uint32_t n, uint64_t used) {
     acked_since_cut_ += n;
     delivered_ += n;
+    if (2 * used < cwnd_) return;
     if (cwnd_ < ssthresh_) {
       const uint32_t grow = std::min(n, ssthresh_ - cwnd_);
       cwnd_ += grow;

@@ -153,7 +153,7 @@ TEST(SharedWindow, GrowsWithEveryQpsAcksAndCutsOncePerWindow) {
   const CcParams p = params();
   SharedWindow s;
   s.reset(p);
-  s.on_acked(p, 16);  // slow start: 32 -> 48
+  s.on_acked(p, 16, 32);  // slow start: 32 -> 48
   EXPECT_EQ(s.window(), 48u);
   // Two QPs see losses of the same congestion event: one cut.
   EXPECT_TRUE(s.on_loss(p));
@@ -162,18 +162,41 @@ TEST(SharedWindow, GrowsWithEveryQpsAcksAndCutsOncePerWindow) {
   EXPECT_EQ(s.window(), 24u);
   // Congestion avoidance: 24 ACKed packets add one; 25 are also a whole
   // window of data since the cut, so the next loss is news.
-  s.on_acked(p, 25);
+  s.on_acked(p, 25, 24);
   EXPECT_EQ(s.window(), 25u);
   EXPECT_TRUE(s.on_loss(p));
   EXPECT_EQ(s.window(), 12u);
   // Never below the floor, never above the maximum.
   for (int i = 0; i < 10; ++i) {
-    s.on_acked(p, 100);
+    s.on_acked(p, 100, p.shared_max_window);
     s.on_loss(p);
   }
   EXPECT_EQ(s.window(), p.shared_min_window);
-  for (int i = 0; i < 1000; ++i) s.on_acked(p, 1000);
+  for (int i = 0; i < 1000; ++i) s.on_acked(p, 1000, p.shared_max_window);
   EXPECT_EQ(s.window(), p.shared_max_window);
+}
+
+TEST(SharedWindow, GrowsOnlyWhileHalfOfItIsInUse) {
+  const CcParams p = params();
+  SharedWindow s;
+  s.reset(p);
+  ASSERT_EQ(s.window(), 32u);
+  // One QP with 10 packets in flight, ACKed for ever: the window that does
+  // not limit it stays as it is.
+  for (int i = 0; i < 1000; ++i) s.on_acked(p, 10, 10);
+  EXPECT_EQ(s.window(), 32u);
+  EXPECT_EQ(s.delivered(), 10000u);
+  // Half of it in use: it grows (slow start).
+  s.on_acked(p, 16, 16);
+  EXPECT_EQ(s.window(), 48u);
+  // The ACKs still count towards the next cut while it does not grow: a
+  // loss after a window of data ACKed is news.
+  EXPECT_TRUE(s.on_loss(p));
+  EXPECT_EQ(s.window(), 24u);
+  s.on_acked(p, 24, 4);
+  EXPECT_EQ(s.window(), 24u);
+  EXPECT_TRUE(s.on_loss(p));
+  EXPECT_EQ(s.window(), 12u);
 }
 
 // DCQCN reaction point: a reference trace worked out by hand from the
