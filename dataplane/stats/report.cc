@@ -38,6 +38,15 @@ void appendf(std::string& s, const char* fmt, ...) {
     s.append(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
 }
 
+// The lcore's shared congestion window, as JSON fields.
+void append_cc(std::string& s, const LcoreSnapshot& l) {
+  appendf(s,
+          ",\"cc_shared_window\":%u,\"cc_in_flight\":%u,\"cc_active_qps\":%u,"
+          "\"cc_waiting_qps\":%u",
+          l.cc_shared_window, l.cc_in_flight, l.cc_active_qps,
+          l.cc_waiting_qps);
+}
+
 }  // namespace
 
 void LcoreSnapshot::read(const LcoreCounters& c) {
@@ -218,6 +227,7 @@ std::string format_json(const Snapshot& cur, const Snapshot* prev) {
     const LcoreSnapshot& l = cur.lcores[k];
     appendf(s, "%s{\"lcore\":%u,\"queue\":%u,\"qps\":%u", k ? "," : "", l.lcore,
             l.queue, l.qps);
+    append_cc(s, l);
     for (size_t i = 0; i < kNumCtr; ++i)
       appendf(s, ",\"%s\":%" PRIu64, kCtrNames[i], l.v[i]);
     s += "}";
@@ -253,6 +263,7 @@ std::string format_qps_json(const Snapshot& cur, uint64_t tsc_hz,
   for (size_t k = 0; k < cur.lcores.size(); ++k) {
     const LcoreSnapshot& l = cur.lcores[k];
     appendf(s, "%s{\"lcore\":%u,\"qps\":%u", k ? "," : "", l.lcore, l.qps);
+    append_cc(s, l);
     for (Ctr c : kLcoreFields)
       appendf(s, ",\"%s\":%" PRIu64, kCtrNames[static_cast<size_t>(c)],
               l.get(c));
@@ -280,12 +291,14 @@ std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
   std::string s;
   (void)tsc_hz;
   for (const LcoreSnapshot& l : cur.lcores)
-    appendf(
-        s,
-        "lcore %u: %u QPs, busy %.1f%% (polls busy %" PRIu64 " idle %" PRIu64
-        "), doorbells %" PRIu64 ", shim WQEs %" PRIu64 "\n",
-        l.lcore, l.qps, busy_pct(l), l.get(Ctr::poll_busy),
-        l.get(Ctr::poll_idle), l.get(Ctr::doorbells), l.get(Ctr::shim_wqes));
+    appendf(s,
+            "lcore %u: %u QPs, busy %.1f%% (polls busy %" PRIu64
+            " idle %" PRIu64 "), doorbells %" PRIu64 ", shim WQEs %" PRIu64
+            "; shared window %u, in flight %u (%u QPs, %u waiting)\n",
+            l.lcore, l.qps, busy_pct(l), l.get(Ctr::poll_busy),
+            l.get(Ctr::poll_idle), l.get(Ctr::doorbells), l.get(Ctr::shim_wqes),
+            l.cc_shared_window, l.cc_in_flight, l.cc_active_qps,
+            l.cc_waiting_qps);
   using transport::kNumQpCtr;
   auto at = [](const QpRow& q, const char* name) -> uint64_t {
     for (size_t i = 0; i < kNumQpCtr; ++i)

@@ -292,7 +292,14 @@ class Engine {
   const EngineCounters& counters() const { return ctr_; }
   Device& device() { return dev_; }
   const EngineConfig& config() const { return cfg_; }
-  // The shared congestion window (congestion.h) and what it counts.
+  // The shared congestion window (congestion.h) and what it counts, as the
+  // lcore last published them (each poll()): for another thread.
+  struct CcGauges {
+    std::atomic<uint32_t> shared_window{0}, in_flight{0}, active_qps{0},
+        waiting_qps{0};
+  };
+  const CcGauges& cc_gauges() const { return gauges_; }
+  // The same, current: the lcore's own (and tests').
   uint32_t cc_shared_window() const { return cc_shared_.window(); }
   uint64_t cc_in_flight() const { return cc_in_flight_; }
   uint32_t cc_active_qps() const { return cc_active_; }
@@ -443,6 +450,7 @@ class Engine {
   int64_t turn_left_ = 0;       // bytes the QP whose turn it is may still send
   QpList<&Qp::ack_link_> ack_;  // QPs with an ACK-sized response pending
   SharedWindow cc_shared_;
+  CcGauges gauges_;
   DcqcnShare dcqcn_share_;     // its QPs' DCQCN rates (rpg_time_share_qps)
   uint64_t cc_in_flight_ = 0;  // packets, all QPs
   uint32_t cc_active_ = 0;     // QPs with packets in flight

@@ -52,6 +52,7 @@ TEST(Stats, JsonParsesAndNamesEveryCounter) {
   EXPECT_EQ(j["malformed"]["bad_icrc"].as<uint64_t>(), 3u);
   EXPECT_EQ(j["totals"].size(), kNumCtr);
   EXPECT_EQ(j["lcores"][0]["roce_rx"].as<uint64_t>(), 5u);
+  EXPECT_EQ(j["lcores"][0]["cc_shared_window"].as<uint32_t>(), 0u);
 }
 
 TEST(Stats, QpJsonNamesEveryFieldAndPages) {
@@ -60,6 +61,10 @@ TEST(Stats, QpJsonNamesEveryFieldAndPages) {
   s.lcores[0].v[static_cast<size_t>(Ctr::doorbells)] = 42;
   s.lcores[0].v[static_cast<size_t>(Ctr::cycles_busy)] = 750;
   s.lcores[0].v[static_cast<size_t>(Ctr::cycles_idle)] = 250;
+  s.lcores[0].cc_shared_window = 640;
+  s.lcores[0].cc_in_flight = 512;
+  s.lcores[0].cc_active_qps = 256;
+  s.lcores[0].cc_waiting_qps = 3;
   std::vector<QpRow> rows(2);
   rows[0].qpn = 0x11;
   rows[0].pid = 1234;
@@ -75,6 +80,10 @@ TEST(Stats, QpJsonNamesEveryFieldAndPages) {
   EXPECT_EQ(j["next"].as<uint32_t>(), 0x99u);
   EXPECT_EQ(j["lcores"][0]["qps"].as<uint32_t>(), 2u);
   EXPECT_EQ(j["lcores"][0]["doorbells"].as<uint64_t>(), 42u);
+  EXPECT_EQ(j["lcores"][0]["cc_shared_window"].as<uint32_t>(), 640u);
+  EXPECT_EQ(j["lcores"][0]["cc_in_flight"].as<uint32_t>(), 512u);
+  EXPECT_EQ(j["lcores"][0]["cc_active_qps"].as<uint32_t>(), 256u);
+  EXPECT_EQ(j["lcores"][0]["cc_waiting_qps"].as<uint32_t>(), 3u);
   const YAML::Node f = j["qp_fields"];
   ASSERT_EQ(f.size(), 3 + urnic::transport::kNumQpCtr);
   ASSERT_EQ(j["qps"].size(), 2u);
@@ -91,6 +100,9 @@ TEST(Stats, QpJsonNamesEveryFieldAndPages) {
   const std::string t = format_qps_text(s, 2'000'000'000, rows, 0x99);
   EXPECT_NE(t.find("busy 75.0%"), std::string::npos) << t;
   EXPECT_NE(t.find("doorbells 42"), std::string::npos) << t;
+  EXPECT_NE(t.find("shared window 640, in flight 512 (256 QPs, 3 waiting)"),
+            std::string::npos)
+      << t;
   EXPECT_NE(t.find("0x11"), std::string::npos) << t;
   EXPECT_NE(t.find("\nnext 153\n"), std::string::npos) << t;
   uint64_t naks_rx = 0;
