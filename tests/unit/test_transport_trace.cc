@@ -957,6 +957,41 @@ TEST_F(TransportTrace, SharedWindowLimitsAQpToItsShare) {
   EXPECT_EQ(engine_->cc_active_qps(), 0u);
 }
 
+// A lone QP held to 8 packets in flight by its own window: its ACKs do not
+// grow the shared window past twice that (RFC 7661's validation). Grown by
+// every ACK, one QP's 4 s took it to ~750 k packets, and 256 QPs started
+// next all went at once into a 512-frame ring (perf/README.md, "256 QPs on
+// a 512-frame ring").
+TEST_F(TransportTrace, SharedWindowDoesNotGrowWhereItDoesNotLimit) {
+  EngineConfig ec;
+  ec.max_unacked = 8;  // the QP's own window at most
+  ec.cc.init_window = 8;
+  ec.cc.shared_init_window = 16;
+  ec.cc.shared_min_window = 4;
+  use_engine(ec);
+  ASSERT_TRUE(up());
+  constexpr uint32_t kWrs = 400;
+  uint32_t posted = 0, done = 0, max_shared = 0;
+  for (int round = 0; round < 200 && done < kWrs; ++round) {
+    // Keep the send queue full (ENOMEM: no room until completions).
+    while (posted < kWrs && post(wr(posted + 1, IBV_WR_SEND, {sge(0, 8)})) == 0)
+      ++posted;
+    poll(static_cast<uint64_t>(round) * 10 * kUs);
+    auto p = sent();
+    EXPECT_LE(p.size(), 8u) << dump(p);
+    if (!p.empty()) {
+      const uint32_t last = p.back().f.psn;
+      inject(ack(last, last - kSqPsn + 1));
+    }
+    done += static_cast<uint32_t>(cq_poll().size());
+    max_shared = std::max(max_shared, engine_->cc_shared_window());
+  }
+  EXPECT_EQ(done, kWrs);
+  // 16, grown once by the 8 ACKed while 8 were in use (2 x 8 >= 16), then
+  // no more: 8 in use is less than half of 24.
+  EXPECT_EQ(max_shared, 24u);
+}
+
 // Grants of the shared window (CcParams::grant): 16 QPs with work share a
 // window of 32 packets. The peer answers each QP's newest packet that asked
 // for an ACK, every 10 us. With grants of 8, at most 4 QPs (and one
