@@ -19,7 +19,10 @@
 #  - bad runtime settings are refused with a message and change nothing;
 #  - all zero: the stage is off again, a clean run resends nothing (memif
 #    only: af_packet loses frames by itself when a receiving lcore is off
-#    the CPU, so there the clean run is only verified).
+#    the CPU, so there the clean run is only verified);
+#  - after all that, each service's lcores publish a shared congestion
+#    window and count nothing in flight, no QP in flight or waiting for a
+#    grant (urnicctl stats --json): every packet counted was uncounted.
 # Every started process is stopped by PID on exit, pass or fail.
 # usage: fault.sh URNICD URNICCTL SHIM_SO URNIC_PERF [memif|af_packet]
 set -euo pipefail
@@ -200,5 +203,26 @@ if [ "$TOPO" = memif ]; then
   check "off: nothing was resent but tail-loss probes" \
     test $(($(ctr "$SB" retransmits) - r1)) = $(($(ctr "$SB" tail_probes) - p1))
 fi
+
+cc_settled() {  # SOCK: within 2 s, every lcore: window > 0, nothing counted
+  local out
+  for _ in $(seq 20); do
+    out=$("$URNICCTL" -s "$1" stats --json | $PY -c "
+import json, sys
+ls = json.load(sys.stdin)['lcores']
+print(' '.join('lcore %d: window %d, in flight %d, QPs %d, waiting %d' % (
+    l['lcore'], l['cc_shared_window'], l['cc_in_flight'], l['cc_active_qps'],
+    l['cc_waiting_qps']) for l in ls))
+sys.exit(0 if all(l['cc_shared_window'] > 0 and l['cc_in_flight'] == 0 and
+                  l['cc_active_qps'] == 0 and l['cc_waiting_qps'] == 0
+                  for l in ls) else 1)") && { echo "$out"; return 0; }
+    sleep 0.1
+  done
+  echo "$out"
+  return 1
+}
+check "B's shared window counts nothing in flight once the runs are over" \
+  cc_settled "$SB"
+check "A's likewise" cc_settled "$SA"
 
 finish
