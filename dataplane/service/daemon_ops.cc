@@ -202,11 +202,10 @@ stats::Snapshot Daemon::snapshot() {
     l.queue = w->queue();
     l.qps = static_cast<uint32_t>(w->engine().qp_count());
     const transport::Engine::CcGauges& g = w->engine().cc_gauges();
-    constexpr auto kRelaxed = std::memory_order_relaxed;
-    l.cc_shared_window = g.shared_window.load(kRelaxed);
-    l.cc_in_flight = g.in_flight.load(kRelaxed);
-    l.cc_active_qps = g.active_qps.load(kRelaxed);
-    l.cc_waiting_qps = g.waiting_qps.load(kRelaxed);
+    l.cc_shared_window = g.shared_window.get();
+    l.cc_in_flight = g.in_flight.get();
+    l.cc_active_qps = g.active_qps.get();
+    l.cc_waiting_qps = g.waiting_qps.get();
     l.read(w->counters());
     l.read_transport(w->transport_counters());
     s.lcores.push_back(l);

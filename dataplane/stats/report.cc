@@ -41,8 +41,8 @@ void appendf(std::string& s, const char* fmt, ...) {
 // The lcore's shared congestion window, as JSON fields.
 void append_cc(std::string& s, const LcoreSnapshot& l) {
   appendf(s,
-          ",\"cc_shared_window\":%u,\"cc_in_flight\":%u,\"cc_active_qps\":%u,"
-          "\"cc_waiting_qps\":%u",
+          ",\"cc_shared_window\":%" PRIu64 ",\"cc_in_flight\":%" PRIu64
+          ",\"cc_active_qps\":%" PRIu64 ",\"cc_waiting_qps\":%" PRIu64,
           l.cc_shared_window, l.cc_in_flight, l.cc_active_qps,
           l.cc_waiting_qps);
 }
@@ -294,7 +294,8 @@ std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
     appendf(s,
             "lcore %u: %u QPs, busy %.1f%% (polls busy %" PRIu64
             " idle %" PRIu64 "), doorbells %" PRIu64 ", shim WQEs %" PRIu64
-            "; shared window %u, in flight %u (%u QPs, %u waiting)\n",
+            "; shared window %" PRIu64 ", in flight %" PRIu64 " (%" PRIu64
+            " QPs, %" PRIu64 " waiting)\n",
             l.lcore, l.qps, busy_pct(l), l.get(Ctr::poll_busy),
             l.get(Ctr::poll_idle), l.get(Ctr::doorbells), l.get(Ctr::shim_wqes),
             l.cc_shared_window, l.cc_in_flight, l.cc_active_qps,

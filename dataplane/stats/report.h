@@ -35,7 +35,7 @@ struct LcoreSnapshot {
   // Its engine's shared congestion window: the window, the packets in
   // flight under it, the QPs with packets in flight and those waiting for
   // a grant (transport/engine.h, CcGauges).
-  uint32_t cc_shared_window = 0, cc_in_flight = 0, cc_active_qps = 0,
+  uint64_t cc_shared_window = 0, cc_in_flight = 0, cc_active_qps = 0,
            cc_waiting_qps = 0;
   uint64_t v[kNumCtr] = {};
   uint64_t malformed[kNumMalformed] = {};

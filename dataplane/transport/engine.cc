@@ -828,13 +828,10 @@ void Engine::lcore_paused(uint64_t now_ns, uint64_t ns) {
 
 uint32_t Engine::poll(uint64_t now_ns, bool timers) {
   now_ = now_ns;
-  constexpr auto kRelaxed = std::memory_order_relaxed;
-  gauges_.shared_window.store(cc_shared_.window(), kRelaxed);
-  gauges_.in_flight.store(
-      static_cast<uint32_t>(std::min<uint64_t>(cc_in_flight_, UINT32_MAX)),
-      kRelaxed);
-  gauges_.active_qps.store(cc_active_, kRelaxed);
-  gauges_.waiting_qps.store(cc_waiting_, kRelaxed);
+  gauges_.shared_window.set(cc_shared_.window());
+  gauges_.in_flight.set(cc_in_flight_);
+  gauges_.active_qps.set(cc_active_);
+  gauges_.waiting_qps.set(cc_waiting_);
   uint32_t work =
       timers ? timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); })
              : 0;

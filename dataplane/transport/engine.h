@@ -295,8 +295,7 @@ class Engine {
   // The shared congestion window (congestion.h) and what it counts, as the
   // lcore last published them (each poll()): for another thread.
   struct CcGauges {
-    std::atomic<uint32_t> shared_window{0}, in_flight{0}, active_qps{0},
-        waiting_qps{0};
+    QpCounter shared_window, in_flight, active_qps, waiting_qps;
   };
   const CcGauges& cc_gauges() const { return gauges_; }
   // The same, current: the lcore's own (and tests').
