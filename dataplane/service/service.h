@@ -250,9 +250,15 @@ class alignas(64) Worker final : public transport::PacketIo {
   FaultStage<MbufFaultOps> rx_fault_;
   FaultStage<MbufFaultOps> tx_fault_;
   uint64_t now_ = 0;  // this loop's time (transmit() has no `now`)
-  // A gap between passes this long or longer (beyond an idle sleep) is a
-  // pause of the lcore's (Engine::lcore_paused): a pass takes microseconds.
+  // A gap between passes this long or longer (beyond the idle the loop
+  // chose: a sleep, a wait, a yield) is a pause of the lcore's
+  // (Engine::lcore_paused): a pass takes microseconds.
   static constexpr uint64_t kPauseNs = 500'000;
+  // How late a yield or a sleep may come back and still be idle the lcore
+  // chose: the turns of the CPU's other runnable threads (4 ms ticks here,
+  // a few of them). Beyond it the lcore was stopped (SIGSTOP, a vCPU
+  // descheduled), and the rest is a pause.
+  static constexpr uint64_t kIdleLateNs = 20'000'000;
   // After a park, how long the idle lcore polls before its back-off
   // resumes (loop_st: the next park of a run finds it awake).
   static constexpr uint64_t kControlBurstNs = 1'000'000;

@@ -811,8 +811,14 @@ void Worker::loop_st() {
       // does not say this lcore waits. Announced again when idle.
       if (wake_.announced_st()) withdraw_st();
     }
-    // Off the CPU since the last pass (beyond an idle sleep it asked for):
-    // the engine's timers stand still that long (Engine::lcore_paused).
+    // Off the CPU since the last pass, beyond the idle it chose (a sleep,
+    // a wait or a yield, and up to kIdleLateNs more for the CPU to come
+    // back from one): the engine's timers stand still that long
+    // (Engine::lcore_paused). Time after a yield counted as a pause once:
+    // with a busy thread on the lcore's CPU every pass yielded for a time
+    // slice, so the timers' clock all but stopped, and a QP whose loss only
+    // its timer could find stalled until the CPU went quiet (perf/README.md,
+    // "Timers that never ran").
     if (now_ && now - now_ > slept_ns + kPauseNs) {
       const uint64_t paused = now - now_ - slept_ns;
       engine_.lcore_paused(now, paused);
@@ -949,18 +955,22 @@ void Worker::loop_st() {
                              now - last_busy >= kQuietNs;
           const uint64_t ns =
               uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
+          const uint64_t t0 = now_ns();
           gate_.sleep_st(ns);  // park() wakes it
           ctr_.inc(no_qp ? Ctr::idle_sleeps_no_qp : Ctr::idle_sleeps);
-          slept_ns = ns;
+          slept_ns = std::min(now_ns() - t0, ns + kIdleLateNs);
           next_timer = 0;  // slept: look at timers and commands at once
         }
       } else if (empty_polls > idle.spin_polls) {
         // yield: an application thread sharing this CPU runs now rather
         // than after the scheduler's slice (milliseconds).
-        if (idle.yield)
+        if (idle.yield) {
+          const uint64_t t0 = now_ns();
           sched_yield();
-        else
+          slept_ns = std::min(now_ns() - t0, kIdleLateNs);
+        } else {
           rte_pause();
+        }
       }
     }
     // Time spent pausing or sleeping is idle time too.
