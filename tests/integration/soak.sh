@@ -65,6 +65,7 @@ next_port() { port=$((port + 1)); }
 
 # --- kill ------------------------------------------------------------------
 if [[ " $PARTS " == *" kill "* ]]; then
+  part_t0=$SECONDS
   rss_a0=$(rss_kb "$PID_A")
   rss_b0=$(rss_kb "$PID_B")
   next_port
@@ -120,10 +121,12 @@ if [[ " $PARTS " == *" kill "* ]]; then
     test $((rss_b1 - rss_b0)) -lt 16384
   check "kill: both services still answer" \
     bash -c "'$URNICCTL' -s '$SA' version >/dev/null && '$URNICCTL' -s '$SB' version >/dev/null"
+  echo "soak: kill took $((SECONDS - part_t0)) s"
 fi
 
 # --- mixed -----------------------------------------------------------------
 if [[ " $PARTS " == *" mixed "* ]]; then
+  part_t0=$SECONDS
   for s in "$SA" "$SB"; do
     "$URNICCTL" -s "$s" fault seed="$SEED" tx.drop_ppm=2000 \
       tx.duplicate_ppm=2000 tx.reorder_ppm=2000 tx.reorder_gap=3 >/dev/null
@@ -171,10 +174,12 @@ if [[ " $PARTS " == *" mixed "* ]]; then
     "$URNICCTL" -s "$s" fault tx.drop_ppm=0 tx.duplicate_ppm=0 \
       tx.reorder_ppm=0 >/dev/null
   done
+  echo "soak: mixed took $((SECONDS - part_t0)) s"
 fi
 
 # --- flood -----------------------------------------------------------------
 if [[ " $PARTS " == *" flood "* ]]; then
+  part_t0=$SECONDS
   MAC_A=$(ip -n "$NS_A" -j link show "$IF_A" |
     $PY -c "import json, sys; print(json.load(sys.stdin)[0]['address'])")
   cat >"$TMP/flood.py" <<'PY'
@@ -276,6 +281,7 @@ PY
 sys.exit(0 if all(int(b) <= int(a) for a, b in zip(s, g)) else 1)"
   check "flood (busy port): at least 95 % of the frames counted" \
     test $((G_ALL * 100)) -ge $((S_ALL * 95))
+  echo "soak: flood took $((SECONDS - part_t0)) s"
 fi
 
 check "no urnicd died" bash -c "kill -0 $PID_A && kill -0 $PID_B"
