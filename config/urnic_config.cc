@@ -953,6 +953,110 @@ YAML::Node load_single_document(const std::string& text,
   }
 }
 
+// A row's member in one object, its type erased: what it is, where, and
+// for a section how to decode, emit and compare it. Each section visits
+// its Member<S> once, in ref(), rather than at every use: a std::visit
+// instantiates all of Member<S>'s alternatives for every section, and six
+// of them made this file the slowest of the tree to compile.
+enum class Kind : uint8_t {
+  kU64,
+  kU32,
+  kU16,
+  kU8,
+  kBool,
+  kString,
+  kU32List,
+  kStringList,
+  kCidr4,
+  kCidr6,
+  kSection
+};
+class Decoder;
+struct SectionOps {
+  void (*decode)(Decoder&, const YAML::Node&, const std::string&, const Loc&,
+                 void*);
+  void (*emit)(YAML::Emitter&, const void*);
+  bool (*equal)(const void*, const void*);
+};
+struct Ref {
+  Kind kind;
+  void* p;
+  const SectionOps* ops = nullptr;  // a section's
+};
+template <Section T>
+const SectionOps& section_ops();
+
+Ref make_ref(uint64_t& v) {
+  return {Kind::kU64, &v};
+}
+Ref make_ref(uint32_t& v) {
+  return {Kind::kU32, &v};
+}
+Ref make_ref(uint16_t& v) {
+  return {Kind::kU16, &v};
+}
+Ref make_ref(uint8_t& v) {
+  return {Kind::kU8, &v};
+}
+Ref make_ref(bool& v) {
+  return {Kind::kBool, &v};
+}
+Ref make_ref(std::string& v) {
+  return {Kind::kString, &v};
+}
+Ref make_ref(std::vector<uint32_t>& v) {
+  return {Kind::kU32List, &v};
+}
+Ref make_ref(std::vector<std::string>& v) {
+  return {Kind::kStringList, &v};
+}
+Ref make_ref(Ipv4Cidr& v) {
+  return {Kind::kCidr4, &v};
+}
+Ref make_ref(Ipv6Cidr& v) {
+  return {Kind::kCidr6, &v};
+}
+template <Section T>
+Ref make_ref(T& v) {
+  return {Kind::kSection, &v, &section_ops<T>()};
+}
+// `s` is only read through the result where it is const (emit, equal).
+template <class S>
+Ref ref(const Field<S>& f, const S& s) {
+  return std::visit([&](auto m) { return make_ref(const_cast<S&>(s).*m); },
+                    f.member);
+}
+
+// f(the member, typed) for a leaf of any kind but kSection.
+template <class F>
+auto on_leaf(const Ref& r, F&& f) {
+  switch (r.kind) {
+    case Kind::kU64:
+      return f(static_cast<uint64_t*>(r.p));
+    case Kind::kU32:
+      return f(static_cast<uint32_t*>(r.p));
+    case Kind::kU16:
+      return f(static_cast<uint16_t*>(r.p));
+    case Kind::kU8:
+      return f(static_cast<uint8_t*>(r.p));
+    case Kind::kBool:
+      return f(static_cast<bool*>(r.p));
+    case Kind::kString:
+      return f(static_cast<std::string*>(r.p));
+    case Kind::kU32List:
+      return f(static_cast<std::vector<uint32_t>*>(r.p));
+    case Kind::kStringList:
+      return f(static_cast<std::vector<std::string>*>(r.p));
+    case Kind::kCidr4:
+      return f(static_cast<Ipv4Cidr*>(r.p));
+    case Kind::kCidr6:
+      return f(static_cast<Ipv6Cidr*>(r.p));
+    case Kind::kSection:
+      break;
+  }
+  __builtin_unreachable();
+}
+
 class Decoder {
  public:
   explicit Decoder(std::string source) : source_(std::move(source)) {}
@@ -961,16 +1065,20 @@ class Decoder {
   void apply_override(YAML::Node& root, const std::string& text);
   void decode(const YAML::Node& root, Config& cfg);
 
+  // SectionOps::decode of section T.
+  template <Section T>
+  static void decode_thunk(Decoder& d, const YAML::Node& v,
+                           const std::string& path, const Loc& loc, void* out) {
+    d.decode_section(v, path, loc, *static_cast<T*>(out));
+  }
+
  private:
   template <Section S>
   void decode_section(const YAML::Node& node, const std::string& path,
                       const Loc& where, S& out);
-
-  template <Section T>
-  void decode_member(const YAML::Node& v, const std::string& path,
-                     const Loc& loc, const Rules& /*f*/, T& out) {
-    decode_section(v, path, loc, out);
-  }
+  // The member `r` from `v`: by its kind, a leaf below or a section.
+  void decode_ref(const YAML::Node& v, const std::string& path, const Loc& loc,
+                  const Rules& f, const Ref& r);
   void decode_member(const YAML::Node& v, const std::string& path,
                      const Loc& loc, const Rules& f, uint64_t& out) {
     out = decode_uint(v, path, loc, f);
@@ -1190,17 +1298,13 @@ void Decoder::decode_section(const YAML::Node& node, const std::string& path,
       const size_t index = static_cast<size_t>(it - std::begin(kFields));
       if (seen[index]) fail(locate(child, key.Mark()), child, "duplicate key");
       seen[index] = true;
-      const bool is_section = std::visit(
-          [](auto m) { return Section<MemberType<decltype(m)>>; }, it->member);
+      const Ref r = ref(*it, out);
       // Sections are reported at their key (missing keys inside them).
-      const Loc loc = is_section && override_of(child) == nullptr
+      const Loc loc = r.kind == Kind::kSection && override_of(child) == nullptr
                           ? locate(child, key.Mark())
                           : locate(child, key, value);
       seen_[child] = loc;
-      const Rules rules = rules_of(*it);
-      std::visit(
-          [&](auto m) { decode_member(value, child, loc, rules, out.*m); },
-          it->member);
+      decode_ref(value, child, loc, rules_of(*it), r);
     }
   }
   for (size_t i = 0; i < std::size(kFields); ++i) {
@@ -1209,14 +1313,16 @@ void Decoder::decode_section(const YAML::Node& node, const std::string& path,
     const std::string child = join(path, f.key);
     if (f.required) fail(where, child, "missing required key");
     // Absent sections still get their own required keys checked.
-    std::visit(
-        [&](auto m) {
-          if constexpr (Section<MemberType<decltype(m)>>) {
-            decode_section(YAML::Node(), child, where, out.*m);
-          }
-        },
-        f.member);
+    const Ref r = ref(f, out);
+    if (r.kind == Kind::kSection)
+      r.ops->decode(*this, YAML::Node(), child, where, r.p);
   }
+}
+
+void Decoder::decode_ref(const YAML::Node& v, const std::string& path,
+                         const Loc& loc, const Rules& f, const Ref& r) {
+  if (r.kind == Kind::kSection) return r.ops->decode(*this, v, path, loc, r.p);
+  on_leaf(r, [&](auto* leaf) { decode_member(v, path, loc, f, *leaf); });
 }
 
 uint64_t Decoder::decode_uint(const YAML::Node& v, const std::string& path,
@@ -1472,9 +1578,7 @@ void emit_section(YAML::Emitter& out, const S& s);
 
 template <class T>
 void emit_value(YAML::Emitter& out, IntFormat format, const T& v) {
-  if constexpr (Section<T>) {
-    emit_section(out, v);
-  } else if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (std::is_same_v<T, bool>) {
     out << (v ? "true" : "false");
   } else if constexpr (std::is_integral_v<T>) {
     out << (format == IntFormat::kOctalMode ? format_mode(v)
@@ -1494,12 +1598,17 @@ void emit_value(YAML::Emitter& out, IntFormat format, const T& v) {
   }
 }
 
+void emit_ref(YAML::Emitter& out, IntFormat format, const Ref& r) {
+  if (r.kind == Kind::kSection) return r.ops->emit(out, r.p);
+  on_leaf(r, [&](const auto* leaf) { emit_value(out, format, *leaf); });
+}
+
 template <Section S>
 void emit_section(YAML::Emitter& out, const S& s) {
   out << YAML::BeginMap;
   for (const auto& f : Schema<S>::kFields) {
     out << YAML::Key << std::string(f.key) << YAML::Value;
-    std::visit([&](auto m) { emit_value(out, f.format, s.*m); }, f.member);
+    emit_ref(out, f.format, ref(f, s));
   }
   out << YAML::EndMap;
 }
@@ -1509,9 +1618,7 @@ bool equal(const S& a, const S& b);
 
 template <class T>
 bool equal_value(const T& a, const T& b) {
-  if constexpr (Section<T>) {
-    return equal(a, b);
-  } else if constexpr (std::is_same_v<T, Ipv4Cidr>) {
+  if constexpr (std::is_same_v<T, Ipv4Cidr>) {
     // An absent address has no meaningful value.
     return a.present == b.present &&
            (!a.present || (a.addr == b.addr && a.prefix == b.prefix));
@@ -1524,14 +1631,32 @@ bool equal_value(const T& a, const T& b) {
   }
 }
 
+// `a` and `b` are the same row of two objects.
+bool equal_ref(const Ref& a, const Ref& b) {
+  if (a.kind == Kind::kSection) return a.ops->equal(a.p, b.p);
+  return on_leaf(a, [&]<class T>(T* leaf) {
+    return equal_value<T>(*leaf, *static_cast<const T*>(b.p));
+  });
+}
+
 template <Section S>
 bool equal(const S& a, const S& b) {
-  return std::all_of(std::begin(Schema<S>::kFields),
-                     std::end(Schema<S>::kFields), [&](const auto& f) {
-                       return std::visit(
-                           [&](auto m) { return equal_value(a.*m, b.*m); },
-                           f.member);
-                     });
+  return std::all_of(
+      std::begin(Schema<S>::kFields), std::end(Schema<S>::kFields),
+      [&](const auto& f) { return equal_ref(ref(f, a), ref(f, b)); });
+}
+
+template <Section T>
+const SectionOps& section_ops() {
+  static constexpr SectionOps kOps{
+      &Decoder::decode_thunk<T>,
+      [](YAML::Emitter& out, const void* p) {
+        emit_section(out, *static_cast<const T*>(p));
+      },
+      [](const void* a, const void* b) {
+        return equal(*static_cast<const T*>(a), *static_cast<const T*>(b));
+      }};
+  return kOps;
 }
 
 }  // namespace
