@@ -16,7 +16,7 @@
 #  - af_packet: frames the port delivered to the other worker's queue were
 #    handed to the QP's home worker (counted); nothing was lost there, and
 #    no frame met an unknown QP;
-#  - af_packet: a backlog of 7000 frames built while A was stopped: none is
+#  - af_packet: a backlog of 12000 frames built while A was stopped: none is
 #    lost between A's workers (held while the other's ring is full);
 #  - UD multicast (tests/shim/mcast_check): 4 QPs of A on both lcores join
 #    a group, B sends 200 messages: every QP gets every one, checked; each
@@ -45,8 +45,10 @@ else
   ip -n "$NS_B" addr add 10.96.0.12/24 dev "$IF_B"
   for side in a b; do
     if [ $side = a ]; then ns=$NS_A ifc=$IF_A ip=10.96.0.1 s=$SA; else ns=$NS_B ifc=$IF_B ip=10.96.0.2 s=$SB; fi
+    # framecnt: room in A's kernel rings for the backlog below.
     IN_NS=$ns urnicd_start $side $ip "$s" \
-      -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1" "${TWO[@]}"
+      -o "port.vdev=net_af_packet0,iface=$ifc,qpairs=2,qdisc_bypass=1,framecnt=8192" \
+      "${TWO[@]}"
     if [ $side = a ]; then PID_A=$LAST_PID; fi
   done
   ON_A=(ip netns exec "$NS_A" env $CLIENT_ENV URNIC_SOCKET="$SA" LD_PRELOAD="$PRELOAD")
@@ -174,15 +176,18 @@ check "no hand-off dropped ($(counter "$SA" roce_handoff_dropped) + $(counter "$
 check "no frame for an unknown QP ($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp))" \
   test "$(($(counter "$SA" rx_no_qp) + $(counter "$SB" rx_no_qp)))" = 0
 
-# af_packet: a backlog bigger than the hand-off ring. With A stopped, 7000
+# af_packet: a backlog bigger than the hand-off ring. With A stopped, 12000
 # RoCE frames (valid ICRC, to QPNs of both homes that no QP has, over 512
 # UDP source ports, so the fanout spreads them over both queues) wait in
-# its two kernel rings, 4096 frames each by urnicd's default: ~3500 each,
-# so that neither overflows (512 ports split unevenly; with 8000 one ring
-# dropped ~80, and a frame of the kernel's own dropped with them made
-# RX-missed one more than this test sent). Its second worker, which shares a CPU with
-# the first, then runs as SCHED_IDLE: once A runs again the first worker
-# pulls its backlog and hands ~1750 frames (half of its ~3500) to the second's 1024-frame ring
+# its two kernel rings, 8192 frames each here: ~6000 each, so that
+# neither overflows (512 ports split unevenly; with 8000 frames in rings of
+# 4096 one ring dropped ~80, and a frame of the kernel's own dropped with
+# them made RX-missed one more than this test sent). With 7000 frames in
+# 4096-frame rings the hand-off ring filled barely (7-20 holds) and once
+# in ~11 runs under ASan not at all. Its second worker, which shares a CPU
+# with the first, then runs as SCHED_IDLE: once A runs again the first
+# worker pulls its backlog and hands ~3000 frames (half of its ~6000) to
+# the second's 1024-frame ring
 # while that one barely runs. It holds what does not fit and leaves its
 # queue unread meanwhile (roce_handoff_held, rx_held); every frame the
 # port delivered reaches its home's engine (rx_no_qp), none is lost
@@ -216,7 +221,7 @@ PY
   held0=$(counter "$SA" roce_handoff_held)
   W2=$(grep -lx 'rte-worker-2' /proc/"$PID_A"/task/*/comm | cut -d/ -f5)
   kill -STOP "$PID_A"
-  ip netns exec "$NS_B" $PY "$TMP/backlog.py" "$IF_B" "$MAC_A" 7000 \
+  ip netns exec "$NS_B" $PY "$TMP/backlog.py" "$IF_B" "$MAC_A" 12000 \
     >"$TMP/backlog.out" 2>&1 || true
   chrt --idle -p 0 "$W2"
   kill -CONT "$PID_A"
