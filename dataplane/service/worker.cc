@@ -790,7 +790,9 @@ void Worker::loop_st() {
   uint32_t empty_polls = 0;
   uint64_t control_burst_until = 0;  // ns: poll, neither yield nor sleep
   uint64_t next_timer = 0;
-  uint64_t slept_ns = 0;   // asked for by the idle back-off in the last pass
+  // The idle the last pass chose (a wait, a sleep, a yield): when it began
+  // (0: none) and how much of the time until the next pass it may cover.
+  uint64_t idle_t0 = 0, idle_cap = 0;
   uint64_t last_busy = 0;  // ns: the last pass that had anything to do
   rte_mbuf* pkts[config::kMaxBurst];
   uint64_t t_prev = rte_rdtsc();
@@ -819,13 +821,14 @@ void Worker::loop_st() {
     // slice, so the timers' clock all but stopped, and a QP whose loss only
     // its timer could find stalled until the CPU went quiet (perf/README.md,
     // "Timers that never ran").
-    if (now_ && now - now_ > slept_ns + kPauseNs) {
-      const uint64_t paused = now - now_ - slept_ns;
+    const uint64_t chosen = idle_t0 ? std::min(now - idle_t0, idle_cap) : 0;
+    idle_t0 = 0;
+    if (now_ && now - now_ > chosen + kPauseNs) {
+      const uint64_t paused = now - now_ - chosen;
       engine_.lcore_paused(now, paused);
       ctr_.inc(Ctr::lcore_pauses);
       ctr_.add(Ctr::lcore_paused_us, paused / 1000);
     }
-    slept_ns = 0;
     now_ = now;
     // 1. Commands from the control thread and resolution timers.
     if (now >= next_timer) {
@@ -931,13 +934,13 @@ void Worker::loop_st() {
             announce_st();
             next_timer = 0;
           } else {
-            const uint64_t t0 = now_ns();
+            idle_t0 = now_ns();
+            idle_cap = UINT64_MAX;  // no timer is armed while it waits
             const unsigned why = wake_.wait_st(static_cast<int>(idle.wait_ms));
             if (why == Wake::kTimedOut) ctr_.inc(Ctr::idle_wait_timeouts);
             if (why & Wake::kRx) ctr_.inc(Ctr::idle_wakes_rx);
             withdraw_st();
             ctr_.inc(Ctr::idle_waits);
-            slept_ns = now_ns() - t0;
             next_timer = 0;  // look at timers and commands at once
           }
         } else {
@@ -955,19 +958,19 @@ void Worker::loop_st() {
                              now - last_busy >= kQuietNs;
           const uint64_t ns =
               uint64_t{no_qp ? idle.no_qp_sleep_us : idle.sleep_us} * 1000;
-          const uint64_t t0 = now_ns();
+          idle_t0 = now_ns();
+          idle_cap = ns + kIdleLateNs;
           gate_.sleep_st(ns);  // park() wakes it
           ctr_.inc(no_qp ? Ctr::idle_sleeps_no_qp : Ctr::idle_sleeps);
-          slept_ns = std::min(now_ns() - t0, ns + kIdleLateNs);
           next_timer = 0;  // slept: look at timers and commands at once
         }
       } else if (empty_polls > idle.spin_polls) {
         // yield: an application thread sharing this CPU runs now rather
         // than after the scheduler's slice (milliseconds).
         if (idle.yield) {
-          const uint64_t t0 = now_ns();
+          idle_t0 = now_ns();
+          idle_cap = kIdleLateNs;
           sched_yield();
-          slept_ns = std::min(now_ns() - t0, kIdleLateNs);
         } else {
           rte_pause();
         }
