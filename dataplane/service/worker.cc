@@ -162,6 +162,7 @@ Worker::Worker(const config::Config& cfg, const PortInfo& port,
                 engine_config(cfg.transport, line_rate_mbps(port));
             ec.home = queue;
             ec.homes = homes;
+            ec.tx_fill = cfg.lcores.burst;
             return ec;
           }(),
           now_ns()),

@@ -850,9 +850,11 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
   }
   // One pass over the QPs that have transmit work; a QP that still has
   // some afterwards goes to the back of the list. The pass ends after
-  // poll_budget packets (the caller's loop returns to RX).
+  // poll_budget packets (the caller's loop returns to RX), and another
+  // follows while the poll has not sent tx_fill packets.
   uint32_t left = cfg_.poll_budget;
   Qp* end = ready_.tail();
+  uint32_t pass_sent = 0;
   while (Qp* qp = ready_.pop_front()) {
     tx_refused_ = false;
     // Round-robin by bytes: a QP's turn ends after tx_quantum bytes (or
@@ -870,6 +872,7 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
     if (!more) sent += Requester::send_st(*this, *qp, budget - sent, &more_req);
     work += sent;
     left -= sent;
+    pass_sent += sent;
     const bool cut = budget < turn && sent == budget && (more || more_req);
     if (tx_refused_ || cut) {
       // TX is full, or this poll's budget is spent: this QP keeps its place
@@ -885,7 +888,13 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
       break;
     }
     if (more || more_req) make_ready(*qp);
-    if (qp == end || left == 0) break;
+    if (left == 0) break;
+    if (qp == end) {
+      // A pass that sent something but less than a burst: round again.
+      if (pass_sent == 0 || cfg_.poll_budget - left >= cfg_.tx_fill) break;
+      end = ready_.tail();
+      pass_sent = 0;
+    }
   }
   return work;
 }

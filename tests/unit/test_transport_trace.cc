@@ -1667,6 +1667,32 @@ TEST_F(TransportTrace, ResendAfterATimeoutLeadsTheNextPass) {
   EXPECT_EQ(engine_->cc_floor_resent_, 1u);
 }
 
+// A poll fills the caller's transmit burst (EngineConfig::tx_fill): one QP
+// with data sends one turn (tx_quantum, 16 packets of 1 KiB) per pass; a
+// pass that sent less than tx_fill goes round again, and none starts once
+// tx_fill packets are sent. On af_packet a half-full burst costs a sendto
+// of a full one (perf/README.md, "Full bursts").
+TEST_F(TransportTrace, APollFillsTheTransmitBurst) {
+  for (const uint32_t fill : {1u, 32u, 40u}) {
+    SCOPED_TRACE(fill);
+    EngineConfig ec;
+    ec.tx_fill = fill;
+    ec.cc.window = false;  // the window does not stop it at 32
+    use_engine(ec);
+    Qp* q = create_qp(IBV_QPT_RC);
+    ASSERT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn, kSqPsn, kRqPsn, IBV_MTU_1024),
+              0);
+    for (uint64_t k = 0; k < 16; ++k)  // 64 packets
+      ASSERT_EQ(engine_->post_send(q, wr(k + 1, IBV_WR_SEND, {sge(0, 4096)})),
+                0);
+    engine_->poll(0);  // one poll (the fixture's poll() runs to idle)
+    // Expect: one turn; two (32 >= 32); three (48 >= 40).
+    const auto p = sent();
+    EXPECT_EQ(p.size(), fill == 1 ? 16u : fill == 32 ? 32u : 48u) << dump(p);
+    EXPECT_TRUE(engine_->busy());  // the rest waits for the next poll
+  }
+}
+
 TEST_F(TransportTrace, TxFullLosesNothing) {
   ASSERT_TRUE(up());
   put(0, pattern(2500, 0x5a));
