@@ -124,9 +124,12 @@ stopped_run() {
   local t0 x0 x1 x2 x3 rc=0 pp
   t0=$(counter "$SB" timeouts)
   x0=$(counter "$SB" tx_packets)
-  pair stopped "$UPERF" --server -p 18603 -o write -m bw -s 4096 -q 16 -D 3 \
+  # 4 s: the stops end ~3 s in, and the check below wants sending after
+  # them (with 3 s a slow host's sleeps and urnicctl calls once ate the
+  # margin: 0 packets after, the run already over).
+  pair stopped "$UPERF" --server -p 18603 -o write -m bw -s 4096 -q 16 -D 4 \
     --warmup 0 --verify -- "$UPERF" -p 18603 -o write -m bw -s 4096 -q 16 \
-    -D 3 --warmup 0 --verify &
+    -D 4 --warmup 0 --verify &
   pp=$!
   sleep 1.5
   x1=$(counter "$SB" tx_packets)
