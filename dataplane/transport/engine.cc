@@ -835,6 +835,7 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
   uint32_t work =
       timers ? timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); })
              : 0;
+  uint32_t handed = 0;  // frames this poll gave the PacketIo (tx_fill)
   // ACK-sized responses first, unless read responses for earlier PSNs of
   // the same QP are still to go (then the data pass sends them in order).
   while (Qp* qp = ack_.pop_front()) {
@@ -842,7 +843,9 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
     tx_refused_ = false;
     turn_left_ = INT64_MAX;  // ACK-sized packets only
     bool more = false;
-    work += Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
+    const uint32_t n = Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
+    work += n;
+    handed += n;
     if (tx_refused_) {
       ack_.push_front(*qp);
       return work;
@@ -851,10 +854,10 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
   // One pass over the QPs that have transmit work; a QP that still has
   // some afterwards goes to the back of the list. The pass ends after
   // poll_budget packets (the caller's loop returns to RX), and another
-  // follows while the poll has not sent tx_fill packets.
+  // follows while the poll has handed over fewer than tx_fill frames.
   uint32_t left = cfg_.poll_budget;
   Qp* end = ready_.tail();
-  uint32_t pass_sent = 0;
+  uint32_t pass_from = handed;
   while (Qp* qp = ready_.pop_front()) {
     tx_refused_ = false;
     // Round-robin by bytes: a QP's turn ends after tx_quantum bytes (or
@@ -872,7 +875,7 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
     if (!more) sent += Requester::send_st(*this, *qp, budget - sent, &more_req);
     work += sent;
     left -= sent;
-    pass_sent += sent;
+    handed += sent;
     const bool cut = budget < turn && sent == budget && (more || more_req);
     if (tx_refused_ || cut) {
       // TX is full, or this poll's budget is spent: this QP keeps its place
@@ -891,9 +894,9 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
     if (left == 0) break;
     if (qp == end) {
       // A pass that sent something but less than a burst: round again.
-      if (pass_sent == 0 || cfg_.poll_budget - left >= cfg_.tx_fill) break;
+      if (handed == pass_from || handed >= cfg_.tx_fill) break;
       end = ready_.tail();
-      pass_sent = 0;
+      pass_from = handed;
     }
   }
   return work;

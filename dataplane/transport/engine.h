@@ -155,11 +155,12 @@ struct EngineConfig {
   // Packets one poll() sends over all QPs: the caller then gets back to RX,
   // so the peer's ACKs are read while many QPs have data.
   uint32_t poll_budget = 256;
-  // Packets one poll() tries to hand over before a pass over the ready QPs
-  // ends early: the caller's transmit burst. A pass that sent fewer (one
-  // QP, one quantum) goes round again; a burst sent half full costs the
-  // PMD call of a full one (af_packet: a sendto of ~6 000 cycles,
-  // perf/README.md "Full bursts"). 1: one pass per poll.
+  // Frames one poll() tries to hand over (ACKs included) before a pass
+  // over the ready QPs ends early: the caller's transmit burst. A pass that
+  // sent fewer (one QP, one quantum) goes round again; a burst sent half
+  // full costs the PMD call of a full one (af_packet: a sendto, ~5 700
+  // cycles whatever it carries, perf/README.md "Full bursts"). 1: one pass
+  // per poll.
   uint32_t tx_fill = 1;
   uint16_t udp_sport_base = 0xc000;
   uint32_t timer_tick_ns = 1000;  // timer wheel resolution

@@ -1691,6 +1691,23 @@ TEST_F(TransportTrace, APollFillsTheTransmitBurst) {
     EXPECT_EQ(p.size(), fill == 1 ? 16u : fill == 32 ? 32u : 48u) << dump(p);
     EXPECT_TRUE(engine_->busy());  // the rest waits for the next poll
   }
+  // An ACK the poll sends fills the burst too: with tx_fill 17, one ACK and
+  // one turn of 16 packets make it, and no second pass starts.
+  EngineConfig ec;
+  ec.tx_fill = 17;
+  ec.cc.window = false;
+  use_engine(ec);
+  qp_ = create_qp(IBV_QPT_RC);
+  ASSERT_EQ(bring_up(qp_, IBV_QPT_RC, kPeerQpn, kSqPsn, kRqPsn, IBV_MTU_1024),
+            0);
+  for (uint64_t k = 0; k < 16; ++k)
+    ASSERT_EQ(post(wr(k + 1, IBV_WR_SEND, {sge(0, 4096)})), 0);
+  ASSERT_EQ(post_recv(rwr(7, {sge(0x10000, 64)})), 0);
+  inject(pkt(op::kRcSendOnly, kRqPsn, true), pattern(8, 1));
+  engine_->poll(0);
+  const auto p = sent();
+  EXPECT_EQ(p.size(), 17u) << dump(p);
+  EXPECT_EQ(p[0].f.opcode, op::kRcAck) << dump(p);
 }
 
 TEST_F(TransportTrace, TxFullLosesNothing) {
