@@ -180,6 +180,8 @@ int receive(Dev& d, uint32_t count, uint32_t nqp) {
     }
     if (ibv_destroy_qp(qp)) die("ibv_destroy_qp");
   }
+  if (ibv_destroy_cq(cq)) die("ibv_destroy_cq");
+  if (ibv_dereg_mr(mr)) die("ibv_dereg_mr");
   return got == count * nqp && bad_msgs == 0 ? 0 : 5;
 }
 
@@ -220,12 +222,14 @@ int send(Dev& d, uint32_t count, uint32_t size) {
     if (n < 0 || wc.status != IBV_WC_SUCCESS) {
       fprintf(stderr, "mcast_check: send %u: %s\n", seq,
               n < 0 ? "poll failed" : ibv_wc_status_str(wc.status));
-      return 1;
+      exit(1);  // its objects go with the process, as any dying client's
     }
   }
   printf("sent %u messages of %u bytes\n", count, size);
-  ibv_destroy_ah(ah);
-  ibv_destroy_qp(qp);
+  if (ibv_destroy_ah(ah)) die("ibv_destroy_ah");
+  if (ibv_destroy_qp(qp)) die("ibv_destroy_qp");
+  if (ibv_destroy_cq(cq)) die("ibv_destroy_cq");
+  if (ibv_dereg_mr(mr)) die("ibv_dereg_mr");
   return 0;
 }
 
@@ -241,14 +245,17 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   const uint32_t count = static_cast<uint32_t>(strtoul(argv[3], nullptr, 0));
   Dev d = open_dev(argv[2]);
+  int rc = 2;
   if (mode == "recv") {
     const uint32_t nqp =
         argc > 4 ? static_cast<uint32_t>(strtoul(argv[4], nullptr, 0)) : 1;
-    return count && nqp ? receive(d, count, nqp) : 2;
-  }
-  if (mode == "send" && argc > 4) {
+    if (count && nqp) rc = receive(d, count, nqp);
+  } else if (mode == "send" && argc > 4) {
     const uint32_t size = static_cast<uint32_t>(strtoul(argv[4], nullptr, 0));
-    return size >= 12 && size <= 4096 ? send(d, count, size) : 2;
+    if (size >= 12 && size <= 4096) rc = send(d, count, size);
   }
-  return 2;
+  // Everything it made goes back: a leak checker has nothing to report.
+  if (ibv_dealloc_pd(d.pd)) die("ibv_dealloc_pd");
+  if (ibv_close_device(d.ctx)) die("ibv_close_device");
+  return rc;
 }
