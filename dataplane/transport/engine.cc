@@ -832,10 +832,12 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
   gauges_.in_flight.set(cc_in_flight_);
   gauges_.active_qps.set(cc_active_);
   gauges_.waiting_qps.set(cc_waiting_);
-  uint32_t work =
+  const uint32_t fired =
       timers ? timers_.advance(now_ns, [this](TimerNode& t) { fire_timer(t); })
              : 0;
-  uint32_t handed = 0;  // frames this poll gave the PacketIo (tx_fill)
+  // Frames this poll gave the PacketIo (tx_fill); the poll's work is
+  // these and the timers fired.
+  uint32_t handed = 0;
   // ACK-sized responses first, unless read responses for earlier PSNs of
   // the same QP are still to go (then the data pass sends them in order).
   while (Qp* qp = ack_.pop_front()) {
@@ -843,12 +845,10 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
     tx_refused_ = false;
     turn_left_ = INT64_MAX;  // ACK-sized packets only
     bool more = false;
-    const uint32_t n = Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
-    work += n;
-    handed += n;
+    handed += Responder::send_st(*this, *qp, cfg_.tx_budget, &more);
     if (tx_refused_) {
       ack_.push_front(*qp);
-      return work;
+      return fired + handed;
     }
   }
   // One pass over the QPs that have transmit work; a QP that still has
@@ -873,7 +873,6 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
     uint32_t sent = Responder::send_st(*this, *qp, budget, &more);
     bool more_req = false;
     if (!more) sent += Requester::send_st(*this, *qp, budget - sent, &more_req);
-    work += sent;
     left -= sent;
     handed += sent;
     const bool cut = budget < turn && sent == budget && (more || more_req);
@@ -899,7 +898,7 @@ uint32_t Engine::poll(uint64_t now_ns, bool timers) {
       pass_from = handed;
     }
   }
-  return work;
+  return fired + handed;
 }
 
 // --- shared helpers ---------------------------------------------------------
