@@ -655,6 +655,33 @@ int MrShare::share(const void* addr, size_t len, bool writable,
   for (const Vma& v : vmas) {
     const uint64_t a = std::max(v.start, lo), b = std::min(v.end, hi);
     if (a >= b) continue;
+    if (v.shared && v.path.rfind("/SYSV", 0) == 0) {
+      // System V shared memory is shared already: the service maps the
+      // same segment (it opens this attachment itself), so nothing moves.
+      // Huge pages (SHM_HUGETLB) included, which a memfd of ours could not
+      // take over at an unaligned range.
+      if (v.start > lo || v.end < hi) {
+        *why = "memory at " + hex(a) + " is System V shared memory (" + v.path +
+               "): a registration must lie within one attachment of it";
+        return EINVAL;
+      }
+      if (!(v.prot & PROT_WRITE)) {
+        *why = "memory at " + hex(a) +
+               " is a read-only attachment of System "
+               "V shared memory (" +
+               v.path + "): only writable ones can be";
+        return EINVAL;
+      }
+      // Whatever the registry said of these addresses is stale: they are
+      // the segment's now.
+      forget(lo, hi);
+      out->map_start = lo;
+      out->map_len = hi - lo;
+      out->pieces.clear();
+      out->pieces.push_back(
+          {-1, v.offset + (lo - v.start), hi - lo, v.start, v.end});
+      return 0;
+    }
     if (v.shared) {
       for (uint64_t x = a; x < b;) {
         auto it = seg_at(x);

@@ -27,6 +27,11 @@ class MrShare {
     int fd = -1;  // a duplicate, closed by ~Result
     uint64_t fd_offset = 0;
     uint64_t length = 0;
+    // System V shared memory (fd -1): the application's own mapping
+    // [vma_start, vma_end) of the segment, which the service opens itself
+    // (shim::MrPiece); the piece is then the only one.
+    uint64_t vma_start = 0;
+    uint64_t vma_end = 0;
   };
   struct Result {
     uint64_t map_start = 0;  // page-rounded range, in address order
@@ -42,7 +47,10 @@ class MrShare {
   // flags allow writes, so the pages must be writable. Returns 0, or EFAULT
   // (a hole, unreadable or read-only memory), EINVAL (a mapping that cannot
   // be shared: a foreign MAP_SHARED mapping, hugetlbfs, [vdso]...; too many
-  // pieces) or another errno, with the reason in *why.
+  // pieces) or another errno, with the reason in *why. A range inside one
+  // writable attachment of a System V shared memory segment (shmget, as
+  // perftest --use_hugepages makes) is already shared: it becomes one
+  // piece naming that attachment, with no fd.
   int share(const void* addr, size_t len, bool writable, size_t max_pieces,
             Result* out, std::string* why);
 

@@ -145,13 +145,15 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   req->map_len = shared.map_len;
   req->npieces = static_cast<uint32_t>(shared.pieces.size());
   int fds[kMaxMrPieces];
+  int nfds = 0;
   for (size_t i = 0; i < shared.pieces.size(); ++i) {
-    req->pieces[i] = {shared.pieces[i].fd_offset, shared.pieces[i].length};
-    fds[i] = shared.pieces[i].fd;
+    const MrShare::Piece& p = shared.pieces[i];
+    req->pieces[i] = {p.fd_offset, p.length, p.vma_start, p.vma_end};
+    if (p.fd >= 0) fds[nfds++] = p.fd;  // none for System V memory
   }
   RegMrRep rep;
-  rc = c.call(Op::kRegMr, "ibv_reg_mr", req, sizeof *req, fds,
-              static_cast<int>(req->npieces), &rep, sizeof rep);
+  rc = c.call(Op::kRegMr, "ibv_reg_mr", req, sizeof *req, fds, nfds, &rep,
+              sizeof rep);
   delete req;
   if (rc) {
     delete box;

@@ -27,7 +27,7 @@
 
 namespace urnic::shim {
 
-constexpr uint32_t kShimAbi = 7;  // OpenReq.abi must equal this
+constexpr uint32_t kShimAbi = 8;  // OpenReq.abi must equal this
 using hostif::kMaxInline;
 using hostif::kMaxSge;
 constexpr uint32_t kMaxGids = 16;
@@ -108,9 +108,19 @@ struct HandleRep {
 // Each fd must be a memfd sealed with F_SEAL_SHRINK (memfd_create with
 // MFD_ALLOW_SEALING, then fcntl F_ADD_SEALS): otherwise the application
 // could shrink it under the service, whose next access would fault.
+//
+// A piece with vma_end != 0 comes with no fd: it is the application's own
+// writable MAP_SHARED attachment [vma_start, vma_end) of a System V shared
+// memory segment (shmget, SHM_HUGETLB included), fd_offset bytes into the
+// segment. The service opens that attachment itself
+// (/proc/<pid>/map_files, the pid from SO_PEERCRED) and checks it against
+// the client's /proc/<pid>/maps; such a piece is the MR's only one. A
+// segment cannot be shrunk, so no seal is needed.
 struct MrPiece {
   uint64_t fd_offset = 0;
   uint64_t length = 0;
+  uint64_t vma_start = 0;
+  uint64_t vma_end = 0;
 };
 struct RegMrReq {
   uint32_t pd = 0;

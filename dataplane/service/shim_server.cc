@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +48,10 @@ int make_shared(size_t len, const char* name, Mapping* out) {
 }
 
 void unmap(Mapping& m) {
-  if (m.base) munmap(m.base, m.len);
+  if (m.whole)
+    munmap(m.whole, m.whole_len);
+  else if (m.base)
+    munmap(m.base, m.len);
   m = {};
 }
 
@@ -561,8 +565,10 @@ int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
 int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
                             Mapping* out) {
   if (!c.pds.count(r.pd)) return EINVAL;
+  // System V shared memory: one piece and no fd (abi.h).
+  const bool sysv = r.npieces == 1 && r.pieces[0].vma_end != 0;
   if (r.npieces == 0 || r.npieces > kMaxMrPieces ||
-      r.npieces != req.fds.size()) {
+      (sysv ? !req.fds.empty() : r.npieces != req.fds.size())) {
     why_ = "reg_mr: pieces and passed fds disagree";
     return EINVAL;
   }
@@ -571,6 +577,14 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
   for (uint32_t i = 0; i < r.npieces; ++i) {
     const MrPiece& p = r.pieces[i];
     if (p.length == 0 || p.length % page || p.fd_offset % page) return EINVAL;
+    if (sysv) {
+      total += p.length;
+      break;
+    }
+    if (p.vma_start != 0 || p.vma_end != 0) {
+      why_ = "reg_mr: System V shared memory must be the MR's only piece";
+      return EINVAL;
+    }
     // Sealed against shrinking and long enough: otherwise a later
     // ftruncate by the application would fault the service (SIGBUS).
     struct stat st;
@@ -609,6 +623,7 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
       over_limit("max_mr_bytes", c.mr_bytes, r.length,
                  env_.client_limits.max_mr_bytes))
     return ENOMEM;
+  if (sysv) return map_sysv_view(c, r, req, out);
   // One contiguous view of the pieces, wherever the kernel puts it.
   void* base = mmap(nullptr, r.map_len, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -630,6 +645,129 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
   // (possibly deferred) request is answered.
   for (uint32_t i = 0; i < r.npieces; ++i) close(take_fd(req, i));
   *out = view;
+  return 0;
+}
+
+namespace {
+
+// The line of /proc/<pid>/maps that is exactly [start, end).
+struct MapsLine {
+  char perms[5] = {};
+  uint64_t offset = 0;
+  dev_t dev = 0;
+  uint64_t ino = 0;
+  std::string path;
+};
+bool find_maps_line(pid_t pid, uint64_t start, uint64_t end, MapsLine* out) {
+  char name[64];
+  std::snprintf(name, sizeof name, "/proc/%d/maps", static_cast<int>(pid));
+  FILE* f = std::fopen(name, "re");
+  if (!f) return false;
+  char line[4096 + 256];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f)) {
+    unsigned long long s = 0, e = 0, off = 0, ino = 0;
+    unsigned maj = 0, min = 0;
+    int n = 0;
+    if (std::sscanf(line, "%llx-%llx %4s %llx %x:%x %llu %n", &s, &e,
+                    out->perms, &off, &maj, &min, &ino, &n) < 7)
+      continue;
+    if (s != start || e != end) continue;
+    out->offset = off;
+    out->dev = makedev(maj, min);
+    out->ino = ino;
+    out->path = line + n;
+    while (!out->path.empty() && out->path.back() == '\n') out->path.pop_back();
+    found = true;
+  }
+  std::fclose(f);
+  return found;
+}
+
+}  // namespace
+
+int ShimServer::map_sysv_view(const Client& c, const RegMrReq& r,
+                              const CtlRequest& req, Mapping* out) {
+  // map_mr_view checked the piece's and the range's sizes and alignment.
+  const uint64_t page = 4096;
+  const MrPiece& p = r.pieces[0];
+  if (req.fds.size() != 0 || p.vma_start % page || p.vma_end % page ||
+      p.vma_start > r.map_start || r.map_start + r.map_len < r.map_start ||
+      r.map_start + r.map_len > p.vma_end ||
+      p.fd_offset + p.length < p.fd_offset) {
+    why_ = "reg_mr: the registered range is not inside its attachment";
+    return EINVAL;
+  }
+  // The attachment itself, opened first and then checked against the
+  // client's maps by inode: a client that swaps the mapping in between
+  // is refused rather than served another segment. Opening another
+  // process's map_files needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE).
+  char path[96];
+  std::snprintf(path, sizeof path, "/proc/%d/map_files/%llx-%llx",
+                static_cast<int>(c.info.pid),
+                static_cast<unsigned long long>(p.vma_start),
+                static_cast<unsigned long long>(p.vma_end));
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    why_ = std::string(
+               "reg_mr: cannot open the application's System V "
+               "memory (") +
+           path + "): " + std::strerror(e) +
+           (e == EPERM ? " (urnicd needs CAP_SYS_ADMIN for it)" : "");
+    return e == ENOENT ? EINVAL : e;
+  }
+  struct stat st;
+  MapsLine m;
+  const bool ok = fstat(fd, &st) == 0 &&
+                  find_maps_line(c.info.pid, p.vma_start, p.vma_end, &m) &&
+                  m.perms[0] == 'r' && m.perms[1] == 'w' && m.perms[3] == 's' &&
+                  m.path.rfind("/SYSV", 0) == 0 && m.ino == st.st_ino &&
+                  m.dev == st.st_dev &&
+                  p.fd_offset == m.offset + (r.map_start - p.vma_start) &&
+                  static_cast<uint64_t>(st.st_size) >= p.fd_offset + p.length;
+  if (!ok) {
+    close(fd);
+    why_ =
+        "reg_mr: the range is not in a writable attachment of System V "
+        "shared memory of this client";
+    return EINVAL;
+  }
+  // Huge pages (SHM_HUGETLB: st_blksize is the huge page size) map only
+  // whole and at aligned addresses: the view maps the huge pages the
+  // range touches, at an address congruent to the segment's offset.
+  uint64_t huge = page;
+  if (st.st_blksize > 0 && (st.st_blksize & (st.st_blksize - 1)) == 0 &&
+      static_cast<uint64_t>(st.st_blksize) > page &&
+      static_cast<uint64_t>(st.st_blksize) <= (uint64_t{1} << 30))
+    huge = static_cast<uint64_t>(st.st_blksize);
+  const uint64_t off_lo = p.fd_offset & ~(huge - 1);
+  const uint64_t off_hi = (p.fd_offset + p.length + huge - 1) & ~(huge - 1);
+  const uint64_t len = off_hi - off_lo;
+  void* res = mmap(nullptr, len + huge, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (res == MAP_FAILED) {
+    const int e = errno;
+    close(fd);
+    return e;
+  }
+  auto* const lo = static_cast<uint8_t*>(res);
+  auto* const at = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(lo) + huge - 1) & ~uintptr_t{huge - 1});
+  void* v = mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                 static_cast<off_t>(off_lo));
+  const int e = errno;
+  close(fd);  // the mapping holds the segment now
+  if (at > lo) munmap(lo, at - lo);
+  if (lo + len + huge > at + len) munmap(at + len, lo + len + huge - at - len);
+  if (v == MAP_FAILED) {
+    munmap(at, len);
+    return e;
+  }
+  out->base = at + (p.fd_offset - off_lo);
+  out->len = r.map_len;
+  out->whole = at;
+  out->whole_len = len;
   return 0;
 }
 

@@ -35,6 +35,10 @@ namespace urnic::service {
 struct Mapping {
   void* base = nullptr;
   size_t len = 0;
+  // Set when the mapping is wider than [base, base + len): a huge-page
+  // view maps whole huge pages, and munmap takes them whole.
+  void* whole = nullptr;
+  size_t whole_len = 0;
 };
 
 // Application memory the worker lcores may transmit from without a copy
@@ -254,6 +258,10 @@ class ShimServer final : public transport::RecvSource {
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
                   Mapping* view);
+  // The same for an MR inside the client's attachment of a System V shared
+  // memory segment (a piece with vma_end, no fd; abi.h).
+  int map_sysv_view(const Client& c, const shim::RegMrReq& r,
+                    const CtlRequest& req, Mapping* view);
   // Queues p's DMA mapping (TxMemory::map_dma) unless kMaxDmaMapping are
   // queued already: then it waits here.
   bool start_dma(PendingMr& p);

@@ -80,6 +80,26 @@ forget() {  # forget PID...: reaped, so never signalled again (PIDs get reused)
   done
   PIDS=("${keep[@]}")
 }
+# Huge pages for System V memory (perftest --use_hugepages, verbs_misuse's
+# SHM_HUGETLB case): 8 more free ones (16 MiB) while the test runs, given
+# back by cleanup. Where the kernel cannot have them, those cases skip.
+HUGE_ADDED=0
+huge_free() { awk '/^HugePages_Free:/ {print $2}' /proc/meminfo; }
+huge_reserve() {
+  local want=8 have total
+  have=$(huge_free)
+  [ "${have:-0}" -ge $want ] && return 0
+  total=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null) || return 0
+  echo $((total + want - have)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+  HUGE_ADDED=$(($(cat /proc/sys/vm/nr_hugepages) - total))
+}
+huge_release() {
+  [ "$HUGE_ADDED" -gt 0 ] || return 0
+  local total
+  total=$(cat /proc/sys/vm/nr_hugepages)
+  echo $((total - HUGE_ADDED)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+  HUGE_ADDED=0
+}
 cleanup() {
   for p in "${PIDS[@]}"; do
     kill -0 "$p" 2>/dev/null && { stop_pid "$p" || true; }
@@ -87,6 +107,7 @@ cleanup() {
   for ns in "$NS_A" "$NS_AP" "$NS_B1" "$NS_B2"; do
     ip netns del "$ns" 2>/dev/null || true
   done
+  huge_release
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -321,6 +342,17 @@ check "B: ib_write_bw --use_old_post_send -n 100" \
   pair b perf ib_write_bw "${PT[@]}" --use_old_post_send -n 100
 check "B: ib_send_bw -s 1048576 -n 10" \
   pair b perf ib_send_bw "${PT[@]}" -s 1048576 -n 10
+# Buffers in System V shared memory on huge pages (shmget SHM_HUGETLB):
+# the service maps the segment itself (README, "Memory registration").
+huge_reserve
+if [ "$(huge_free)" -ge 4 ]; then
+  check "B: ib_write_bw --use_hugepages -n 100" \
+    pair b perf ib_write_bw "${PT[@]}" --use_hugepages -n 100
+  check "B: ib_read_bw --use_hugepages -n 100" \
+    pair b perf ib_read_bw "${PT[@]}" --use_hugepages -n 100
+else
+  echo "skip: perftest --use_hugepages: no huge pages free ($(huge_free))"
+fi
 # UD and UC have no retransmission: a SEND that finds no receive WR, or a
 # frame the kernel's af_packet ring dropped, loses the message and perftest
 # waits forever. Both hung about half the time: the worker took the frames

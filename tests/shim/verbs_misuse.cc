@@ -11,7 +11,9 @@
 //   usage: verbs_misuse [DEVICE]
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1055,6 +1057,85 @@ void sub_huge_mr(Dev& d, End& e) {
   munmap(map, len);
 }
 
+// System V shared memory (shmget), where perftest --use_hugepages and
+// other programs put their buffers: the service maps the segment itself.
+// Plain pages, and huge pages (SHM_HUGETLB) where the machine has some
+// free, with a range that starts inside one huge page and ends in the
+// next.
+void sub_sysv(Dev& d, End& e) {
+  struct Kind {
+    const char* what;
+    int flags;
+    size_t seg, off, len;
+  } kinds[] = {
+      {"plain pages", 0, size_t{1} << 20, 4096 + 100, 200000},
+      {"huge pages (SHM_HUGETLB)", SHM_HUGETLB, size_t{4} << 20,
+       (size_t{2} << 20) - 8192 + 5, 3 * 65536},
+  };
+  for (const Kind& k : kinds) {
+    const int id = shmget(IPC_PRIVATE, k.seg, IPC_CREAT | 0600 | k.flags);
+    if (id < 0 && (k.flags & SHM_HUGETLB)) {
+      printf("skip: e) System V %s: shmget: %s (no huge pages free)\n", k.what,
+             err_text(errno).c_str());
+      continue;
+    }
+    if (id < 0) throw SetupError("shmget: " + err_text(errno));
+    void* at = shmat(id, nullptr, 0);
+    shmctl(id, IPC_RMID, nullptr);  // gone once detached, as perftest does
+    if (at == reinterpret_cast<void*>(-1))
+      throw SetupError("shmat: " + err_text(errno));
+    auto* seg = static_cast<uint8_t*>(at);
+    fill(seg, k.seg, 71);
+    uint8_t* u = seg + k.off;
+    ibv_mr* mr = ibv_reg_mr(d.pd, u, k.len, kAccess);
+    if (check(mr != nullptr,
+              fmt("e) ibv_reg_mr of System V shared memory, %s: %zu bytes "
+                  "at offset %zu",
+                  k.what, k.len, k.off),
+              err_text(errno))) {
+      check(same_as_pattern(seg, k.seg, 71),
+            "e) ... the segment keeps its contents");
+      const uint32_t n = 65536;  // the first and the last 64 KiB
+      std::string why = write_read_scratch(d, e, u, mr->rkey, n);
+      if (why.empty())
+        why = write_read_scratch(d, e, u + k.len - n, mr->rkey, n);
+      check(why.empty(),
+            "e) ... RDMA WRITE into it is visible to the program and READ "
+            "sees the program's writes",
+            why);
+      why = write_read(e, u + k.len - n, mr->lkey, d.scratch,
+                       d.scratch_mr->rkey, n, 72);
+      check(why.empty(), "e) ... it works as the local side (lkey) too", why);
+      const int rc = ibv_dereg_mr(mr);
+      check(rc == 0, "e) ... ibv_dereg_mr", err_text(rc));
+    }
+    shmdt(at);
+  }
+  // An attachment the program can only read is not shared for writes (the
+  // shim's check), nor at all: the service maps what it shares writable.
+  const int id = shmget(IPC_PRIVATE, 65536, IPC_CREAT | 0600);
+  if (id < 0) throw SetupError("shmget: " + err_text(errno));
+  void* ro = shmat(id, nullptr, SHM_RDONLY);
+  shmctl(id, IPC_RMID, nullptr);
+  if (ro == reinterpret_cast<void*>(-1))
+    throw SetupError("shmat: " + err_text(errno));
+  errno = 0;
+  ibv_mr* w = ibv_reg_mr(d.pd, ro, 65536, kAccess);
+  const int ew = errno;
+  errno = 0;
+  ibv_mr* r = ibv_reg_mr(d.pd, ro, 65536, IBV_ACCESS_REMOTE_READ);
+  const int er = errno;
+  check(!w && ew == EFAULT && !r && er == EINVAL,
+        "e) ibv_reg_mr of a read-only System V attachment fails (EFAULT with "
+        "write access, EINVAL without)",
+        fmt("%s errno %s, %s errno %s", w ? "registered" : "refused",
+            err_text(ew).c_str(), r ? "registered" : "refused",
+            err_text(er).c_str()));
+  if (w) ibv_dereg_mr(w);
+  if (r) ibv_dereg_mr(r);
+  shmdt(ro);
+}
+
 void section_mrs(Dev& d) {
   {
     ScopedPair sp(d);
@@ -1070,6 +1151,10 @@ void section_mrs(Dev& d) {
     sub_fork_init(d, sp.p.a);
   }
   sub_file_mapping(d);
+  {
+    ScopedPair sp(d);
+    sub_sysv(d, sp.p.a);
+  }
   sub_refused_leaves_memory(d);
   {
     ScopedPair sp(d);

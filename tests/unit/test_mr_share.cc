@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <sys/auxv.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -277,6 +279,59 @@ TEST_P(MrShareTest, SharedFileMappingRefused) {
   EXPECT_EQ(maps_line(p).find("urnic-mr"), std::string::npos);  // untouched
   munmap(p, 4 * kPage);
   close(fd);
+}
+
+// System V shared memory is shared already: one piece naming the
+// attachment and the offset in the segment, no fd, nothing remapped.
+TEST_P(MrShareTest, SysvAttachmentIsOnePieceWithoutFd) {
+  const int id = shmget(IPC_PRIVATE, 8 * kPage, IPC_CREAT | 0600);
+  ASSERT_GE(id, 0);
+  void* at = shmat(id, nullptr, 0);
+  shmctl(id, IPC_RMID, nullptr);
+  ASSERT_NE(at, reinterpret_cast<void*>(-1));
+  auto* p = static_cast<uint8_t*>(at);
+  p[kPage + 100] = 7;
+  MrShare::Result r;
+  ASSERT_EQ(s.share(p + kPage + 100, 2 * kPage, true, kMaxPieces, &r, &why), 0)
+      << why;
+  ASSERT_EQ(r.pieces.size(), 1u);
+  const MrShare::Piece& q = r.pieces[0];
+  EXPECT_EQ(q.fd, -1);
+  EXPECT_EQ(q.vma_start, reinterpret_cast<uint64_t>(p));
+  EXPECT_EQ(q.vma_end, reinterpret_cast<uint64_t>(p) + 8 * kPage);
+  EXPECT_EQ(q.fd_offset, kPage);
+  EXPECT_EQ(q.length, 3 * kPage);  // the pages the range touches
+  EXPECT_EQ(r.map_start, reinterpret_cast<uint64_t>(p) + kPage);
+  EXPECT_EQ(r.map_len, 3 * kPage);
+  EXPECT_NE(maps_line(p).find("SYSV"), std::string::npos) << maps_line(p);
+  EXPECT_EQ(p[kPage + 100], 7);
+  shmdt(at);
+}
+
+// A range beyond one attachment, or in one the program can only read:
+// refused, saying why.
+TEST_P(MrShareTest, SysvAcrossAttachmentsOrReadOnlyRefused) {
+  const int id = shmget(IPC_PRIVATE, 2 * kPage, IPC_CREAT | 0600);
+  ASSERT_GE(id, 0);
+  // Room for the attachment and a private page right after it.
+  auto* room = static_cast<uint8_t*>(map_anon(3 * kPage));
+  ASSERT_NE(room, nullptr);
+  void* at = shmat(id, room, SHM_REMAP);
+  ASSERT_EQ(at, room) << std::strerror(errno);
+  MrShare::Result r1;
+  EXPECT_EQ(s.share(room + kPage, 2 * kPage, true, kMaxPieces, &r1, &why),
+            EINVAL);
+  EXPECT_NE(why.find("within one attachment"), std::string::npos) << why;
+  shmdt(at);
+  munmap(room, 3 * kPage);
+  void* ro = shmat(id, nullptr, SHM_RDONLY);
+  shmctl(id, IPC_RMID, nullptr);
+  ASSERT_NE(ro, reinterpret_cast<void*>(-1));
+  MrShare::Result r2, r3;
+  EXPECT_EQ(s.share(ro, kPage, true, kMaxPieces, &r2, &why), EFAULT);
+  EXPECT_EQ(s.share(ro, kPage, false, kMaxPieces, &r3, &why), EINVAL);
+  EXPECT_NE(why.find("read-only attachment"), std::string::npos) << why;
+  shmdt(ro);
 }
 
 TEST_P(MrShareTest, SpecialMappingRefusedByName) {

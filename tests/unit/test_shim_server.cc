@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -447,6 +449,54 @@ TEST_F(ShimServerTest, OpenPassesTheBellsAndWaitingMarksThePage) {
   EXPECT_EQ(v, 1u);
   srv.set_waiting_st(0, false);
   EXPECT_EQ(db->waiting.load(), 0u);
+}
+
+// An MR in a System V attachment (shmget, as perftest --use_hugepages
+// makes): no fd; the service opens the attachment itself and checks it
+// against the client's maps. A WRITE lands in the segment. A piece that
+// claims another offset in the segment than the attachment's, a range
+// past the attachment, or a piece with an fd beside it are refused.
+TEST_F(ShimServerTest, SysvAttachmentRegisteredWithoutFd) {
+  if (geteuid() != 0) GTEST_SKIP() << "another's map_files need CAP_SYS_ADMIN";
+  const Pair p = connected_pair();
+  const uint64_t pg = 4096;
+  const int id = shmget(IPC_PRIVATE, 4 * pg, IPC_CREAT | 0600);
+  ASSERT_GE(id, 0);
+  void* at = shmat(id, nullptr, 0);
+  shmctl(id, IPC_RMID, nullptr);
+  ASSERT_NE(at, reinterpret_cast<void*>(-1));
+  auto* seg = static_cast<uint8_t*>(at);
+  const uint64_t base = reinterpret_cast<uint64_t>(seg);
+  auto sysv = [&](uint64_t off, uint64_t start, uint64_t len,
+                  std::vector<int> fds = {}) {
+    RegMrReq r;
+    r.pd = p.pd;
+    r.access = kRemoteAll;
+    r.addr = r.iova = r.map_start = start;
+    r.length = r.map_len = len;
+    r.npieces = 1;
+    r.pieces[0] = {off, len, base, base + 4 * pg};
+    return call(Op::kRegMr, r, std::move(fds));
+  };
+  EXPECT_EQ(sysv(0, base + pg, pg).status, -EINVAL);       // offset
+  EXPECT_EQ(sysv(pg, base + pg, 4 * pg).status, -EINVAL);  // past it
+  const int fd = memfd_create("t", MFD_CLOEXEC);
+  EXPECT_EQ(sysv(pg, base + pg, pg, {fd}).status, -EINVAL);  // an fd too
+  Reply ok = sysv(pg, base + pg, 2 * pg);
+  ASSERT_EQ(ok.status, 0) << ok.payload;
+  const auto m = ok.as<RegMrRep>();
+  const Buf dst{seg + pg, m.handle, m.lkey, m.rkey};
+  Buf src = reg(p.pd, 8192);
+  for (int i = 0; i < 5000; ++i) src.p[i] = static_cast<uint8_t>(i * 11);
+  Qp a = p.a;
+  post(a, write_wqe(src, dst, 5000));
+  run();
+  ibv_wc wc;
+  Cq cq = p.cq;
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(src.p, seg + pg, 5000), 0);  // in the segment
+  shmdt(at);
 }
 
 TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
