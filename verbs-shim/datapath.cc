@@ -364,6 +364,29 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
   return k;
 }
 
+void cq_clean(ibv_cq* cq, uint32_t qpn) {
+  if (cq == nullptr) return;
+  Cq& q = cq_of(cq);
+  std::lock_guard g(q.lock);
+  const uint32_t prod = q.sh->prod.load(std::memory_order_acquire);
+  if (prod - q.cons > q.mask + 1) return;  // not the service's: polls fail
+  // From the newest back, each kept entry moves up past the dropped ones;
+  // the consumer index then skips them. Only [cons, prod) is written,
+  // which the service does not touch until cons moves.
+  uint32_t dropped = 0;
+  for (uint32_t i = prod; i != q.cons;) {
+    --i;
+    const ibv_wc& w = q.ring[i & q.mask];
+    if (w.qp_num == qpn)
+      ++dropped;
+    else if (dropped)
+      q.ring[(i + dropped) & q.mask] = w;
+  }
+  if (dropped == 0) return;
+  q.cons += dropped;
+  q.sh->cons.store(q.cons, std::memory_order_release);
+}
+
 int req_notify_cq(ibv_cq* cq, int solicited_only) {
   Cq& q = cq_of(cq);
   if (q.ctx->dead.load(std::memory_order_relaxed)) return EIO;

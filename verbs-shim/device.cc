@@ -15,6 +15,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "verbs-shim/ctl.h"
@@ -24,6 +26,9 @@ URNIC_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file,
                                      char* buf, size_t size);
 
 namespace urnic::shim {
+
+// The name of the memfd each context's cmd_fd is (ibv_import_device).
+constexpr char kCmdFdName[] = "urnic-cmd-fd";
 namespace {
 
 constexpr const char* kDefaultSocket = "/run/urnic/urnicd.sock";
@@ -304,6 +309,28 @@ void fork_child_contexts() {
 
 using namespace urnic::shim;
 
+// --- importing a device
+// ------------------------------------------------------------
+
+// ibv_import_device takes a kernel device's command fd. A urnic context's
+// cmd_fd (or a dup of it) is a placeholder: there is nothing to import, as
+// for ibv_import_pd/mr (verbs.def). Any other fd goes to libibverbs.
+URNIC_EXPORT ibv_context* ibv_import_device(int cmd_fd) {
+  char link[64], target[64];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", cmd_fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  const std::string name = std::string("/memfd:") + kCmdFdName;
+  if (n > 0 &&
+      std::string_view(target, static_cast<size_t>(n)).starts_with(name)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (auto real = URNIC_REAL(ibv_import_device, "IBVERBS_1.10"))
+    return real(cmd_fd);
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+
 // --- device list
 // -------------------------------------------------------------------
 
@@ -443,7 +470,10 @@ ibv_context* ours::ibv_open_device(ibv_device* device) {
   v.create_srq_ex = create_srq_ex;
   ibv_context& c = v.context;
   c.device = device;
-  c.cmd_fd = -1;  // no kernel command channel
+  // No kernel command channel: a placeholder, so that programs that dup or
+  // check it find a valid descriptor (rdma-core's shared-PD test dups it,
+  // then imports it: ibv_import_device says EOPNOTSUPP for it, below).
+  c.cmd_fd = memfd_create(kCmdFdName, MFD_CLOEXEC);
   c.async_fd = async_fd;
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
@@ -493,6 +523,7 @@ int ours::ibv_close_device(ibv_context* context) {
   munmap(ctx->db, ctx->db_len);
   ctx->close_bells();
   if (context->async_fd >= 0) close(context->async_fd);
+  if (context->cmd_fd >= 0) close(context->cmd_fd);
   pthread_mutex_destroy(&context->mutex);
   delete ctx;
   return 0;

@@ -218,11 +218,17 @@ int ours::ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
   // at the price of both existing for a moment (client_limits count both).
   ibv_mr* fresh = reg_mr(new_pd, new_addr, new_len, new_iova, new_access);
   if (!fresh) return IBV_REREG_MR_ERR_INPUT;  // errno from reg_mr
+  // Then the new one takes the old one's place and keys (kReregMr), so a
+  // peer's rkey stays valid, as on rxe and mlx5.
   Context& c = ctx_of(mr->context);
   Mr& box = mr_of(fresh);
-  if (const int rc = drop_registration(c, mr->handle, "ibv_rereg_mr")) {
-    // The old registration stays (windows are bound to it, or the service
-    // is gone): the new one goes again and the MR is what it was.
+  ReregMrReq req{mr->handle, fresh->handle};
+  RegMrRep rep;
+  if (const int rc = c.call(Op::kReregMr, "ibv_rereg_mr", &req, sizeof req,
+                            nullptr, 0, &rep, sizeof rep)) {
+    // The old registration stays (windows are bound to it, it is in use,
+    // or the service is gone): the new one goes again and the MR is what
+    // it was.
     drop_registration(c, fresh->handle, "ibv_rereg_mr");
     delete &box;
     errno = rc;
@@ -233,9 +239,8 @@ int ours::ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr,
   mr->pd = new_pd;
   mr->addr = new_addr;
   mr->length = new_len;
-  mr->handle = fresh->handle;
-  mr->lkey = fresh->lkey;
-  mr->rkey = fresh->rkey;
+  mr->lkey = rep.lkey;
+  mr->rkey = rep.rkey;
   delete &box;
   return 0;
 }
@@ -776,6 +781,12 @@ int ours::ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
                               nullptr, 0, &rep, sizeof rep);
   if (rc) return rc;
   qp->state = static_cast<ibv_qp_state>(rep.state);
+  if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+    // Its completions not yet polled go with it (flushed WRs of an ERR
+    // state, say): a QP brought back to RTS starts clean, as on mlx5.
+    cq_clean(qp->send_cq, qp->qp_num);
+    if (qp->recv_cq != qp->send_cq) cq_clean(qp->recv_cq, qp->qp_num);
+  }
   if ((attr_mask & IBV_QP_PATH_MTU) && attr->path_mtu >= IBV_MTU_256 &&
       attr->path_mtu <= IBV_MTU_4096)
     q.path_mtu.store(128u << attr->path_mtu, std::memory_order_relaxed);
@@ -812,6 +823,8 @@ int ours::ibv_destroy_qp(ibv_qp* qp) {
   const int rc = c.call(Op::kDestroyQp, "ibv_destroy_qp", &h, sizeof h, nullptr,
                         0, nullptr, 0);
   if (rc && !destroy_locally(c)) return rc;
+  cq_clean(qp->send_cq, qp->qp_num);
+  if (qp->recv_cq != qp->send_cq) cq_clean(qp->recv_cq, qp->qp_num);
   uint32_t reported;
   {
     std::lock_guard g(c.obj_mu);

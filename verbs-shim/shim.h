@@ -403,6 +403,10 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int req_notify_cq(ibv_cq* cq, int solicited_only);
+// Drops the unpolled completions of QP `qpn` from `cq` (null: none), the
+// others kept in order: a QP moved to RESET or destroyed leaves nothing
+// behind, as mlx5 and mlx4 clean their CQs (mlx5_cq_clean).
+void cq_clean(ibv_cq* cq, uint32_t qpn);
 // Fills the ibv_qp_ex function table for the ops in send_ops_flags.
 void set_qp_ex_ops(Qp& q, uint64_t send_ops_flags);
 void set_cq_ex_ops(Cq& c);

@@ -66,6 +66,7 @@ enum class Op : uint16_t {
   kDeallocMw,       // HandleReq
   kAttachMcast,     // McastReq
   kDetachMcast,     // McastReq
+  kReregMr,         // ReregMrReq -> RegMrRep (the keys `handle` had)
   // RDMA CM (verbs-shim/rdmacm.cc, dataplane/service/cm_server.cc): one
   // connection per event channel (an open of /dev/infiniband/rdma_cm).
   kCmOpen = 150,  // CmOpenReq + fd: the channel's event socket -> CmOpenRep
@@ -133,6 +134,14 @@ struct RegMrReq {
   uint32_t npieces = 0;
   uint32_t pad = 0;
   MrPiece pieces[kMaxMrPieces];
+};
+// ibv_rereg_mr: `fresh`, a registration of the new range/PD/access just
+// made (kRegMr), takes the place of `handle`, which keeps its keys (as
+// rxe and mlx5 keep them): a peer's rkey stays valid. `fresh` is gone
+// after it; on an error both stay as they were.
+struct ReregMrReq {
+  uint32_t handle = 0;
+  uint32_t fresh = 0;
 };
 struct RegMrRep {
   uint32_t handle = 0;

@@ -19,6 +19,7 @@
 #include <future>
 #include <new>
 #include <stdexcept>
+#include <thread>
 
 #include "dataplane/transport/qp_attr.h"
 
@@ -313,6 +314,36 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       retire_view(m.view);
       c.mr_bytes -= m.bytes;
       c.mrs.erase(hr.handle);
+      return 0;
+    }
+    case Op::kReregMr: {
+      ReregMrReq r;
+      if (!body_as(req, &r) || r.handle == r.fresh || !c.mrs.count(r.handle) ||
+          !c.mrs.count(r.fresh))
+        return EINVAL;
+      MrObj& m = c.mrs[r.handle];
+      MrObj& f = c.mrs[r.fresh];
+      {
+        ParkAll park(all_gates());
+        // The old range goes as in kDeregMr: not while the lcores use it.
+        bool in_use = false;
+        for (const transport::Engine* e : env_.engines)
+          in_use = in_use || e->mr_in_use(*m.mr);
+        if (in_use) {
+          why_ =
+              "the MR is still in use (work requests posted on it have not "
+              "completed, or a transfer into it is under way)";
+          return EBUSY;
+        }
+        if (const int rc = dev.rereg_mr(m.mr, f.mr)) return rc;
+        if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
+      }
+      retire_view(m.view);
+      c.mr_bytes -= m.bytes;
+      m.view = f.view;
+      m.bytes = f.bytes;
+      c.mrs.erase(r.fresh);
+      reply_with(rep, RegMrRep{r.handle, m.mr->lkey(), m.mr->rkey()});
       return 0;
     }
     case Op::kAllocMw: {
@@ -878,11 +909,35 @@ int ShimServer::op_create_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   return 0;
 }
 
+// Sends already posted on QPs that complete into `cq` get their
+// completions first: a HCA makes them within microseconds of the post,
+// here a worker's next pass does, and ibv_resize_cq's check of the entries
+// the CQ holds must see them (rdma-core's test_resize_cq posts UD sends
+// and resizes at once). Bounded: a WR that waits for its peer holds the
+// resize up for 10 ms at most. sq_prod is the application's, read only to
+// decide whether to wait.
+void ShimServer::settle_sends(const Client& c, const transport::Cq* cq) {
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+  for (;;) {
+    bool pending = false;
+    for (const auto& [h, o] : c.qps) {
+      if (o->qp->send_cq_ != cq || o->broken) continue;
+      const uint32_t out = o->sh->sq_prod.load(std::memory_order_acquire) -
+                           o->sh->sq_done.load(std::memory_order_acquire);
+      pending = pending || (out != 0 && out <= o->sq_size);
+    }
+    if (!pending || std::chrono::steady_clock::now() >= until) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 int ShimServer::op_resize_cq(Client& c, CtlRequest& req, CtlReply& rep) {
   ResizeCqReq r;
   if (!body_as(req, &r) || !c.cqs.count(r.handle)) return EINVAL;
   if (r.cqe == 0 || r.cqe > env_.dev->limits().max_cqe) return EINVAL;
   CqObj& q = c.cqs[r.handle];
+  settle_sends(c, q.cq);
   Mapping m;
   const size_t len = cq_shared_len(r.cqe);
   const int fd = make_shared(len, "urnic-cq", &m);

@@ -255,6 +255,9 @@ class ShimServer final : public transport::RecvSource {
   // A group new to the device (`joined`) or gone from it (the device's
   // hook, under ParkAll or with the lcores stopped): counted, told.
   void mcast_changed(const transport::Gid& g, bool joined);
+  // Waits (10 ms at most) until the sends posted on c's QPs that complete
+  // into `cq` have completed: ibv_resize_cq then counts their entries.
+  static void settle_sends(const Client& c, const transport::Cq* cq);
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
                   Mapping* view);

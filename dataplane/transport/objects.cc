@@ -136,6 +136,22 @@ int Device::dereg_mr(Mr* mr) {
   return 0;
 }
 
+int Device::rereg_mr(Mr* mr, Mr* fresh) {
+  if (!mr || !mr->live_ || !fresh || !fresh->live_ || mr == fresh)
+    return EINVAL;
+  if (mr->mw_binds_) return EBUSY;
+  --mr->pd_->users_;  // fresh's PD holds one user already: now mr's
+  mr->pd_ = fresh->pd_;
+  mr->host_ = fresh->host_;
+  mr->iova_ = fresh->iova_;
+  mr->length_ = fresh->length_;
+  mr->access_ = fresh->access_;
+  fresh->live_ = false;
+  dead_mrs_.push_back(fresh->lkey_ >> 8);
+  --nmr_;
+  return 0;
+}
+
 int Device::alloc_mw(Pd* pd, ibv_mw_type type, Mw** out) {
   if (!pd || !pd->live_) return EINVAL;
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return EINVAL;

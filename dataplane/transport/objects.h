@@ -289,6 +289,10 @@ class Device {
   // iova for ibv_reg_mr). REMOTE_WRITE/ATOMIC require LOCAL_WRITE (verbs).
   int reg_mr(Pd* pd, void* host, uint64_t length, uint64_t iova,
              uint32_t access, Mr** out);
+  // ibv_rereg_mr keeping the keys: `mr` takes `fresh`'s range, PD and
+  // access, and `fresh` goes (its slot and keys freed). EBUSY while
+  // windows are bound to `mr`. Lcores parked.
+  int rereg_mr(Mr* mr, Mr* fresh);
   int dereg_mr(Mr* mr);  // EBUSY while windows are bound to it
   // ibv_alloc_mw / ibv_dealloc_mw (dealloc unbinds a bound window).
   int alloc_mw(Pd* pd, ibv_mw_type type, Mw** out);

@@ -528,6 +528,8 @@ struct Fuzz {
         return raw(HandleReq{pick(c, kPd)});
       case Op::kDeregMr:
         return raw(HandleReq{pick(c, kMr)});
+      case Op::kReregMr:
+        return raw(ReregMrReq{pick(c, kMr), pick(c, kMr)});
       case Op::kDestroyChannel:
         return raw(HandleReq{pick(c, kCh)});
       case Op::kDestroyCq:
@@ -573,7 +575,7 @@ struct Fuzz {
         break;
       }
       default:
-        opn = 100 + in.u8() % 26;
+        opn = 100 + in.u8() % 27;
     }
     const Op op = static_cast<Op>(opn);
     const uint8_t shape = in.u8() % 16;
@@ -696,6 +698,12 @@ struct Fuzz {
       case Op::kDeregMr:
         drop(c, kMr, hr.handle);
         break;
+      case Op::kReregMr: {
+        const auto r = as<ReregMrReq>(body);
+        CHECK(as<RegMrRep>(rep.payload).handle == r.handle);
+        drop(c, kMr, r.fresh);
+        break;
+      }
       case Op::kDestroyChannel:
         drop(c, kCh, hr.handle);
         break;

@@ -499,6 +499,36 @@ TEST_F(ShimServerTest, SysvAttachmentRegisteredWithoutFd) {
   shmdt(at);
 }
 
+// ibv_rereg_mr: a fresh registration takes the MR's place and keys. A
+// WRITE through the old rkey lands in the new range; the fresh handle is
+// gone; a pair that is not two MRs of the client is refused.
+TEST_F(ShimServerTest, ReregKeepsTheKeys) {
+  const Pair p = connected_pair();
+  Buf old = reg(p.pd, 8192), fresh = reg(p.pd, 8192), src = reg(p.pd, 4096);
+  EXPECT_EQ(call(Op::kReregMr, ReregMrReq{old.h, old.h}).status, -EINVAL);
+  EXPECT_EQ(call(Op::kReregMr, ReregMrReq{old.h, 999}).status, -EINVAL);
+  Reply r = call(Op::kReregMr, ReregMrReq{old.h, fresh.h});
+  ASSERT_EQ(r.status, 0) << r.payload;
+  const auto m = r.as<RegMrRep>();
+  EXPECT_EQ(m.handle, old.h);
+  EXPECT_EQ(m.lkey, old.lkey);
+  EXPECT_EQ(m.rkey, old.rkey);
+  EXPECT_EQ(call(Op::kDeregMr, HandleReq{fresh.h}).status, -EINVAL);
+  // The MR is fresh's memory now, under the old keys and address: the
+  // iova is what the registration said, fresh's address.
+  for (int i = 0; i < 4096; ++i) src.p[i] = static_cast<uint8_t>(i * 13);
+  const Buf into{fresh.p, old.h, old.lkey, old.rkey};
+  Qp a = p.a;
+  post(a, write_wqe(src, into, 4096));
+  run();
+  ibv_wc wc;
+  Cq cq = p.cq;
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(src.p, fresh.p, 4096), 0);
+  EXPECT_EQ(call(Op::kDeregMr, HandleReq{old.h}).status, 0);
+}
+
 TEST_F(ShimServerTest, WriteThroughSharedRingsAndDoorbell) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
