@@ -386,6 +386,85 @@ void section_states(Dev& d) {
   check(why.empty(), "a) the same QP then does WRITE/READ normally", why);
 }
 
+// A QP moved to RESET (or destroyed) takes its unpolled completions with
+// it, as mlx5 cleans its CQs: a QP brought back from ERR does not poll its
+// old flushes first. Another QP's completions on the same CQ stay.
+void section_reset_cleans(Dev& d) {
+  ScopedPair sp(d);
+  End& a = sp.p.a;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = a.scq;
+  ia.recv_cq = a.rcq;  // shares a's receive CQ
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ibv_qp* other = ibv_create_qp(d.pd, &ia);
+  if (!other) throw SetupError("ibv_create_qp: " + err_text(errno));
+  to_init(other);
+  ibv_sge sge{addr_of(d.scratch), 64, d.scratch_mr->lkey};
+  auto post_recv = [&](ibv_qp* qp, uint64_t id) {
+    ibv_recv_wr r{};
+    r.wr_id = id;
+    r.sg_list = &sge;
+    r.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(qp, &r, &bad);
+  };
+  int rc = post_recv(a.qp, 1) | post_recv(a.qp, 2) | post_recv(other, 3) |
+           post_recv(a.qp, 4);
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  rc |= ibv_modify_qp(a.qp, &err, IBV_QP_STATE) |
+        ibv_modify_qp(other, &err, IBV_QP_STATE);
+  if (rc) throw SetupError("post_recv/modify to ERR: " + err_text(rc));
+  // The four flushes (a's three, other's one) arrive, unpolled.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  rc = ibv_modify_qp(a.qp, &reset, IBV_QP_STATE);
+  ibv_wc wc[8];
+  const int n = ibv_poll_cq(a.rcq, 8, wc);
+  check(rc == 0 && n == 1 && wc[0].wr_id == 3 && wc[0].qp_num == other->qp_num &&
+            wc[0].status == IBV_WC_WR_FLUSH_ERR,
+        "a) ibv_modify_qp to RESET drops that QP's unpolled completions; "
+        "another QP's flush on the same CQ stays",
+        fmt("rc %d, %d polled%s", rc, n,
+            n > 0 ? fmt(", first wr_id %" PRIu64 " qp %#x status %d",
+                        wc[0].wr_id, wc[0].qp_num, wc[0].status)
+                        .c_str()
+                  : ""));
+  // Back to RTS: the QP works, and polls nothing old.
+  to_init(a.qp);
+  to_rtr(a.qp, sp.p.b.qp->qp_num, d.gid);
+  to_rts(a.qp);
+  ibv_qp_attr rb{};
+  rb.qp_state = IBV_QPS_RESET;
+  rc = ibv_modify_qp(sp.p.b.qp, &rb, IBV_QP_STATE);  // b restarts too
+  if (rc) throw SetupError("b to RESET: " + err_text(rc));
+  to_init(sp.p.b.qp);
+  to_rtr(sp.p.b.qp, a.qp->qp_num, d.gid);
+  to_rts(sp.p.b.qp);
+  std::string why = write_read_scratch(d, a, d.scratch + kScratch / 2,
+                                       d.scratch_mr->rkey, 4096);
+  check(why.empty() && quiet_for(a.rcq, 1, &why),
+        "a) ... brought back to RTS it does WRITE/READ, nothing old polled",
+        why);
+  // Destroying a QP drops its unpolled completions likewise.
+  rc = ibv_modify_qp(other, &reset, IBV_QP_STATE);
+  to_init(other);
+  rc |= post_recv(other, 6) | post_recv(a.qp, 5);
+  rc |= ibv_modify_qp(other, &err, IBV_QP_STATE) |
+        ibv_modify_qp(a.qp, &err, IBV_QP_STATE);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int left = rc == 0 ? ibv_destroy_qp(other) : -1;
+  ibv_wc w2[4];
+  const int m = ibv_poll_cq(a.rcq, 4, w2);
+  check(left == 0 && m == 1 && w2[0].wr_id == 5,
+        "a) ibv_destroy_qp drops that QP's unpolled completions, the others "
+        "stay",
+        fmt("rc %d destroy %d, %d polled", rc, left, m));
+}
+
 // --- b) an lkey of another PD; the QP in error flushes --------------------
 void section_other_pd(Dev& d) {
   ibv_pd* pd2 = ibv_alloc_pd(d.ctx);
@@ -1329,6 +1408,7 @@ int main(int argc, char** argv) {
     return 1;
 
   run("a) wrong QP state", section_states, d);
+  run("a) RESET and destroy clean the CQ", section_reset_cleans, d);
   run("b) another PD's lkey", section_other_pd, d);
   run("c) bounds", section_bounds, d);
   run("d) queue overflow", section_overflow, d);
