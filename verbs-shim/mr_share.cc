@@ -655,25 +655,29 @@ int MrShare::share(const void* addr, size_t len, bool writable,
   for (const Vma& v : vmas) {
     const uint64_t a = std::max(v.start, lo), b = std::min(v.end, hi);
     if (a >= b) continue;
-    if (v.shared && v.path.rfind("/SYSV", 0) == 0) {
-      // System V shared memory is shared already: the service maps the
-      // same segment (it opens this attachment itself), so nothing moves.
-      // Huge pages (SHM_HUGETLB) included, which a memfd of ours could not
-      // take over at an unaligned range.
+    const auto ours = seg_at(a);
+    if (v.shared &&
+        (ours == segs_.end() || !matches(v, ours->first, ours->second))) {
+      // The application's own shared memory (a file, POSIX or System V
+      // shared memory, hugetlbfs, MAP_SHARED|MAP_ANONYMOUS) is shared
+      // already: the service maps the same file (it opens this mapping
+      // itself), so nothing moves, and huge pages, which a memfd of ours
+      // could not take over at an unaligned range, are fine.
+      const std::string what =
+          v.path.empty() ? std::string("anonymous shared memory") : v.path;
       if (v.start > lo || v.end < hi) {
-        *why = "memory at " + hex(a) + " is System V shared memory (" + v.path +
-               "): a registration must lie within one attachment of it";
+        *why = "memory at " + hex(a) + " is a MAP_SHARED mapping (" + what +
+               ") not made by this library: a registration must lie within "
+               "one such mapping";
         return EINVAL;
       }
       if (!(v.prot & PROT_WRITE)) {
-        *why = "memory at " + hex(a) +
-               " is a read-only attachment of System "
-               "V shared memory (" +
-               v.path + "): only writable ones can be";
+        *why = "memory at " + hex(a) + " is a read-only MAP_SHARED mapping (" +
+               what + "): only writable ones can be";
         return EINVAL;
       }
       // Whatever the registry said of these addresses is stale: they are
-      // the segment's now.
+      // the mapping's now.
       forget(lo, hi);
       out->map_start = lo;
       out->map_len = hi - lo;

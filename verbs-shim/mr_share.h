@@ -1,7 +1,8 @@
 // Zero-copy memory registration: the pages of a registered range become
 // MAP_SHARED memfd pages at the same virtual addresses (contents kept), so
-// that the service can map the very same memory. No socket involved: the
-// result is the list of (fd, offset, length) pieces kRegMr passes.
+// that the service can map the very same memory (memory the program
+// already shares, MAP_SHARED, the service maps as it is). No socket involved:
+// the result is the list of (fd, offset, length) pieces kRegMr passes.
 //
 // Pages are shared once and stay shared (deregistration does not undo it);
 // a range already shared is reused, never remapped (that would detach the
@@ -27,9 +28,9 @@ class MrShare {
     int fd = -1;  // a duplicate, closed by ~Result
     uint64_t fd_offset = 0;
     uint64_t length = 0;
-    // System V shared memory (fd -1): the application's own mapping
-    // [vma_start, vma_end) of the segment, which the service opens itself
-    // (shim::MrPiece); the piece is then the only one.
+    // The application's own shared mapping (fd -1): [vma_start, vma_end)
+    // maps the file the service opens itself (shim::MrPiece); the piece
+    // is then the only one.
     uint64_t vma_start = 0;
     uint64_t vma_end = 0;
   };
@@ -46,11 +47,13 @@ class MrShare {
   // Makes the pages of [addr, addr + len) shared. `writable`: the access
   // flags allow writes, so the pages must be writable. Returns 0, or EFAULT
   // (a hole, unreadable or read-only memory), EINVAL (a mapping that cannot
-  // be shared: a foreign MAP_SHARED mapping, hugetlbfs, [vdso]...; too many
-  // pieces) or another errno, with the reason in *why. A range inside one
-  // writable attachment of a System V shared memory segment (shmget, as
-  // perftest --use_hugepages makes) is already shared: it becomes one
-  // piece naming that attachment, with no fd.
+  // be shared: private hugetlb memory, [vdso]...; too many pieces; a range
+  // beyond one of the program's own shared mappings) or another errno,
+  // with the reason in *why. A range inside one writable MAP_SHARED
+  // mapping the program made itself (a file, POSIX or System V shared
+  // memory as perftest --use_hugepages makes, hugetlbfs, shared anonymous
+  // memory) is shared already: it becomes one piece naming that mapping,
+  // with no fd.
   int share(const void* addr, size_t len, bool writable, size_t max_pieces,
             Result* out, std::string* why);
 

@@ -149,7 +149,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   for (size_t i = 0; i < shared.pieces.size(); ++i) {
     const MrShare::Piece& p = shared.pieces[i];
     req->pieces[i] = {p.fd_offset, p.length, p.vma_start, p.vma_end};
-    if (p.fd >= 0) fds[nfds++] = p.fd;  // none for System V memory
+    if (p.fd >= 0) fds[nfds++] = p.fd;  // none for the program's own mapping
   }
   RegMrRep rep;
   rc = c.call(Op::kRegMr, "ibv_reg_mr", req, sizeof *req, fds, nfds, &rep,

@@ -111,12 +111,13 @@ struct HandleRep {
 // could shrink it under the service, whose next access would fault.
 //
 // A piece with vma_end != 0 comes with no fd: it is the application's own
-// writable MAP_SHARED attachment [vma_start, vma_end) of a System V shared
-// memory segment (shmget, SHM_HUGETLB included), fd_offset bytes into the
-// segment. The service opens that attachment itself
-// (/proc/<pid>/map_files, the pid from SO_PEERCRED) and checks it against
-// the client's /proc/<pid>/maps; such a piece is the MR's only one. A
-// segment cannot be shrunk, so no seal is needed.
+// writable MAP_SHARED mapping [vma_start, vma_end) of a regular file (a
+// file, POSIX or System V shared memory, hugetlbfs, shared anonymous
+// memory), fd_offset bytes into the file. The service opens that mapping
+// itself (/proc/<pid>/map_files, the pid from SO_PEERCRED) and checks it
+// against the client's /proc/<pid>/maps; such a piece is the MR's only
+// one. The file cannot be sealed: the service catches the SIGBUS of an
+// access past a shrunk end (dataplane/service/foreign_memory.h).
 struct MrPiece {
   uint64_t fd_offset = 0;
   uint64_t length = 0;

@@ -3,10 +3,12 @@
 #include "dataplane/service/shim_server.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "dataplane/service/foreign_memory.h"
 #include "dataplane/transport/qp_attr.h"
 
 namespace urnic::service {
@@ -49,6 +52,7 @@ int make_shared(size_t len, const char* name, Mapping* out) {
 }
 
 void unmap(Mapping& m) {
+  if (m.foreign) foreign::remove(m.whole ? m.whole : m.base);
   if (m.whole)
     munmap(m.whole, m.whole_len);
   else if (m.base)
@@ -110,6 +114,7 @@ ShimServer::ShimServer(ShimEnv env) : env_(std::move(env)) {
       (!env_.bells.empty() && env_.bells.size() != env_.engines.size()))
     throw std::invalid_argument(
         "ShimServer: 1..16 engines, a gate each (and a bell each, or none)");
+  foreign::install();
   for (transport::Engine* e : env_.engines) e->set_recv_source(this);
   env_.dev->set_mcast_hook([this](const transport::Gid& g, bool joined) {
     mcast_changed(g, joined);
@@ -596,10 +601,10 @@ int ShimServer::op_open(Client& c, CtlRequest& req, CtlReply& rep) {
 int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
                             Mapping* out) {
   if (!c.pds.count(r.pd)) return EINVAL;
-  // System V shared memory: one piece and no fd (abi.h).
-  const bool sysv = r.npieces == 1 && r.pieces[0].vma_end != 0;
+  // The application's own shared mapping: one piece and no fd (abi.h).
+  const bool foreign = r.npieces == 1 && r.pieces[0].vma_end != 0;
   if (r.npieces == 0 || r.npieces > kMaxMrPieces ||
-      (sysv ? !req.fds.empty() : r.npieces != req.fds.size())) {
+      (foreign ? !req.fds.empty() : r.npieces != req.fds.size())) {
     why_ = "reg_mr: pieces and passed fds disagree";
     return EINVAL;
   }
@@ -608,12 +613,14 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
   for (uint32_t i = 0; i < r.npieces; ++i) {
     const MrPiece& p = r.pieces[i];
     if (p.length == 0 || p.length % page || p.fd_offset % page) return EINVAL;
-    if (sysv) {
+    if (foreign) {
       total += p.length;
       break;
     }
     if (p.vma_start != 0 || p.vma_end != 0) {
-      why_ = "reg_mr: System V shared memory must be the MR's only piece";
+      why_ =
+          "reg_mr: a mapping of the application's must be the MR's only "
+          "piece";
       return EINVAL;
     }
     // Sealed against shrinking and long enough: otherwise a later
@@ -654,7 +661,7 @@ int ShimServer::map_mr_view(Client& c, const RegMrReq& r, CtlRequest& req,
       over_limit("max_mr_bytes", c.mr_bytes, r.length,
                  env_.client_limits.max_mr_bytes))
     return ENOMEM;
-  if (sysv) return map_sysv_view(c, r, req, out);
+  if (foreign) return map_foreign_view(c, r, req, out);
   // One contiguous view of the pieces, wherever the kernel puts it.
   void* base = mmap(nullptr, r.map_len, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -717,8 +724,8 @@ bool find_maps_line(pid_t pid, uint64_t start, uint64_t end, MapsLine* out) {
 
 }  // namespace
 
-int ShimServer::map_sysv_view(const Client& c, const RegMrReq& r,
-                              const CtlRequest& req, Mapping* out) {
+int ShimServer::map_foreign_view(const Client& c, const RegMrReq& r,
+                                 const CtlRequest& req, Mapping* out) {
   // map_mr_view checked the piece's and the range's sizes and alignment.
   const uint64_t page = 4096;
   const MrPiece& p = r.pieces[0];
@@ -726,13 +733,13 @@ int ShimServer::map_sysv_view(const Client& c, const RegMrReq& r,
       p.vma_start > r.map_start || r.map_start + r.map_len < r.map_start ||
       r.map_start + r.map_len > p.vma_end ||
       p.fd_offset + p.length < p.fd_offset) {
-    why_ = "reg_mr: the registered range is not inside its attachment";
+    why_ = "reg_mr: the registered range is not inside its mapping";
     return EINVAL;
   }
-  // The attachment itself, opened first and then checked against the
-  // client's maps by inode: a client that swaps the mapping in between
-  // is refused rather than served another segment. Opening another
-  // process's map_files needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE).
+  // The mapping's file itself, opened first and then checked against the
+  // client's maps by inode: a client that swaps the mapping in between is
+  // refused rather than served another file. Opening another process's
+  // map_files needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE).
   char path[96];
   std::snprintf(path, sizeof path, "/proc/%d/map_files/%llx-%llx",
                 static_cast<int>(c.info.pid),
@@ -741,32 +748,45 @@ int ShimServer::map_sysv_view(const Client& c, const RegMrReq& r,
   const int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
-    why_ = std::string(
-               "reg_mr: cannot open the application's System V "
-               "memory (") +
+    why_ = std::string("reg_mr: cannot open the application's mapping (") +
            path + "): " + std::strerror(e) +
            (e == EPERM ? " (urnicd needs CAP_SYS_ADMIN for it)" : "");
     return e == ENOENT ? EINVAL : e;
   }
+  // Memory: a regular file of tmpfs (POSIX and System V shared memory,
+  // shared anonymous memory, memfds) or hugetlbfs, not a device's
+  // registers, and not a disk's or a network file system's, whose page
+  // faults would stall a worker lcore for every client on it (a FUSE file
+  // for as long as its client likes). Writable and shared in the client,
+  // so the service writes only what the client could.
+  struct statfs fs;
+  if (fstatfs(fd, &fs) != 0 ||
+      (fs.f_type != TMPFS_MAGIC && fs.f_type != HUGETLBFS_MAGIC)) {
+    close(fd);
+    why_ =
+        "reg_mr: a shared mapping of a file is registered only from tmpfs "
+        "(/dev/shm, shared memory) or hugetlbfs: a disk or network file's "
+        "page faults would stall the service";
+    return EINVAL;
+  }
   struct stat st;
   MapsLine m;
-  const bool ok = fstat(fd, &st) == 0 &&
+  const bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
                   find_maps_line(c.info.pid, p.vma_start, p.vma_end, &m) &&
                   m.perms[0] == 'r' && m.perms[1] == 'w' && m.perms[3] == 's' &&
-                  m.path.rfind("/SYSV", 0) == 0 && m.ino == st.st_ino &&
-                  m.dev == st.st_dev &&
+                  m.ino == st.st_ino && m.dev == st.st_dev &&
                   p.fd_offset == m.offset + (r.map_start - p.vma_start) &&
                   static_cast<uint64_t>(st.st_size) >= p.fd_offset + p.length;
   if (!ok) {
     close(fd);
     why_ =
-        "reg_mr: the range is not in a writable attachment of System V "
-        "shared memory of this client";
+        "reg_mr: the range is not in a writable shared mapping of a file or "
+        "of shared memory of this client, inside the file";
     return EINVAL;
   }
-  // Huge pages (SHM_HUGETLB: st_blksize is the huge page size) map only
-  // whole and at aligned addresses: the view maps the huge pages the
-  // range touches, at an address congruent to the segment's offset.
+  // Huge pages (hugetlbfs, SHM_HUGETLB: st_blksize is the huge page size)
+  // map only whole and at aligned addresses: the view maps the huge pages
+  // the range touches, at an address congruent to the file's offset.
   uint64_t huge = page;
   if (st.st_blksize > 0 && (st.st_blksize & (st.st_blksize - 1)) == 0 &&
       static_cast<uint64_t>(st.st_blksize) > page &&
@@ -788,17 +808,25 @@ int ShimServer::map_sysv_view(const Client& c, const RegMrReq& r,
   void* v = mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
                  static_cast<off_t>(off_lo));
   const int e = errno;
-  close(fd);  // the mapping holds the segment now
+  close(fd);  // the mapping holds the file now
   if (at > lo) munmap(lo, at - lo);
   if (lo + len + huge > at + len) munmap(at + len, lo + len + huge - at - len);
   if (v == MAP_FAILED) {
     munmap(at, len);
     return e;
   }
+  // The file can shrink under the view (no seal): the SIGBUS that an
+  // access past its end raises is caught for this range (foreign_memory.h).
+  if (!foreign::add(at, len, huge)) {
+    munmap(at, len);
+    why_ = "reg_mr: too many MRs over the applications' own mappings";
+    return ENOMEM;
+  }
   out->base = at + (p.fd_offset - off_lo);
   out->len = r.map_len;
   out->whole = at;
   out->whole_len = len;
+  out->foreign = true;
   return 0;
 }
 
@@ -1412,6 +1440,7 @@ std::vector<std::pair<const char*, uint64_t>> ShimServer::stats() const {
   };
   const transport::Device& d = *env_.dev;
   return {{"clients_open", live_.size()},
+          {"mr_pages_truncated", foreign::faults()},
           {"clients", r(ctr_.clients)},
           {"clients_closed", r(ctr_.clients_closed)},
           {"requests", r(ctr_.requests)},

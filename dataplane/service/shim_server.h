@@ -39,6 +39,7 @@ struct Mapping {
   // view maps whole huge pages, and munmap takes them whole.
   void* whole = nullptr;
   size_t whole_len = 0;
+  bool foreign = false;  // the application's own file: foreign::add()ed
 };
 
 // Application memory the worker lcores may transmit from without a copy
@@ -261,10 +262,10 @@ class ShimServer final : public transport::RecvSource {
   // The view of a kRegMr, checked and mapped into the service.
   int map_mr_view(Client& c, const shim::RegMrReq& r, CtlRequest& req,
                   Mapping* view);
-  // The same for an MR inside the client's attachment of a System V shared
-  // memory segment (a piece with vma_end, no fd; abi.h).
-  int map_sysv_view(const Client& c, const shim::RegMrReq& r,
-                    const CtlRequest& req, Mapping* view);
+  // The same for an MR inside one of the client's own shared mappings (a
+  // piece with vma_end, no fd; abi.h).
+  int map_foreign_view(const Client& c, const shim::RegMrReq& r,
+                       const CtlRequest& req, Mapping* view);
   // Queues p's DMA mapping (TxMemory::map_dma) unless kMaxDmaMapping are
   // queued already: then it waits here.
   bool start_dma(PendingMr& p);

@@ -416,8 +416,8 @@ struct Fuzz {
         r.iova = (a & 0x40) ? in.u64() : r.addr;
         if (b & 0x20) r.pieces[in.u8() % kMaxMrPieces] = {in.u64(), in.u64()};
         if (b & 0x10) {
-          // A System V piece (no fd; the service opens the client's
-          // attachment, which these clients' made-up pids do not have).
+          // A piece of the client's own mapping (no fd; the service opens
+          // it, which these clients' made-up pids do not have).
           const uint8_t v = in.u8();
           MrPiece& q = r.pieces[v % 4 == 3 ? in.u8() % kMaxMrPieces : 0];
           q.vma_start = r.map_start - (v & 4 ? 4096 : 0);

@@ -11,9 +11,11 @@
 //   usage: verbs_misuse [DEVICE]
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <linux/magic.h>
 #include <sys/ipc.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -424,7 +426,8 @@ void section_reset_cleans(Dev& d) {
   rc = ibv_modify_qp(a.qp, &reset, IBV_QP_STATE);
   ibv_wc wc[8];
   const int n = ibv_poll_cq(a.rcq, 8, wc);
-  check(rc == 0 && n == 1 && wc[0].wr_id == 3 && wc[0].qp_num == other->qp_num &&
+  check(rc == 0 && n == 1 && wc[0].wr_id == 3 &&
+            wc[0].qp_num == other->qp_num &&
             wc[0].status == IBV_WC_WR_FLUSH_ERR,
         "a) ibv_modify_qp to RESET drops that QP's unpolled completions; "
         "another QP's flush on the same CQ stays",
@@ -993,8 +996,12 @@ void sub_fork_init(Dev& d, End& e) {
   free(buf);
 }
 
-void sub_file_mapping(Dev& d) {
-  char path[] = "/tmp/verbs_misuse.XXXXXX";
+// A MAP_SHARED mapping of a file the program made itself: the service
+// maps the file as it is. Data both ways; then the program shrinks the
+// file under the MR (nothing can seal it): a WRITE into the vanished pages
+// completes, the service stays up (section f), and counts the pages.
+void sub_file_mapping(Dev& d, End& e) {
+  char path[] = "/dev/shm/verbs_misuse.XXXXXX";  // tmpfs: memory
   int fd = mkstemp(path);
   if (fd < 0) throw SetupError("mkstemp: " + err_text(errno));
   unlink(path);
@@ -1003,22 +1010,64 @@ void sub_file_mapping(Dev& d) {
     close(fd);
     throw SetupError("ftruncate: " + err_text(errno));
   }
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) throw SetupError("mmap: " + err_text(errno));
+  void* map = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    close(fd);
+    throw SetupError("mmap: " + err_text(errno));
+  }
+  auto* p = static_cast<uint8_t*>(map);
   fill(p, len, 61);
   errno = 0;
-  ibv_mr* mr = ibv_reg_mr(d.pd, p, len, kAccess);
-  const int e = errno;
-  check(!mr && (e == EINVAL || e == EFAULT),
-        "e) ibv_reg_mr of a MAP_SHARED mapping of a regular file fails with "
-        "EINVAL or EFAULT",
-        mr ? fmt("it succeeded (lkey %#x rkey %#x)", mr->lkey, mr->rkey)
-           : "errno " + err_text(e));
-  check(same_as_pattern(p, len, 61),
-        "e) ... and the mapping keeps its contents");
-  if (mr) ibv_dereg_mr(mr);
-  munmap(p, len);
+  ibv_mr* mr = ibv_reg_mr(d.pd, p + 100, len - 200, kAccess);
+  if (check(mr != nullptr,
+            "e) ibv_reg_mr of a MAP_SHARED mapping of a regular file",
+            err_text(errno))) {
+    check(same_as_pattern(p, len, 61), "e) ... the mapping keeps its contents");
+    std::string why = write_read_scratch(d, e, p + 100, mr->rkey, 8192);
+    check(why.empty(),
+          "e) ... RDMA WRITE into it is visible to the program and READ "
+          "sees the program's writes",
+          why);
+    // The file shrinks to nothing: the program's own pages are gone (it
+    // must not touch them now), the service's view of them too.
+    const int trc = ftruncate(fd, 0);
+    Outcome o = rdma(e, IBV_WR_RDMA_WRITE, d.scratch, 4096, d.scratch_mr->lkey,
+                     addr_of(p + 8192), mr->rkey, 62);
+    check(trc == 0 && o.is(IBV_WC_SUCCESS, 62),
+          "e) ... the program truncates the file: a WRITE into the vanished "
+          "pages completes and the service goes on",
+          o.text());
+    const int rc = ibv_dereg_mr(mr);
+    check(rc == 0, "e) ... ibv_dereg_mr", err_text(rc));
+  }
+  munmap(map, len);
+  close(fd);
+  // A disk file's mapping is refused: its page faults would stall the
+  // service's lcores. (Where /var/tmp is memory too, nothing to check.)
+  char disk[] = "/var/tmp/verbs_misuse.XXXXXX";
+  fd = mkstemp(disk);
+  struct statfs fs;
+  if (fd < 0 || fstatfs(fd, &fs) != 0 || fs.f_type == TMPFS_MAGIC) {
+    if (fd >= 0) close(fd);
+    if (fd >= 0) unlink(disk);
+    return;
+  }
+  unlink(disk);
+  void* dm =
+      ftruncate(fd, 8192) == 0
+          ? mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+          : MAP_FAILED;
+  close(fd);
+  if (dm == MAP_FAILED) throw SetupError("mmap of a disk file");
+  errno = 0;
+  ibv_mr* dmr = ibv_reg_mr(d.pd, dm, 8192, kAccess);
+  const int de = errno;
+  check(!dmr && de == EINVAL,
+        "e) ibv_reg_mr of a MAP_SHARED mapping of a disk file fails with "
+        "EINVAL",
+        dmr ? std::string("it succeeded") : "errno " + err_text(de));
+  if (dmr) ibv_dereg_mr(dmr);
+  munmap(dm, 8192);
 }
 
 // Whether the page at `p` is still private anonymous memory (not turned
@@ -1231,9 +1280,9 @@ void section_mrs(Dev& d) {
     sub_fork(d, sp.p.a);
     sub_fork_init(d, sp.p.a);
   }
-  sub_file_mapping(d);
   {
     ScopedPair sp(d);
+    sub_file_mapping(d, sp.p.a);
     sub_sysv(d, sp.p.a);
   }
   sub_refused_leaves_memory(d);

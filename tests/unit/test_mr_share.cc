@@ -265,18 +265,38 @@ TEST_P(MrShareTest, ForkedChildGetsPrivateCopies) {
   munmap(p, len);
 }
 
-TEST_P(MrShareTest, SharedFileMappingRefused) {
+// A MAP_SHARED file mapping the program made itself is shared already:
+// one piece naming the mapping and the file offset, no fd, nothing moved.
+TEST_P(MrShareTest, SharedFileMappingIsOnePieceWithoutFd) {
   char path[] = "/tmp/test_mr_shareXXXXXX";
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
   unlink(path);
-  ASSERT_EQ(ftruncate(fd, 4 * kPage), 0);
-  void* p = mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8 * kPage), 0);
+  auto* p = static_cast<uint8_t*>(mmap(nullptr, 4 * kPage,
+                                       PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                                       static_cast<off_t>(2 * kPage)));
   ASSERT_NE(p, MAP_FAILED);
+  p[kPage] = 5;
   MrShare::Result r;
-  EXPECT_EQ(s.share(p, 4 * kPage, true, kMaxPieces, &r, &why), EINVAL);
-  EXPECT_NE(why.find("MAP_SHARED"), std::string::npos) << why;
+  ASSERT_EQ(s.share(p + kPage, 2 * kPage, true, kMaxPieces, &r, &why), 0)
+      << why;
+  ASSERT_EQ(r.pieces.size(), 1u);
+  EXPECT_EQ(r.pieces[0].fd, -1);
+  EXPECT_EQ(r.pieces[0].fd_offset, 3 * kPage);  // the file's, not the map's
+  EXPECT_EQ(r.pieces[0].vma_start, reinterpret_cast<uint64_t>(p));
+  EXPECT_EQ(r.pieces[0].vma_end, reinterpret_cast<uint64_t>(p) + 4 * kPage);
   EXPECT_EQ(maps_line(p).find("urnic-mr"), std::string::npos);  // untouched
+  EXPECT_EQ(p[kPage], 5);
+  // Shared anonymous memory likewise.
+  void* a = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(a, MAP_FAILED);
+  MrShare::Result r2;
+  ASSERT_EQ(s.share(a, 2 * kPage, true, kMaxPieces, &r2, &why), 0) << why;
+  ASSERT_EQ(r2.pieces.size(), 1u);
+  EXPECT_EQ(r2.pieces[0].fd, -1);
+  munmap(a, 2 * kPage);
   munmap(p, 4 * kPage);
   close(fd);
 }
@@ -321,7 +341,7 @@ TEST_P(MrShareTest, SysvAcrossAttachmentsOrReadOnlyRefused) {
   MrShare::Result r1;
   EXPECT_EQ(s.share(room + kPage, 2 * kPage, true, kMaxPieces, &r1, &why),
             EINVAL);
-  EXPECT_NE(why.find("within one attachment"), std::string::npos) << why;
+  EXPECT_NE(why.find("within one such mapping"), std::string::npos) << why;
   shmdt(at);
   munmap(room, 3 * kPage);
   void* ro = shmat(id, nullptr, SHM_RDONLY);
@@ -330,7 +350,7 @@ TEST_P(MrShareTest, SysvAcrossAttachmentsOrReadOnlyRefused) {
   MrShare::Result r2, r3;
   EXPECT_EQ(s.share(ro, kPage, true, kMaxPieces, &r2, &why), EFAULT);
   EXPECT_EQ(s.share(ro, kPage, false, kMaxPieces, &r3, &why), EINVAL);
-  EXPECT_NE(why.find("read-only attachment"), std::string::npos) << why;
+  EXPECT_NE(why.find("read-only MAP_SHARED"), std::string::npos) << why;
   shmdt(ro);
 }
 

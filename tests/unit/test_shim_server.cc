@@ -499,6 +499,61 @@ TEST_F(ShimServerTest, SysvAttachmentRegisteredWithoutFd) {
   shmdt(at);
 }
 
+// An MR in a file the client mapped MAP_SHARED: the service maps the file
+// itself. The client may shrink the file under it (nothing seals it): the
+// service's next access past the end is a SIGBUS, which puts a zero page
+// there and is counted, and the service goes on.
+TEST_F(ShimServerTest, SharedFileMrSurvivesTheFileShrinking) {
+  if (geteuid() != 0) GTEST_SKIP() << "another's map_files need CAP_SYS_ADMIN";
+  const Pair p = connected_pair();
+  const uint64_t pg = 4096;
+  char path[] = "/dev/shm/test_shim_serverXXXXXX";  // tmpfs: memory
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  unlink(path);
+  ASSERT_EQ(ftruncate(fd, 4 * pg), 0);
+  auto* f = static_cast<uint8_t*>(
+      mmap(nullptr, 4 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(f, MAP_FAILED);
+  const uint64_t base = reinterpret_cast<uint64_t>(f);
+  RegMrReq r;
+  r.pd = p.pd;
+  r.access = kRemoteAll;
+  r.addr = r.iova = r.map_start = base;
+  r.length = r.map_len = 4 * pg;
+  r.npieces = 1;
+  r.pieces[0] = {0, 4 * pg, base, base + 4 * pg};
+  Reply ok = call(Op::kRegMr, r);
+  ASSERT_EQ(ok.status, 0) << ok.payload;
+  const auto m = ok.as<RegMrRep>();
+  const Buf dst{f, m.handle, m.lkey, m.rkey};
+  Buf src = reg(p.pd, 8192);
+  for (int i = 0; i < 4096; ++i) src.p[i] = static_cast<uint8_t>(i * 3);
+  Qp a = p.a;
+  Cq cq = p.cq;
+  ibv_wc wc;
+  post(a, write_wqe(src, dst, 4096));
+  run();
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(src.p, f, 4096), 0);  // in the file
+  auto truncated = [&] {
+    for (const auto& [k, v] : srv.stats())
+      if (std::string(k) == "mr_pages_truncated") return v;
+    return uint64_t{0};
+  };
+  const uint64_t before = truncated();
+  ASSERT_EQ(ftruncate(fd, 0), 0);  // the file's pages are gone
+  post(a, write_wqe(src, dst, 4096));
+  run();
+  ASSERT_TRUE(poll(cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);  // written to a zero page
+  EXPECT_GE(truncated(), before + 1);
+  EXPECT_EQ(call(Op::kDeregMr, HandleReq{m.handle}).status, 0);
+  munmap(f, 4 * pg);
+  close(fd);
+}
+
 // ibv_rereg_mr: a fresh registration takes the MR's place and keys. A
 // WRITE through the old rkey lands in the new range; the fresh handle is
 // gone; a pair that is not two MRs of the client is refused.
