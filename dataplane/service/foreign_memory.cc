@@ -32,8 +32,8 @@ void on_sigbus(int sig, siginfo_t* si, void* uc) {
     // mmap is async-signal-safe in practice (a system call); the faulting
     // access runs again on return and finds the zero page.
     void* p = mmap(reinterpret_cast<void*>(a & ~(page - 1)), page,
-                   PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                   -1, 0);
+                   PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (p != MAP_FAILED) {
       g_faults.fetch_add(1, std::memory_order_relaxed);
       return;

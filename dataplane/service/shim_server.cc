@@ -298,26 +298,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
       return op_reg_mr(c, req, rep);
     case Op::kDeregMr: {
       if (!body_as(req, &hr) || !c.mrs.count(hr.handle)) return EINVAL;
-      MrObj& m = c.mrs[hr.handle];
-      {
-        ParkAll park(all_gates());
-        // Unmapping it now would let the lcore touch freed memory; the
-        // application deregisters once its WRs completed.
-        bool in_use = false;
-        for (const transport::Engine* e : env_.engines)
-          in_use = in_use || e->mr_in_use(*m.mr);
-        if (in_use) {
-          why_ =
-              "the MR is still in use (work requests posted on it have not "
-              "completed, or a transfer into it is under way)";
-          return EBUSY;
-        }
-        // EBUSY while memory windows are bound to it (verbs).
-        if (const int rc = dev.dereg_mr(m.mr)) return rc;
-        if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
-      }
-      retire_view(m.view);
-      c.mr_bytes -= m.bytes;
+      if (const int rc = drop_mr_range(c, c.mrs[hr.handle], nullptr)) return rc;
       c.mrs.erase(hr.handle);
       return 0;
     }
@@ -328,23 +309,7 @@ int ShimServer::dispatch(Client& c, CtlRequest& req, CtlReply& rep) {
         return EINVAL;
       MrObj& m = c.mrs[r.handle];
       MrObj& f = c.mrs[r.fresh];
-      {
-        ParkAll park(all_gates());
-        // The old range goes as in kDeregMr: not while the lcores use it.
-        bool in_use = false;
-        for (const transport::Engine* e : env_.engines)
-          in_use = in_use || e->mr_in_use(*m.mr);
-        if (in_use) {
-          why_ =
-              "the MR is still in use (work requests posted on it have not "
-              "completed, or a transfer into it is under way)";
-          return EBUSY;
-        }
-        if (const int rc = dev.rereg_mr(m.mr, f.mr)) return rc;
-        if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
-      }
-      retire_view(m.view);
-      c.mr_bytes -= m.bytes;
+      if (const int rc = drop_mr_range(c, m, f.mr)) return rc;
       m.view = f.view;
       m.bytes = f.bytes;
       c.mrs.erase(r.fresh);
@@ -1349,6 +1314,31 @@ void ShimServer::broadcast(const AsyncMsg& m) {
   for (auto& [id, cp] : clients_)
     (send_to(*cp, m) ? ctr_.async_events : ctr_.async_dropped)
         .fetch_add(1, std::memory_order_relaxed);
+}
+
+int ShimServer::drop_mr_range(Client& c, MrObj& m, transport::Mr* fresh) {
+  {
+    ParkAll park(all_gates());
+    // Unmapping it now would let the lcore touch freed memory; the
+    // application deregisters once its WRs completed.
+    bool in_use = false;
+    for (const transport::Engine* e : env_.engines)
+      in_use = in_use || e->mr_in_use(*m.mr);
+    if (in_use) {
+      why_ =
+          "the MR is still in use (work requests posted on it have not "
+          "completed, or a transfer into it is under way)";
+      return EBUSY;
+    }
+    // EBUSY while memory windows are bound to it (verbs).
+    if (const int rc =
+            fresh ? env_.dev->rereg_mr(m.mr, fresh) : env_.dev->dereg_mr(m.mr))
+      return rc;
+    if (env_.tx_memory) env_.tx_memory->remove(m.view.base);
+  }
+  retire_view(m.view);
+  c.mr_bytes -= m.bytes;
+  return 0;
 }
 
 void ShimServer::retire_view(Mapping& m) {

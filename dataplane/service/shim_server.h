@@ -304,6 +304,10 @@ class ShimServer final : public transport::RecvSource {
   static constexpr size_t kMaxAsyncBacklog = 65536;  // 512 KiB a client
   // MR views leave the lcore's table under the park; unmapped once no
   // mbuf refers to them (checked again by pump_events()).
+  // The MR's range goes (kDeregMr; kReregMr with `fresh` taking its place
+  // and keys): EBUSY while an lcore uses it or windows are bound to it;
+  // then its view is retired and its bytes uncounted.
+  int drop_mr_range(Client& c, MrObj& m, transport::Mr* fresh);
   void retire_view(Mapping& m);
   void unmap_retired();
 

@@ -391,6 +391,19 @@ struct ShimServerTest : ::testing::Test {
     connect(a, b);
     return {pd, cq, a, b};
   }
+  // An RDMA WRITE of `len` pattern bytes (i * seed) from `from` into `to`
+  // on p.a, run to its completion: its status (GENERAL_ERR if none came).
+  ibv_wc_status write_through(const Pair& p, const Buf& from, const Buf& to,
+                              uint32_t len, uint8_t seed) {
+    for (uint32_t i = 0; i < len; ++i)
+      from.p[i] = static_cast<uint8_t>(i * seed);
+    Qp a = p.a;
+    post(a, write_wqe(from, to, len));
+    run();
+    ibv_wc wc;
+    Cq cq = p.cq;
+    return poll(cq, &wc) ? wc.status : IBV_WC_GENERAL_ERR;
+  }
   // Posts `w` on `q` and sends its frame (not yet delivered): the lcore
   // served the doorbells, and nothing else was posted before it did.
   void send_now(Qp& q, const ShmSendWqe& w) {
@@ -486,15 +499,8 @@ TEST_F(ShimServerTest, SysvAttachmentRegisteredWithoutFd) {
   ASSERT_EQ(ok.status, 0) << ok.payload;
   const auto m = ok.as<RegMrRep>();
   const Buf dst{seg + pg, m.handle, m.lkey, m.rkey};
-  Buf src = reg(p.pd, 8192);
-  for (int i = 0; i < 5000; ++i) src.p[i] = static_cast<uint8_t>(i * 11);
-  Qp a = p.a;
-  post(a, write_wqe(src, dst, 5000));
-  run();
-  ibv_wc wc;
-  Cq cq = p.cq;
-  ASSERT_TRUE(poll(cq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  const Buf src = reg(p.pd, 8192);
+  EXPECT_EQ(write_through(p, src, dst, 5000, 11), IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(src.p, seg + pg, 5000), 0);  // in the segment
   shmdt(at);
 }
@@ -527,15 +533,8 @@ TEST_F(ShimServerTest, SharedFileMrSurvivesTheFileShrinking) {
   ASSERT_EQ(ok.status, 0) << ok.payload;
   const auto m = ok.as<RegMrRep>();
   const Buf dst{f, m.handle, m.lkey, m.rkey};
-  Buf src = reg(p.pd, 8192);
-  for (int i = 0; i < 4096; ++i) src.p[i] = static_cast<uint8_t>(i * 3);
-  Qp a = p.a;
-  Cq cq = p.cq;
-  ibv_wc wc;
-  post(a, write_wqe(src, dst, 4096));
-  run();
-  ASSERT_TRUE(poll(cq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  const Buf src = reg(p.pd, 8192);
+  EXPECT_EQ(write_through(p, src, dst, 4096, 3), IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(src.p, f, 4096), 0);  // in the file
   auto truncated = [&] {
     for (const auto& [k, v] : srv.stats())
@@ -544,10 +543,8 @@ TEST_F(ShimServerTest, SharedFileMrSurvivesTheFileShrinking) {
   };
   const uint64_t before = truncated();
   ASSERT_EQ(ftruncate(fd, 0), 0);  // the file's pages are gone
-  post(a, write_wqe(src, dst, 4096));
-  run();
-  ASSERT_TRUE(poll(cq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);  // written to a zero page
+  // Written to a zero page.
+  EXPECT_EQ(write_through(p, src, dst, 4096, 5), IBV_WC_SUCCESS);
   EXPECT_GE(truncated(), before + 1);
   EXPECT_EQ(call(Op::kDeregMr, HandleReq{m.handle}).status, 0);
   munmap(f, 4 * pg);
@@ -571,15 +568,8 @@ TEST_F(ShimServerTest, ReregKeepsTheKeys) {
   EXPECT_EQ(call(Op::kDeregMr, HandleReq{fresh.h}).status, -EINVAL);
   // The MR is fresh's memory now, under the old keys and address: the
   // iova is what the registration said, fresh's address.
-  for (int i = 0; i < 4096; ++i) src.p[i] = static_cast<uint8_t>(i * 13);
   const Buf into{fresh.p, old.h, old.lkey, old.rkey};
-  Qp a = p.a;
-  post(a, write_wqe(src, into, 4096));
-  run();
-  ibv_wc wc;
-  Cq cq = p.cq;
-  ASSERT_TRUE(poll(cq, &wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(write_through(p, src, into, 4096, 13), IBV_WC_SUCCESS);
   EXPECT_EQ(std::memcmp(src.p, fresh.p, 4096), 0);
   EXPECT_EQ(call(Op::kDeregMr, HandleReq{old.h}).status, 0);
 }
