@@ -15,7 +15,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,8 +26,11 @@ URNIC_EXPORT int ibv_read_sysfs_file(const char* dir, const char* file,
 
 namespace urnic::shim {
 
-// The name of the memfd each context's cmd_fd is (ibv_import_device).
-constexpr char kCmdFdName[] = "urnic-cmd-fd";
+// Each context's cmd_fd is a memfd of this name: its /proc/self/fd link
+// (the whole string) is how ibv_import_device knows it; memfd_create takes
+// the part after "/memfd:".
+constexpr char kCmdFdLink[] = "/memfd:urnic-cmd-fd";
+constexpr const char* kCmdFdName = kCmdFdLink + 7;
 namespace {
 
 constexpr const char* kDefaultSocket = "/run/urnic/urnicd.sock";
@@ -319,9 +321,8 @@ URNIC_EXPORT ibv_context* ibv_import_device(int cmd_fd) {
   char link[64], target[64];
   std::snprintf(link, sizeof link, "/proc/self/fd/%d", cmd_fd);
   const ssize_t n = readlink(link, target, sizeof target - 1);
-  const std::string name = std::string("/memfd:") + kCmdFdName;
-  if (n > 0 &&
-      std::string_view(target, static_cast<size_t>(n)).starts_with(name)) {
+  if (n > 0 && std::string_view(target, static_cast<size_t>(n))
+                   .starts_with(kCmdFdLink)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }

@@ -52,11 +52,12 @@ int make_shared(size_t len, const char* name, Mapping* out) {
 }
 
 void unmap(Mapping& m) {
-  if (m.foreign) foreign::remove(m.whole ? m.whole : m.base);
-  if (m.whole)
+  if (m.whole) {
+    foreign::remove(m.whole);
     munmap(m.whole, m.whole_len);
-  else if (m.base)
+  } else if (m.base) {
     munmap(m.base, m.len);
+  }
   m = {};
 }
 
@@ -791,7 +792,6 @@ int ShimServer::map_foreign_view(const Client& c, const RegMrReq& r,
   out->len = r.map_len;
   out->whole = at;
   out->whole_len = len;
-  out->foreign = true;
   return 0;
 }
 

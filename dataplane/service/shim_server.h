@@ -35,11 +35,11 @@ namespace urnic::service {
 struct Mapping {
   void* base = nullptr;
   size_t len = 0;
-  // Set when the mapping is wider than [base, base + len): a huge-page
-  // view maps whole huge pages, and munmap takes them whole.
+  // Set for a view of the application's own file (map_foreign_view,
+  // foreign::add()ed): what was mapped, whole (huge) pages wider than
+  // [base, base + len), which munmap takes whole.
   void* whole = nullptr;
   size_t whole_len = 0;
-  bool foreign = false;  // the application's own file: foreign::add()ed
 };
 
 // Application memory the worker lcores may transmit from without a copy
@@ -302,12 +302,12 @@ class ShimServer final : public transport::RecvSource {
   // Events for a destroyed object's handle leave the backlog with it.
   static void forget_async(Client& c, uint32_t handle);
   static constexpr size_t kMaxAsyncBacklog = 65536;  // 512 KiB a client
-  // MR views leave the lcore's table under the park; unmapped once no
-  // mbuf refers to them (checked again by pump_events()).
   // The MR's range goes (kDeregMr; kReregMr with `fresh` taking its place
   // and keys): EBUSY while an lcore uses it or windows are bound to it;
   // then its view is retired and its bytes uncounted.
   int drop_mr_range(Client& c, MrObj& m, transport::Mr* fresh);
+  // MR views leave the lcore's table under the park; unmapped once no
+  // mbuf refers to them (checked again by pump_events()).
   void retire_view(Mapping& m);
   void unmap_retired();
 
