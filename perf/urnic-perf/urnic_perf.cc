@@ -9,6 +9,7 @@
 #include <getopt.h>
 #include <infiniband/verbs.h>
 #include <malloc.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -67,7 +68,7 @@ bool uses_recv(Op o) {
 
 // The test, as the client sends it to the server (fixed layout).
 struct Params {
-  uint32_t magic = 0x55504631;  // "UPF1"
+  uint32_t magic = 0x55504632;  // "UPF2"
   Op op = Op::kWrite;
   Mode mode = Mode::kBw;
   uint32_t qps = 1, threads = 1, depth = 0, batch = 1, cq_mod = 1;
@@ -79,6 +80,7 @@ struct Params {
   uint32_t slots = 1;  // message slots per QP in each side's buffer
   uint32_t timeout = 14, retry_cnt = 7, rnr_retry = 7;
   uint32_t hold_s = 0;
+  uint32_t events = 0;  // wait on a completion channel instead of spinning
 };
 
 struct Options {
@@ -170,7 +172,8 @@ struct Run {
   uint32_t max_size = 0;
   ibv_port_attr port{};
   ibv_gid gid{};
-  std::vector<ibv_cq*> cqs;  // one per thread
+  std::vector<ibv_cq*> cqs;                 // one per thread
+  std::vector<ibv_comp_channel*> channels;  // one per CQ with --events
   std::vector<std::unique_ptr<QpCtx>> qps;
   std::vector<std::vector<QpCtx*>> by_thread;
   std::atomic<int> phase{0};  // 0 warmup, 1 measure, 2 stop
@@ -291,8 +294,13 @@ void setup(Run& r) {
             cqe, r.cq_room / 2, r.recv_depth);
   r.thread_out.assign(t, 0);
   for (uint32_t i = 0; i < t; ++i) {
-    ibv_cq* cq =
-        ibv_create_cq(r.ctx, static_cast<int>(cqe), nullptr, nullptr, 0);
+    ibv_comp_channel* ch = nullptr;
+    if (p.events) {
+      ch = ibv_create_comp_channel(r.ctx);
+      if (!ch) die(1, "ibv_create_comp_channel: %s", strerror(errno));
+      r.channels.push_back(ch);
+    }
+    ibv_cq* cq = ibv_create_cq(r.ctx, static_cast<int>(cqe), nullptr, ch, 0);
     if (!cq) die(1, "ibv_create_cq(%" PRIu64 "): %s", cqe, strerror(errno));
     r.cqs.push_back(cq);
   }
@@ -512,6 +520,27 @@ bool wc_ok(Run& r, const ibv_wc& wc) {
 // --- one thread's share of a size
 // ---------------------------------------
 
+// ibv_poll_cq on thread t's CQ. With --events an empty CQ is armed, looked
+// at once more (a completion that came between the poll and the arm raises
+// no event), then waited on for up to 10 ms, so that the caller sees the
+// phase change: the thread leaves the CPU to the service (perftest -e).
+int poll_cq(Run& r, uint32_t t, int n, ibv_wc* wc, bool may_wait = true) {
+  int k = ibv_poll_cq(r.cqs[t], n, wc);
+  if (k != 0 || !r.o.p.events || !may_wait) return k;
+  if (ibv_req_notify_cq(r.cqs[t], 0) != 0) return -1;
+  k = ibv_poll_cq(r.cqs[t], n, wc);
+  if (k != 0) return k;
+  ibv_comp_channel* ch = r.channels[t];
+  pollfd pfd{ch->fd, POLLIN, 0};
+  if (poll(&pfd, 1, 10) > 0) {
+    ibv_cq* cq = nullptr;
+    void* cq_ctx = nullptr;
+    if (ibv_get_cq_event(ch, &cq, &cq_ctx) != 0) return -1;
+    ibv_ack_cq_events(cq, 1);
+  }
+  return ibv_poll_cq(r.cqs[t], n, wc);
+}
+
 void client_bw(Run& r, uint32_t t, uint32_t size) {
   const Params& p = r.o.p;
   std::vector<QpCtx*>& mine = r.by_thread[t];
@@ -526,7 +555,7 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
   size_t first = 0;
   for (;;) {
     const int ph = r.phase.load(std::memory_order_relaxed);
-    bool more = false;
+    bool more = false, posted = false;
     first = first + 1 < mine.size() ? first + 1 : 0;
     for (size_t j = 0; j < mine.size(); ++j) {
       QpCtx* q = mine[(first + j) % mine.size()];
@@ -536,15 +565,24 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
         uint32_t n = p.batch;
         if (p.iters)
           n = static_cast<uint32_t>(std::min<uint64_t>(n, p.iters - q->posted));
-        // Signal the last WR before the thread's budget stops posting, or
-        // an unsignaled tail would never complete.
-        if (!post_send(r, *q, size, n, tout + n + p.batch > room)) return;
+        // Signal the last WR before the thread's budget or -n stops
+        // posting, or an unsignaled tail would never complete.
+        const bool last =
+            tout + n + p.batch > room || (p.iters && q->posted + n >= p.iters);
+        if (!post_send(r, *q, size, n, last)) return;
         tout += n;
+        posted = true;
+      } else if (ph == 2 && out && q->since_signal && tout < room) {
+        // Posting stopped (the run's end) behind an unsignaled WR (--cq-mod
+        // below a full queue): one signaled WR more retires them all.
+        if (!post_send(r, *q, size, 1, true)) return;
+        ++tout;
       }
       if (want || q->outstanding.load(std::memory_order_relaxed)) more = true;
     }
     if (!more) return;
-    const int k = ibv_poll_cq(r.cqs[t], 32, wc);
+    // --events: wait only when no QP could take another WR this pass.
+    const int k = poll_cq(r, t, 32, wc, !posted);
     if (k < 0) {
       fail(r, "ibv_poll_cq failed");
       return;
@@ -564,7 +602,7 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
 void server_recv(Run& r, uint32_t t, uint32_t size) {
   ibv_wc wc[32];
   while (r.phase.load(std::memory_order_relaxed) < 2) {
-    const int k = ibv_poll_cq(r.cqs[t], 32, wc);
+    const int k = poll_cq(r, t, 32, wc);
     if (k < 0) {
       fail(r, "ibv_poll_cq failed");
       return;
@@ -584,7 +622,7 @@ bool wait_wc(Run& r, uint32_t t, QpCtx& q, bool want_recv, uint32_t size,
   for (;;) {
     if (r.phase.load(std::memory_order_relaxed) == 2) return false;
     ibv_wc wc;
-    const int k = ibv_poll_cq(r.cqs[t], 1, &wc);
+    const int k = poll_cq(r, t, 1, &wc);
     if (k < 0) {
       fail(r, "ibv_poll_cq failed");
       return false;
@@ -658,7 +696,7 @@ void server_pong(Run& r, uint32_t t, uint32_t size) {
         if (*last != tag(r, seq)) continue;
       } else {
         ibv_wc wc;
-        if (ibv_poll_cq(r.cqs[t], 1, &wc) != 1) continue;
+        if (poll_cq(r, t, 1, &wc) != 1) continue;
         if (!wc_ok(r, wc)) return;
         QpCtx& w = *r.qps[wc.wr_id >> 32];
         if (!(wc.opcode & IBV_WC_RECV)) {
@@ -867,11 +905,11 @@ std::string to_json(const Run& r, const std::vector<Result>& res,
       "{\"tool\":\"urnic-perf\",\"version\":1,\"role\":\"%s\",\"dev\":\"%s\","
       "\"op\":\"%s\",\"mode\":\"%s\",\"qps\":%u,\"threads\":%u,"
       "\"threads_seen\":%u,\"depth\":%u,\"batch\":%u,\"cq_mod\":%u,"
-      "\"mtu\":%u,\"verify\":%s,\"results\":[",
+      "\"mtu\":%u,\"verify\":%s,\"events\":%s,\"results\":[",
       r.o.server ? "server" : "client", r.o.dev.c_str(),
       kOpNames[static_cast<int>(p.op)], kModeNames[static_cast<int>(p.mode)],
       p.qps, p.threads, r.threads_seen.load(), p.depth, p.batch, p.cq_mod,
-      128u << p.mtu, p.verify ? "true" : "false");
+      128u << p.mtu, p.verify ? "true" : "false", p.events ? "true" : "false");
   for (size_t i = 0; i < res.size(); ++i) {
     const Result& x = res[i];
     appendf(s,
@@ -1225,6 +1263,9 @@ void usage(FILE* f) {
       "  -q, --qps N           QPs (1)           -t, --threads M  TBB threads "
       "(1)\n"
       "      --depth N         outstanding WRs per QP (bw/rate 64, lat 1)\n"
+      "  -e, --events          wait for completions on a completion channel\n"
+      "                        instead of polling without pause (perftest "
+      "-e)\n"
       "      --batch B         WRs chained per ibv_post_send (1)\n"
       "      --cq-mod K        signal one WR in K (1)\n"
       "      --inline N        max inline bytes (0)\n"
@@ -1307,7 +1348,8 @@ Options parse(int argc, char** argv) {
       {"rnr-retry", 1, nullptr, kRnr},   {"hold", 1, nullptr, kHold},
       {"server", 0, nullptr, kServer},   {"loop", 0, nullptr, kLoop},
       {"gap", 1, nullptr, kGap},         {"slots", 1, nullptr, kSlots},
-      {"help", 0, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
+      {"events", 0, nullptr, 'e'},       {"help", 0, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0}};
   if (const char* e = getenv("URNIC_SOCKET")) {
     o.urnicd = e;
     o.urnicd = o.urnicd.substr(0, o.urnicd.find(':'));
@@ -1315,7 +1357,7 @@ Options parse(int argc, char** argv) {
   bool depth_set = false;
   uint32_t slots_min = 1;
   int c;
-  while ((c = getopt_long(argc, argv, "d:i:x:p:o:m:s:aq:t:D:n:h", kLong,
+  while ((c = getopt_long(argc, argv, "d:i:x:p:o:m:s:aq:t:D:n:eh", kLong,
                           nullptr)) != -1) {
     switch (c) {
       case 'd':
@@ -1457,6 +1499,9 @@ Options parse(int argc, char** argv) {
       case kLoop:
         o.loop = true;
         break;
+      case 'e':
+        p.events = 1;
+        break;
       case 'h':
         usage(stdout);
         exit(0);
@@ -1478,6 +1523,8 @@ Options parse(int argc, char** argv) {
     die(2, "more threads (%u) than QPs (%u)", p.threads, p.qps);
   if (p.batch > 64) die(2, "batch is at most 64");
   if (o.gap_us && p.mode != Mode::kLat) die(2, "--gap is for -m lat");
+  if (p.events && p.mode == Mode::kLat && p.op == Op::kWrite)
+    die(2, "--events: a WRITE ping-pong waits on memory, not on the CQ");
   if (!o.trace_path.empty() && p.iters)
     die(2, "--trace needs a duration (-D), not -n");
   if (p.batch > p.depth)
@@ -1612,6 +1659,8 @@ int main(int argc, char** argv) {
     r.qps.clear();
     for (ibv_cq* cq : r.cqs) ibv_destroy_cq(cq);
     r.cqs.clear();
+    for (ibv_comp_channel* cc : r.channels) ibv_destroy_comp_channel(cc);
+    r.channels.clear();
     ibv_dereg_mr(r.mr);
     ibv_dealloc_pd(r.pd);
     ibv_close_device(r.ctx);

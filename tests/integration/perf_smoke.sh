@@ -163,6 +163,18 @@ check "urnic-perf fetch_add latency, polling with yield (URNIC_POLL_YIELD)" \
   with_yield uperf fa -o fetch_add -m lat -s 8 -n 2000
 check "urnic-perf latency JSON is ordered" json_ok "$TMP/fa.json" \
   "(lambda l: l['min'] <= l['median'] <= l['p99'] <= l['p999'] <= l['max'])(j['results'][0]['latency_us'])"
+# Both programs wait on completion channels (-e) instead of polling, and
+# the client signals one WR in 4 or 8: a run's end (or -n) must still
+# retire every WR (an unsignaled tail once hung the client at the end).
+check "urnic-perf send bw, 16 QPs x 2 threads, completion channels (-e), --cq-mod 4, --verify" \
+  uperf ev -o send -m bw -s 4096 -q 16 -t 2 -D 1 --warmup 0 --verify -e --cq-mod 4
+check "... ops > 0, no errors, the run says it waited on events" \
+  json_ok "$TMP/ev.json" \
+  "j['events'] and j['results'][0]['ops'] > 0 and j['results'][0]['errors'] == 0 and j['results'][0]['verify_errors'] == 0"
+check "urnic-perf write, -n 500 on 4 QPs, -e, --cq-mod 8: every op completes" \
+  uperf evn -o write -m bw -s 4096 -q 4 -n 500 -e --cq-mod 8
+check "... 2000 ops counted" json_ok "$TMP/evn.json" \
+  "j['results'][0]['ops'] == 2000 and j['results'][0]['errors'] == 0"
 corrupt_run() {  # the client flips a payload byte: the server must see it
   ! (
     export URNIC_PERF_CORRUPT=1
