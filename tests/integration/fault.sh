@@ -12,7 +12,8 @@
 #  - at runtime (urnicctl fault): RX corruption on A (ICRC errors counted
 #    as malformed), duplication (the responder's duplicates), reordering,
 #    delay and a bottleneck rate with a small buffer (queue drops), and
-#    ECN marking at the bottleneck (CNPs back, windows cut);
+#    ECN marking at the bottleneck (CNPs back, windows cut; on af_packet
+#    the CNPs captured on the veth and decoded by tshark);
 #  - 256 QPs into a 64 KiB buffer: the grants' floor gives way to the
 #    losses and B resends less than a quarter of what it sends (it used to
 #    resend ~88 %);
@@ -144,10 +145,52 @@ check "bottleneck: the full buffer dropped frames" grew "$SB" tx_fault_queue_dro
 r0=$(ctr "$SB" cc_rate_cuts)
 check "ECN marking above 8 KiB of a 256 KiB buffer on B's TX" \
   "$URNICCTL" -s "$SB" fault tx.delay_us=0 tx.queue_kb=256 tx.ecn_kb=8
+# On af_packet the CNPs cross a veth, where a capture sees them: tshark (an
+# independent RoCEv2 dissector) must read them as InfiniBand BTH opcode
+# 0x81 (RoCEv2 Annex A17.9.3: PKey 0xffff, PSN 0, BECN set, a DestQP: the
+# QP that sent the marked packet), sent not ECN-capable, none malformed.
+# Wireshark 4.0 names no CNP: the 16 reserved bytes and the ICRC show as
+# data, the byte with FECN/BECN as "reserved" (0x40: BECN).
+cap_pid=
+if [ "$TOPO" = af_packet ] && command -v dumpcap >/dev/null &&
+  command -v tshark >/dev/null; then
+  ip netns exec "$NS_B" dumpcap -q -i "$IF_B" -s 128 -c 200 \
+    -f "udp dst port 4791 and udp[8] == 0x81" -w "$TMP/cnp.pcapng" \
+    >"$TMP/dumpcap.log" 2>&1 &
+  cap_pid=$!
+  PIDS+=("$cap_pid")
+  # dumpcap says "Capturing on" once its filter is set.
+  for _ in $(seq 50); do
+    grep -q "Capturing on" "$TMP/dumpcap.log" 2>/dev/null && break
+    sleep 0.1
+  done
+fi
 check "ECN: a verified run completes" run ecn
 check "ECN: B's stage marked ECT frames CE" grew "$SB" tx_fault_ce_marked 0
 check "ECN: A sent CNPs" grew "$SA" cnps_tx 0
 check "ECN: B received CNPs" grew "$SB" cnps_rx 0
+if [ -n "$cap_pid" ]; then
+  kill -INT "$cap_pid" 2>/dev/null || true
+  wait "$cap_pid" 2>/dev/null || true
+  cnp_fields() {  # the captured CNPs as tshark decodes them, a line each
+    tshark -n -r "$TMP/cnp.pcapng" -T fields -e infiniband.bth.opcode \
+      -e infiniband.bth.p_key -e infiniband.bth.psn -e infiniband.bth.destqp \
+      -e infiniband.reserved -e ip.dsfield.ecn -e _ws.malformed 2>/dev/null
+  }
+  cnps_decoded() {
+    local n bad
+    n=$(cnp_fields | wc -l)
+    # opcode 129, PKey 65535, PSN 0, a DestQP, BECN, Not-ECT, not malformed
+    bad=$(cnp_fields | awk -F'\t' '!($1 == 129 && $2 == 65535 && $3 == 0 &&
+      $4 != "" && $4 != "0x00000000" && $5 == "40" && $6 == 0 && $7 == "")' |
+      wc -l)
+    echo "tshark read $n CNPs, $bad not as expected"
+    cnp_fields | head -3
+    [ "$n" -gt 0 ] && [ "$bad" = 0 ]
+  }
+  check "ECN: tshark decodes the captured CNPs (opcode 0x81, PKey 0xffff, PSN 0, BECN, Not-ECT)" \
+    cnps_decoded
+fi
 check "ECN: B's DCQCN rates were cut" grew "$SB" cc_rate_cuts "$r0"
 check "  (back to the small buffer, no marking)" "$URNICCTL" -s "$SB" fault \
   tx.queue_kb=32 tx.ecn_kb=0
