@@ -573,8 +573,9 @@ void client_bw(Run& r, uint32_t t, uint32_t size) {
         tout += n;
         posted = true;
       } else if (ph == 2 && out && q->since_signal && tout < room) {
-        // Posting stopped (the run's end) behind an unsignaled WR (--cq-mod
-        // below a full queue): one signaled WR more retires them all.
+        // Posting stopped (the run's end) behind an unsignaled WR (--cq-mod,
+        // a queue --batch left short of full): one signaled WR more retires
+        // them all.
         if (!post_send(r, *q, size, 1, true)) return;
         ++tout;
       }
