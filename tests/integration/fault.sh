@@ -151,9 +151,12 @@ check "ECN marking above 8 KiB of a 256 KiB buffer on B's TX" \
 # QP that sent the marked packet), sent not ECN-capable, none malformed.
 # Wireshark 4.0 names no CNP: the 16 reserved bytes and the ICRC show as
 # data, the byte with FECN/BECN as "reserved" (0x40: BECN).
+# tools/bootstrap installs tshark (and its dumpcap): missing, the check
+# fails rather than skips.
 cap_pid=
-if [ "$TOPO" = af_packet ] && command -v dumpcap >/dev/null &&
-  command -v tshark >/dev/null; then
+if [ "$TOPO" = af_packet ]; then
+  capture_tools() { command -v dumpcap && command -v tshark; }
+  check "ECN: dumpcap and tshark are installed" capture_tools
   ip netns exec "$NS_B" dumpcap -q -i "$IF_B" -s 128 -c 200 \
     -f "udp dst port 4791 and udp[8] == 0x81" -w "$TMP/cnp.pcapng" \
     >"$TMP/dumpcap.log" 2>&1 &
@@ -169,7 +172,7 @@ check "ECN: a verified run completes" run ecn
 check "ECN: B's stage marked ECT frames CE" grew "$SB" tx_fault_ce_marked 0
 check "ECN: A sent CNPs" grew "$SA" cnps_tx 0
 check "ECN: B received CNPs" grew "$SB" cnps_rx 0
-if [ -n "$cap_pid" ]; then
+if [ "$TOPO" = af_packet ]; then
   kill -INT "$cap_pid" 2>/dev/null || true
   wait "$cap_pid" 2>/dev/null || true
   cnp_fields() {  # the captured CNPs as tshark decodes them, a line each
