@@ -29,8 +29,8 @@ namespace urnic::shim {
 // Each context's cmd_fd is a memfd of this name: its /proc/self/fd link
 // (the whole string) is how ibv_import_device knows it; memfd_create takes
 // the part after "/memfd:".
-constexpr char kCmdFdLink[] = "/memfd:urnic-cmd-fd";
-constexpr const char* kCmdFdName = kCmdFdLink + 7;
+constexpr std::string_view kCmdFdLink = "/memfd:urnic-cmd-fd";
+constexpr const char* kCmdFdName = kCmdFdLink.data() + kCmdFdLink.find(':') + 1;
 namespace {
 
 constexpr const char* kDefaultSocket = "/run/urnic/urnicd.sock";
