@@ -6,6 +6,7 @@
 #include <benchmark/benchmark.h>
 #include <x86intrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -168,6 +169,21 @@ void BM_RcRead(benchmark::State& st) {
   run(st, IBV_WR_RDMA_READ);
 }
 
+// Copies `bytes` from one half of `mem` to the other, `at` moving on: what
+// the kernel's copies of each frame (af_packet rings, skbs, veth) do to the
+// caches under urnicd on af_packet, where a QP's state and payload are cold
+// again at its next turn.
+void pollute(std::vector<uint8_t>& mem, size_t& at, size_t bytes) {
+  const size_t half = mem.size() / 2;
+  while (bytes > 0) {
+    const size_t n = std::min({bytes, half - at, size_t{64} << 10});
+    std::memcpy(mem.data() + half + at, mem.data() + at, n);
+    at = (at + n) % half;
+    bytes -= n;
+  }
+  benchmark::DoNotOptimize(mem.data());
+}
+
 // WRITE 64 KiB on each of N QP pairs at once, 1 KiB MTU (a veth's): the
 // per-QP cost of each end. The receiving engine's cycles (decode, rx, its
 // ACKs) per data packet and the sending engine's (its poll, the ACKs it
@@ -175,9 +191,15 @@ void BM_RcRead(benchmark::State& st) {
 // own 64 KiB of the peer's memory, as urnic-perf's QPs do, or (second
 // argument 1) all write the same 64 KiB: then the payload stays in the
 // cache and what grows with N is the per-QP state alone.
+// The third argument, if not 0, is that many bytes copied through 128 MiB
+// per packet delivered, between the timed parts (pollute()).
 void BM_RcWriteQps(benchmark::State& st) {
   const uint32_t nqp = static_cast<uint32_t>(st.range(0));
   const bool shared = st.range(1) != 0;
+  // Bytes copied elsewhere per packet delivered, outside the timed parts.
+  const size_t dirty = static_cast<size_t>(st.range(2));
+  std::vector<uint8_t> junk(dirty ? size_t{128} << 20 : 0, 1);
+  size_t junk_at = 0;
   constexpr uint32_t kSize = 64 << 10;
   Host a{1, 2, size_t{nqp} * kSize}, b{2, 1, size_t{nqp} * kSize};
   std::vector<Qp*> qa(nqp), qb(nqp);
@@ -223,12 +245,15 @@ void BM_RcWriteQps(benchmark::State& st) {
       uint64_t t0 = __rdtsc();
       a.eng->poll(now);
       uint64_t t1 = __rdtsc();
-      data += a.out.deliver(*b.eng, now);
+      const uint32_t sent = a.out.deliver(*b.eng, now);
+      data += sent;
       b.eng->poll(now);
       uint64_t t2 = __rdtsc();
-      b.out.deliver(*a.eng, now);
+      if (dirty) pollute(junk, junk_at, dirty * sent);
       uint64_t t3 = __rdtsc();
-      tx_cyc += (t1 - t0) + (t3 - t2);
+      b.out.deliver(*a.eng, now);
+      uint64_t t4 = __rdtsc();
+      tx_cyc += (t1 - t0) + (t4 - t3);
       rx_cyc += t2 - t1;
       for (int n; (n = a.cq->poll(wc)) > 0; done += n)
         for (int i = 0; i < n; ++i)
@@ -246,8 +271,9 @@ BENCHMARK(BM_RcWrite)->Arg(64)->Arg(1024)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_RcSend)->Arg(64)->Arg(1024)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_RcRead)->Arg(64)->Arg(1024)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_RcWriteQps)
-    ->ArgsProduct({{1, 16, 256, 1024}, {0, 1}})
-    ->ArgNames({"qps", "shared"});
+    ->ArgsProduct({{1, 16, 256, 1024}, {0, 1}, {0}})
+    ->ArgsProduct({{1, 256}, {0}, {4096}})
+    ->ArgNames({"qps", "shared", "dirty"});
 
 }  // namespace
 
