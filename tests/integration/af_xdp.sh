@@ -67,7 +67,7 @@ run() {  # run OP: a verified 4-QP run over the veth; both ends exit 0
   "${ON_B[@]}" timeout 90 "$UPERF" -p "$port" -o "$1" -q 4 -s 65536 -D 1 \
     --warmup 0 --period 0 --verify 127.0.0.1 >"$TMP/$1-c.out" 2>&1 || rc=$?
   wait "$sp" || rc=$((rc ? rc : $?))
-  [ "$rc" = 0 ] || tail -3 "$TMP/$1-s.out" "$TMP/$1-c.out"
+  [ "$rc" = 0 ] || tail -n 3 "$TMP/$1-s.out" "$TMP/$1-c.out"
   return $rc
 }
 m0=$(($(counter "$SA" malformed) + $(counter "$SB" malformed)))

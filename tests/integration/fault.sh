@@ -72,7 +72,7 @@ run() {  # run NAME [urnic-perf options]: a verified WRITE run between A and B
     --warmup 0 --verify --period 0 "$@" 127.0.0.1 >"$TMP/$name-c.out" 2>&1 ||
     rc=$?
   wait "$sp" || rc=$((rc ? rc : $?))
-  [ $rc = 0 ] || { echo "$name: rc $rc"; tail -5 "$TMP/$name-c.out"; }
+  [ $rc = 0 ] || { echo "$name: rc $rc"; tail -n 5 "$TMP/$name-c.out"; }
   return $rc
 }
 ctr() { counter "$1" "$2"; }

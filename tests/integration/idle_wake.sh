@@ -109,7 +109,7 @@ run() {
   wait "$sp" || rc=$((rc ? rc : $?))
   read -r a1 at1 < <(waits "$SA")
   read -r b1 bt1 < <(waits "$SB")
-  tail -2 "$TMP/$name-c.out"
+  tail -n 2 "$TMP/$name-c.out"
   echo "exit $rc; A waits $a0 -> $a1 (timed out $at0 -> $at1), B waits $b0 -> $b1 (timed out $bt0 -> $bt1)"
   [ $rc = 0 ] && [ $((a1 - a0)) -ge "$min" ] && [ $((b1 - b0)) -ge "$min" ] &&
     [ "$at1" = "$at0" ] && [ "$bt1" = "$bt0" ]

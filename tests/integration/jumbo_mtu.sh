@@ -86,7 +86,7 @@ pair() {
   wait "$sp" || rs=$?
   [ $rs = 0 ] && [ $rc = 0 ] || {
     echo "  $name: server exit $rs, client exit $rc"
-    tail -3 "$TMP/$name-s.out" "$TMP/$name-c.out"
+    tail -n 3 "$TMP/$name-s.out" "$TMP/$name-c.out"
     return 1
   }
 }

@@ -99,7 +99,7 @@ lib_cleanup() {
       if grep -q "Sanitizer" "$f"; then
         sed -n '/Sanitizer/,$p' "$f" | head -200
       else
-        tail -30 "$f"
+        tail -n 30 "$f"
       fi
     done
   fi

@@ -48,10 +48,10 @@ run_suite() {
   local ran ok
   ran=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$TMP/suite.out")
   ok=$(grep -c '\.\.\. ok$' "$TMP/suite.out" || true)
-  echo "  rc $rc, $ran tests, $ok ok; $(tail -1 "$TMP/suite.out")"
+  echo "  rc $rc, $ran tests, $ok ok; $(tail -n 1 "$TMP/suite.out")"
   grep -E '\.\.\. (FAIL|ERROR)' "$TMP/suite.out" | head -20 || true
   [ "$rc" = 0 ] && [ "${ran:-0}" -gt 0 ] && [ "$ok" -ge 60 ] &&
-    tail -1 "$TMP/suite.out" | grep -q '^OK'
+    tail -n 1 "$TMP/suite.out" | grep -q '^OK'
 }
 check "rdma-core's tests (run_tests.py --dev urnic0) pass or skip" run_suite
 check "urnicd still serves" "$URNICCTL" -s "$SOCK" stats

@@ -107,7 +107,7 @@ pair() {
   fi
   if [ "$rc" != 0 ]; then
     echo "  $name: exit $rc"
-    tail -5 "$TMP/$name-srv.out" "$TMP/$name-cli.out"
+    tail -n 5 "$TMP/$name-srv.out" "$TMP/$name-cli.out"
     losses "$ssock"
     [ "$csock" = "$ssock" ] || losses "$csock"
   fi
@@ -230,7 +230,7 @@ served() {  # served NAME "SERVER CMD" "CLIENT CMD": on A / on B
   on "$SB" timeout 60 $3 >"$TMP/$1-cli.out" 2>&1 || rc=$?
   kill "$sp" 2>/dev/null || true
   wait "$sp" 2>/dev/null || true
-  [ "$rc" = 0 ] || { echo "  $1: client exit $rc"; tail -5 "$TMP/$1-cli.out"; }
+  [ "$rc" = 0 ] || { echo "  $1: client exit $rc"; tail -n 5 "$TMP/$1-cli.out"; }
   return "$rc"
 }
 head -c 3000000 /dev/urandom >"$TMP/rcopy-src"
@@ -278,7 +278,7 @@ qperf_check() {
   [ "$rc" = 0 ] && [ "$(grep -c '^ *\(bw\|latency\|msg_rate\) *=' "$TMP/qperf-cli.out")" = 7 ] &&
     ! grep -qi 'fail\|error' "$TMP/qperf-cli.out" && return 0
   echo "  qperf: exit $rc"
-  tail -8 "$TMP/qperf-cli.out" "$TMP/qperf-srv.out"
+  tail -n 8 "$TMP/qperf-cli.out" "$TMP/qperf-srv.out"
   return 1
 }
 if command -v qperf >/dev/null; then

@@ -77,7 +77,7 @@ pair() {
   if [ "$RC_R" != 0 ] || [ "$RC_S" != 0 ] ||
     ! grep -q '^  Verified: every byte' "$TMP/$name-r.out"; then
     echo "  receiver exit $RC_R, sender exit $RC_S"
-    tail -3 "$TMP/$name-r.out" "$TMP/$name-s.out"
+    tail -n 3 "$TMP/$name-r.out" "$TMP/$name-s.out"
     return 1
   fi
 }
@@ -123,10 +123,10 @@ corrupt() {
     ! grep -q 'verification failed' "$TMP/$name-r.out" ||
     ! grep -q 'not sent' "$TMP/$name-s.out"; then
     echo "  receiver exit $RC_R, sender exit $RC_S"
-    tail -3 "$TMP/$name-r.out" "$TMP/$name-s.out"
+    tail -n 3 "$TMP/$name-r.out" "$TMP/$name-s.out"
     return 1
   fi
-  tail -1 "$TMP/$name-r.out" | sed 's/^/  /'
+  tail -n 1 "$TMP/$name-r.out" | sed 's/^/  /'
 }
 check "sdr --verify catches a corrupted byte: both ends exit 5" \
   corrupt sdr-bad "$SDR" -n 50 --uc --verify
@@ -149,7 +149,7 @@ lost() {
   wait "$rp" 2>/dev/null || true
   local rc=0
   wait "$sp" || rc=$?
-  tail -1 "$TMP/lost-s.out" | sed 's/^/  /'
+  tail -n 1 "$TMP/lost-s.out" | sed 's/^/  /'
   [ "$rc" = 3 ] && grep -q '^sdr: peer lost' "$TMP/lost-s.out"
 }
 check "sdr sender exits 3 (peer lost) when its receiver is killed" lost

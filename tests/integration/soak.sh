@@ -164,7 +164,7 @@ if [[ " $PARTS " == *" mixed "* ]]; then
   for k in "${!pids[@]}"; do
     rc=0
     wait "${pids[$k]}" || rc=$?
-    [ $rc = 0 ] || tail -3 "${logs[$k]}"
+    [ $rc = 0 ] || tail -n 3 "${logs[$k]}"
     check "mixed: ${names[$k]} exited 0, data verified (rc $rc; 124: hung)" \
       test $rc = 0
   done
@@ -230,7 +230,7 @@ PY
     ip netns exec "$NS_B" $PY "$TMP/flood.py" "$IF_B" "$MAC_A" \
       "$FLOOD_FRAMES" "$SEED" >"$TMP/flood-py-$1.out" 2>&1 || true
     sleep 0.5
-    SENT=$(tail -1 "$TMP/flood-py-$1.out")
+    SENT=$(tail -n 1 "$TMP/flood-py-$1.out")
     GOT="$(($(counter "$SA" rx_no_qp) - nq0)) $(($(mal "$SA" bad_icrc) - ic0))"
     GOT="$GOT $(($(mal "$SA" truncated) - tr0))"
     S_ALL=$(echo "$SENT" | awk '{print $1 + $2 + $3}')

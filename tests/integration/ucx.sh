@@ -89,7 +89,7 @@ perftest() {  # perftest NAME ENV... -- ARGS...: server in A, client in B
   grep -h '^Final:' "$TMP/$name-c.out" | sed "s/^/  $name /"
   [ "$rc" = 0 ] && grep -q '^Final:' "$TMP/$name-c.out" &&
     [ "$rx1" -gt $((rx0 + 100)) ] || {
-    tail -5 "$TMP/$name-s.out" "$TMP/$name-c.out"
+    tail -n 5 "$TMP/$name-s.out" "$TMP/$name-c.out"
     return 1
   }
 }
@@ -127,7 +127,7 @@ sockaddr_pair() {
   [ "$rc" = 0 ] && grep -q verified "$TMP/ucp-s.out" &&
     grep -q verified "$TMP/ucp-c.out" &&
     [ "$(counter "$SA" cm_connections)" -gt "$c0" ] || {
-    tail -5 "$TMP/ucp-s.out" "$TMP/ucp-c.out"
+    tail -n 5 "$TMP/ucp-s.out" "$TMP/ucp-c.out"
     return 1
   }
 }

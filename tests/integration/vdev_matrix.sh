@@ -70,7 +70,7 @@ stop() {  # stop NAME PID
   if stop_pid "$2" && grep -q 'urnicd: stopped' "$TMP/$1.log"; then
     ok "$1: clean exit on SIGTERM"
   else
-    bad "$1: exit on SIGTERM"; tail -5 "$TMP/$1.log"
+    bad "$1: exit on SIGTERM"; tail -n 5 "$TMP/$1.log"
   fi
 }
 

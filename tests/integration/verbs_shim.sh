@@ -274,9 +274,9 @@ pair_once() {
   wait "$spid" || src=$?
   forget "$cpid" "$spid"
   echo "--- server: $* -p $PORT (exit $src)"
-  tail -15 "$TMP/srv.out"
+  tail -n 15 "$TMP/srv.out"
   echo "--- client: $* -p $PORT $host (exit $crc)"
-  tail -25 "$TMP/cli.out"
+  tail -n 25 "$TMP/cli.out"
   [ "$src" = 0 ] && [ "$crc" = 0 ] || return 1
   if [ "$kind" = pp ]; then
     if ! grep -q 'iters in' "$TMP/srv.out" || ! grep -q 'iters in' "$TMP/cli.out"; then
@@ -572,7 +572,7 @@ kill_case() {
   local survivor=server
   [ "$victim" = client ] || survivor=client
   check "B: kill -9 $victim: the $survivor exits non-zero, not hung (rc $krc, $((SECONDS - t_kill)) s)" \
-    bash -c "tail -15 '$KOUT'; [ $flows = 1 ] || echo 'no traffic was flowing';
+    bash -c "tail -n 15 '$KOUT'; [ $flows = 1 ] || echo 'no traffic was flowing';
              [ $flows = 1 ] && [ $krc != 0 ] && [ $krc != 124 ]"
   if [ "$victim" = server ]; then
     # The client is the requester: its WRITEs go unanswered.
@@ -586,8 +586,8 @@ kill_case() {
 }
 traffic_flows() {
   local r0 r1 d1 d2
-  kill -0 $KCLI 2>/dev/null || { echo "client already gone"; tail -20 "$TMP/kcli.out"; return 1; }
-  kill -0 $KSRV 2>/dev/null || { echo "server already gone"; tail -20 "$TMP/ksrv.out"; return 1; }
+  kill -0 $KCLI 2>/dev/null || { echo "client already gone"; tail -n 20 "$TMP/kcli.out"; return 1; }
+  kill -0 $KSRV 2>/dev/null || { echo "server already gone"; tail -n 20 "$TMP/ksrv.out"; return 1; }
   d1=$(devline "$SOCK_B1")
   d2=$(devline "$SOCK_B2")
   echo "B1 $d1"
@@ -597,7 +597,7 @@ traffic_flows() {
   sleep 0.5
   r1=$(roce_rx "$SOCK_B1")
   echo "service B1 roce_rx $r0 -> $r1"
-  [ "$r1" -gt "$r0" ] || { tail -20 "$TMP/kcli.out"; return 1; }
+  [ "$r1" -gt "$r0" ] || { tail -n 20 "$TMP/kcli.out"; return 1; }
   flows=1
 }
 check "B: services idle before the kill tests: device lines at their baselines" \
@@ -660,7 +660,7 @@ for s in A B1 B2; do
   else
     wait "$pid" || rc=$?
     forget "$pid"
-    check "$s: urnicd exited 0 on SIGTERM" bash -c "[ $rc = 0 ] || { tail -20 '$TMP/urnicd-$s.log'; exit 1; }"
+    check "$s: urnicd exited 0 on SIGTERM" bash -c "[ $rc = 0 ] || { tail -n 20 '$TMP/urnicd-$s.log'; exit 1; }"
   fi
 done
 

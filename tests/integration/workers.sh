@@ -225,7 +225,7 @@ PY
     >"$TMP/backlog.out" 2>&1 || true
   chrt --idle -p 0 "$W2"
   kill -CONT "$PID_A"
-  sent=$(tail -1 "$TMP/backlog.out")
+  sent=$(tail -n 1 "$TMP/backlog.out")
   backlog_done() {  # every frame sent is an engine's rx_no_qp or RX-missed
     local got=$(($(counter "$SA" rx_no_qp) - nq0 + $(counter "$SA" rx_missed) - miss0))
     [ "$got" = "$sent" ]
