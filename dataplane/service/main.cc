@@ -13,6 +13,7 @@
 
 #include "dataplane/service/control.h"
 #include "dataplane/service/daemon.h"
+#include "dataplane/service/intr_thread.h"
 #include "dataplane/service/service.h"
 
 using namespace urnic;
@@ -59,6 +60,13 @@ std::string check_eal(const config::Config& cfg,
   return {};
 }
 
+// rte_eal_cleanup unmaps DPDK's memory while its interrupt thread still
+// runs: the thread is parked first (intr_thread.h), then the process exits.
+void eal_cleanup() {
+  intr_thread::park(2000);
+  rte_eal_cleanup();
+}
+
 int run(const config::Config& cfg, char* prog) {
   std::vector<std::string> args = eal_args(cfg, prog);
   std::vector<char*> argv;
@@ -72,7 +80,7 @@ int run(const config::Config& cfg, char* prog) {
   }
   if (const std::string why = check_eal(cfg, args, parsed); !why.empty()) {
     fprintf(stderr, "urnicd: %s\n", why.c_str());
-    rte_eal_cleanup();
+    eal_cleanup();
     return 2;
   }
   int rc = 0;
@@ -88,7 +96,7 @@ int run(const config::Config& cfg, char* prog) {
       rc = 1;
     }
   }
-  rte_eal_cleanup();
+  eal_cleanup();
   return rc;
 }
 

@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dataplane/service/intr_thread.h"
 #include "dataplane/service/service.h"
 
 namespace urnic::service {
@@ -592,9 +593,16 @@ void port_read_link(const PortInfo& p, stats::PortSnapshot& out) {
 void port_teardown(PortInfo& p) {
   if (!p.started) return;
   p.started = false;
-  if (p.promisc_set) rte_eth_promiscuous_disable(p.port_id);
-  rte_eth_dev_stop(p.port_id);
-  rte_eth_dev_close(p.port_id);
+  // On the interrupt thread, so that no PMD control handler runs meanwhile
+  // (intr_thread.h: memif's peer-gone handler raced a close from here).
+  const uint16_t port = p.port_id;
+  const bool promisc = p.promisc_set;
+  const auto close_port = [port, promisc] {
+    if (promisc) rte_eth_promiscuous_disable(port);
+    rte_eth_dev_stop(port);
+    rte_eth_dev_close(port);
+  };
+  if (!intr_thread::run(close_port, 5000)) close_port();
   p.ring_fds.clear();  // closed with the device
   p.rx_wake_fds.clear();
 }
