@@ -7,6 +7,10 @@
 #                       of a script that runs urnic-perf through the shim
 #   check NAME CMD...   runs CMD, counts PASS/FAIL, says how long it took
 #   stop_pid PID        TERM, KILL after 5 s, reaped
+#   exits_within SECONDS PID   PID ended in time; its status in RC ("hung"
+#                       and false if not)
+#   stopped_clean LOG   after exits_within: urnicd exited 0, said
+#                       "urnicd: stopped", and its LOG shows no crash
 #   urnicd_start ROLE IP SOCK [urnicd options]   URNICD with the options
 #                       every test service shares (IN_NS: in that netns);
 #                       LAST_PID = the service
@@ -85,6 +89,25 @@ stop_pid() {
   for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$p" 2>/dev/null || true
   wait "$p" 2>/dev/null || true
+}
+
+exits_within() {
+  local t=$(($1 * 10))
+  for _ in $(seq "$t"); do
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$2" 2>/dev/null; then
+    RC=hung
+    return 1
+  fi
+  RC=0
+  wait "$2" || RC=$?
+}
+
+stopped_clean() {
+  [ "$RC" = 0 ] && grep -q "urnicd: stopped" "$1" &&
+    ! grep -qiE "segmentation|sanitizer|core dumped" "$1"
 }
 
 lib_cleanup() {

@@ -44,24 +44,6 @@ print(s['qps'] + s['mrs'] + s['cqs'] + s['pds'])")
   echo "service $1 still has $n objects"; "$URNICCTL" -s "$1" objects
   return 1
 }
-# exits_within SECONDS PID: the process ended in time; its status in RC.
-exits_within() {
-  local t=$(($1 * 10))
-  for _ in $(seq "$t"); do
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$2" 2>/dev/null; then
-    RC=hung
-    return 1
-  fi
-  RC=0
-  wait "$2" || RC=$?
-}
-stopped_clean() {  # the service's last stop: exit 0, no crash in its log
-  [ "$RC" = 0 ] && grep -q "urnicd: stopped" "$1" &&
-    ! grep -qiE "segmentation|sanitizer|core dumped" "$1"
-}
 verified_run() {  # a short verified urnic-perf run between A and B
   local port=$1
   "${ON_A[@]}" timeout 60 "$UPERF" --server -p "$port" -q 4 -s 4096 -D 1 \

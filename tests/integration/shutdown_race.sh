@@ -39,22 +39,6 @@ D_ENV+=" URNIC_TEST_EXIT_HOLD_US=1000000"
 
 SA=$TMP/a.sock
 SB=$TMP/b.sock
-exits_within() {  # SECONDS PID: ended in time; its status in RC
-  for _ in $(seq $(($1 * 10))); do
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$2" 2>/dev/null; then
-    RC=hung
-    return 1
-  fi
-  RC=0
-  wait "$2" || RC=$?
-}
-stopped_clean() {  # LOG: exit 0, "urnicd: stopped", no crash
-  [ "$RC" = 0 ] && grep -q "urnicd: stopped" "$1" &&
-    ! grep -qiE "segmentation|sanitizer|core dumped" "$1"
-}
 
 # pair DELAYED: the memif server (A) and client (B) up, the interrupt
 # thread of DELAYED (server or client) delayed; links up, then a second for
