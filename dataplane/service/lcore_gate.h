@@ -133,6 +133,14 @@ class ParkGuard {
   LcoreGate& g_;
 };
 
+// With g's lcore parked (by the caller): lets it run one whole pass of its
+// loop, then parks it again. The released lcore leaves its spin and goes
+// on; the new request makes its next check park it.
+inline void run_one_pass(LcoreGate& g) {
+  g.unpark();
+  g.park();
+}
+
 // Parks every lcore (objects any of them may read: MRs, CQs, PDs, the
 // client list). None waits for another at the top of its loop, so parking
 // them one after the other cannot deadlock.

@@ -102,7 +102,8 @@ struct ShimCounters {
   std::atomic<uint64_t> clients{0}, clients_closed{0}, requests{0},
       request_errors{0}, doorbells{0}, bad_wqes{0}, async_events{0},
       async_deferred{0}, async_dropped{0}, client_limit_refusals{0},
-      mcast_joins{0}, mcast_leaves{0};  // groups new to / gone from the device
+      mcast_joins{0}, mcast_leaves{0},  // groups new to / gone from the device
+      sends_at_destroy{0};  // QPs that went with sends posted, not yet taken
 };
 
 class ShimServer final : public transport::RecvSource {
@@ -251,6 +252,9 @@ class ShimServer final : public transport::RecvSource {
   int op_modify_qp(Client& c, CtlRequest& req, CtlReply& rep);
   int op_query_qp(Client& c, CtlRequest& req, CtlReply& rep);
   int destroy_qp(Client& c, uint32_t h);
+  // With q's lcore parked: the application rang for sends the lcore has
+  // not taken yet.
+  bool sends_untaken(const QpObj& q) const;
   int destroy_srq(Client& c, uint32_t h);
   void release_all(Client& c);
   // A group new to the device (`joined`) or gone from it (the device's
