@@ -60,6 +60,8 @@ struct Reply {
   }
 };
 
+struct UdSends;
+
 struct ShimServerTest : ::testing::Test {
   // `homes` engines (worker lcores), run in turn by run(): frames go to the
   // engine their destination QPN names, as urnicd's workers steer them.
@@ -324,6 +326,8 @@ struct ShimServerTest : ::testing::Test {
     m.attr.qp_state = IBV_QPS_RTS;
     ASSERT_EQ(call(Op::kModifyQp, m).status, 0);
   }
+  UdSends ud_sends(uint32_t send_flags);
+  std::vector<ibv_wc> ud_received(UdSends& u);
   void post(Qp& q, const ShmSendWqe& w) {
     const uint32_t p = q.sh->sq_prod.load();
     q.sq[p & (q.sh->sq_size - 1)] = w;
@@ -1021,70 +1025,98 @@ TEST_F(ShimServerTest, CreateAhRefusalSaysWhy) {
   EXPECT_EQ(call(Op::kCreateAh, a).status, 0);  // its own GID: no ARP
 }
 
-// A UD send takes its AH's address when posted, as a NIC that writes the
-// address vector into the WQE does (mlx5): destroying the AH right after
-// the post loses nothing. mckey's sender posts its sends, leaves the group
-// and destroys its AH without polling; its service used to find the AH
-// gone when the lcore got to the ring (all 20 sends refused, bad_wqes).
-TEST_F(ShimServerTest, AnAhDestroyedRightAfterThePostStillCarriesTheSends) {
+// Two UD QPs in RTS (s sends to r), r's receives posted and rung, an AH
+// for this device's own GID, and kMsgs sends of kLen bytes posted on s
+// (rung, not served).
+struct UdSends {
+  static constexpr uint32_t kMsgs = 3, kLen = 100, kGrh = transport::kGrhSize,
+                            kSlot = kLen + kGrh;
+  ShimServerTest::Cq cq;
+  ShimServerTest::Qp s, r;
+  ShimServerTest::Buf src, dst;
+  uint32_t ah;
+};
+
+UdSends ShimServerTest::ud_sends(uint32_t send_flags) {
   open();
   const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
   Cq cq = create_cq(64);
   Qp s = create_qp(pd, cq.h, IBV_QPT_UD), r = create_qp(pd, cq.h, IBV_QPT_UD);
   ud_to_rts(s);
   ud_to_rts(r);
-  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
-  constexpr uint32_t kMsgs = 3, kLen = 100, kGrh = transport::kGrhSize,
-                     kSlot = kLen + kGrh;
-  for (uint32_t i = 0; i < kMsgs; ++i) {
+  UdSends u{cq, s, r, reg(pd, 4096), reg(pd, 4096), 0};
+  for (uint32_t i = 0; i < u.kMsgs; ++i) {
     ShmRecvWqe w{};
     w.wr_id = 100 + i;
     w.num_sge = 1;
-    w.sge[0] = {reinterpret_cast<uint64_t>(dst.p + i * kSlot), kSlot, dst.lkey};
+    w.sge[0] = {reinterpret_cast<uint64_t>(u.dst.p + i * u.kSlot), u.kSlot,
+                u.dst.lkey};
     r.rq[i] = w;
   }
-  r.sh->rq_prod.store(kMsgs, std::memory_order_release);
+  r.sh->rq_prod.store(u.kMsgs, std::memory_order_release);
   ring_doorbell(*db, r.doorbell);
   CreateAhReq a;
   a.pd = pd;
   a.attr.is_global = 1;
   a.attr.port_num = 1;
   std::memcpy(a.attr.grh.dgid.raw, dev.config().gids[0], 16);
-  const uint32_t ah = handle(call(Op::kCreateAh, a));
-  for (uint32_t i = 0; i < kMsgs; ++i) {
-    std::memset(src.p + i * kLen, 'a' + i, kLen);
+  u.ah = handle(call(Op::kCreateAh, a));
+  for (uint32_t i = 0; i < u.kMsgs; ++i) {
+    std::memset(u.src.p + i * u.kLen, 'a' + i, u.kLen);
     ShmSendWqe w{};
     w.wr_id = i;
     w.opcode = IBV_WR_SEND;
-    w.send_flags = IBV_SEND_SIGNALED;
+    w.send_flags = send_flags;
     w.num_sge = 1;
-    w.sge[0] = {reinterpret_cast<uint64_t>(src.p + i * kLen), kLen, src.lkey};
-    w.ah = ah;
+    w.sge[0] = {reinterpret_cast<uint64_t>(u.src.p + i * u.kLen), u.kLen,
+                u.src.lkey};
+    w.ah = u.ah;
     w.remote_qpn = r.qpn;
     w.remote_qkey = 0x1234;
     post(s, w);
   }
+  return u;
+}
+
+// r received every send of ud_sends, in order and intact; s's completions
+// (if signaled) are returned.
+std::vector<ibv_wc> ShimServerTest::ud_received(UdSends& u) {
+  std::vector<ibv_wc> sent, got;
+  for (ibv_wc wc; poll(u.cq, &wc);)
+    (wc.qp_num == u.s.qpn ? sent : got).push_back(wc);
+  EXPECT_EQ(got.size(), u.kMsgs);
+  for (uint32_t i = 0; i < std::min<size_t>(got.size(), u.kMsgs); ++i) {
+    EXPECT_EQ(got[i].status, IBV_WC_SUCCESS) << i;
+    EXPECT_EQ(got[i].byte_len, u.kSlot) << i;
+    EXPECT_EQ(std::memcmp(u.dst.p + i * u.kSlot + u.kGrh, u.src.p + i * u.kLen,
+                          u.kLen),
+              0)
+        << i;
+  }
+  return sent;
+}
+
+// A UD send takes its AH's address when posted, as a NIC that writes the
+// address vector into the WQE does (mlx5): destroying the AH right after
+// the post loses nothing. mckey's sender posts its sends, leaves the group
+// and destroys its AH without polling; its service used to find the AH
+// gone when the lcore got to the ring (all 20 sends refused, bad_wqes).
+TEST_F(ShimServerTest, AnAhDestroyedRightAfterThePostStillCarriesTheSends) {
+  UdSends u = ud_sends(IBV_SEND_SIGNALED);
   // Destroyed before the lcore served the doorbell.
-  ASSERT_EQ(call(Op::kDestroyAh, HandleReq{ah}).status, 0);
+  ASSERT_EQ(call(Op::kDestroyAh, HandleReq{u.ah}).status, 0);
   EXPECT_EQ(dev.num_ahs(), 0u);
   run();
-  std::vector<ibv_wc> sent, got;
-  for (ibv_wc wc; poll(cq, &wc);)
-    (wc.qp_num == s.qpn ? sent : got).push_back(wc);
-  ASSERT_EQ(sent.size(), kMsgs);
-  ASSERT_EQ(got.size(), kMsgs);
-  for (uint32_t i = 0; i < kMsgs; ++i) {
+  const std::vector<ibv_wc> sent = ud_received(u);
+  ASSERT_EQ(sent.size(), u.kMsgs);
+  for (uint32_t i = 0; i < u.kMsgs; ++i) {
     EXPECT_EQ(sent[i].status, IBV_WC_SUCCESS) << i;
     EXPECT_EQ(sent[i].wr_id, i);
-    EXPECT_EQ(got[i].status, IBV_WC_SUCCESS) << i;
-    EXPECT_EQ(got[i].byte_len, kSlot) << i;
-    EXPECT_EQ(std::memcmp(dst.p + i * kSlot + kGrh, src.p + i * kLen, kLen), 0)
-        << i;
   }
   EXPECT_EQ(srv.counters().bad_wqes.load(), 0u);
   EXPECT_EQ(ectr(transport::ECtr::local_errors), 0u);
   // A handle already destroyed is still refused (nothing left to serve).
-  EXPECT_EQ(call(Op::kDestroyAh, HandleReq{ah}).status, -EINVAL);
+  EXPECT_EQ(call(Op::kDestroyAh, HandleReq{u.ah}).status, -EINVAL);
 }
 
 // Sends posted right before ibv_destroy_qp still leave, as on rxe (which
@@ -1094,43 +1126,7 @@ TEST_F(ShimServerTest, AnAhDestroyedRightAfterThePostStillCarriesTheSends) {
 // test's lcore runs a pass only when released from a park, so nothing
 // else would have sent them.
 TEST_F(ShimServerTest, SendsPostedRightBeforeTheDestroyStillLeave) {
-  open();
-  const uint32_t pd = handle(call_raw(Op::kAllocPd, ""));
-  Cq cq = create_cq(64);
-  Qp s = create_qp(pd, cq.h, IBV_QPT_UD), r = create_qp(pd, cq.h, IBV_QPT_UD);
-  ud_to_rts(s);
-  ud_to_rts(r);
-  Buf src = reg(pd, 4096), dst = reg(pd, 4096);
-  constexpr uint32_t kMsgs = 3, kLen = 100, kGrh = transport::kGrhSize,
-                     kSlot = kLen + kGrh;
-  for (uint32_t i = 0; i < kMsgs; ++i) {
-    ShmRecvWqe w{};
-    w.wr_id = 100 + i;
-    w.num_sge = 1;
-    w.sge[0] = {reinterpret_cast<uint64_t>(dst.p + i * kSlot), kSlot, dst.lkey};
-    r.rq[i] = w;
-  }
-  r.sh->rq_prod.store(kMsgs, std::memory_order_release);
-  ring_doorbell(*db, r.doorbell);
-  run();  // the receives are taken
-  CreateAhReq a;
-  a.pd = pd;
-  a.attr.is_global = 1;
-  a.attr.port_num = 1;
-  std::memcpy(a.attr.grh.dgid.raw, dev.config().gids[0], 16);
-  const uint32_t ah = handle(call(Op::kCreateAh, a));
-  for (uint32_t i = 0; i < kMsgs; ++i) {
-    std::memset(src.p + i * kLen, 'a' + i, kLen);
-    ShmSendWqe w{};
-    w.wr_id = i;
-    w.opcode = IBV_WR_SEND;
-    w.num_sge = 1;
-    w.sge[0] = {reinterpret_cast<uint64_t>(src.p + i * kLen), kLen, src.lkey};
-    w.ah = ah;
-    w.remote_qpn = r.qpn;
-    w.remote_qkey = 0x1234;
-    post(s, w);
-  }
+  UdSends u = ud_sends(0);
   gates[0].set_running(true);
   std::atomic<bool> stop{false};
   std::thread lcore([&] {
@@ -1142,23 +1138,15 @@ TEST_F(ShimServerTest, SendsPostedRightBeforeTheDestroyStillLeave) {
       engines[0]->poll(t += 1000);
     }
   });
-  EXPECT_EQ(call(Op::kDestroyQp, HandleReq{s.h}).status, 0);
+  EXPECT_EQ(call(Op::kDestroyQp, HandleReq{u.s.h}).status, 0);
   stop = true;
   lcore.join();
   gates[0].set_running(false);
   EXPECT_EQ(srv.counters().sends_at_destroy.load(), 1u);
   run();  // the frames reach r
-  std::vector<ibv_wc> got;
-  for (ibv_wc wc; poll(cq, &wc);)
-    if (wc.qp_num == r.qpn) got.push_back(wc);
-  ASSERT_EQ(got.size(), kMsgs);
-  for (uint32_t i = 0; i < kMsgs; ++i) {
-    EXPECT_EQ(got[i].status, IBV_WC_SUCCESS) << i;
-    EXPECT_EQ(std::memcmp(dst.p + i * kSlot + kGrh, src.p + i * kLen, kLen), 0)
-        << i;
-  }
+  ud_received(u);
   // Nothing posted, nothing to wait for: no pass.
-  EXPECT_EQ(call(Op::kDestroyQp, HandleReq{r.h}).status, 0);
+  EXPECT_EQ(call(Op::kDestroyQp, HandleReq{u.r.h}).status, 0);
   EXPECT_EQ(srv.counters().sends_at_destroy.load(), 1u);
 }
 
