@@ -8,6 +8,7 @@
 #  - B's application is told and exits (non-zero) with a message, no hang;
 #  - B restarts on the same socket and file prefix and serves a verified
 #    urnic-perf run at once; A released every object of the dead pair.
+# A's SIGTERM leaves no EAL runtime directory behind (/var/run/dpdk/PREFIX).
 # Then: kill -9 of B and a restart over its stale socket; a configuration
 # whose worker lcores EAL does not have is refused at start (exit 2).
 # usage: shutdown.sh URNICD URNICCTL SHIM_SO URNIC_PERF
@@ -143,6 +144,11 @@ kill -TERM "$PA" "$PB"
 exits_within 30 "$PA" || true
 check "service A exits 0 on SIGTERM" stopped_clean "$TMP/urnicd-server.log"
 exits_within 30 "$PB" || true
+# EAL's runtime directory of a prefix: root's, else the user's.
+DPDK_RUN=/var/run/dpdk
+[ "$(id -u)" = 0 ] || DPDK_RUN=${XDG_RUNTIME_DIR:-/tmp}/dpdk
+check "... and leaves no EAL runtime directory behind (its prefix's)" \
+  bash -c "! test -e '$DPDK_RUN/${ID:-it}-server'"
 
 # A configuration EAL accepts but urnicd cannot run: refused, not a hang.
 cfg_rc=0
@@ -159,5 +165,6 @@ timeout 30 "$URNICD" -o "port.vdev=net_memif0,role=server,socket=$TMP/x.sock,id=
   >"$TMP/badlcores2.out" 2>&1 || cfg_rc=$?
 check "a worker lcore missing from --lcores: refused at start (exit $cfg_rc)" \
   bash -c "[ $cfg_rc = 2 ] && grep -q 'worker lcore 2 is not an EAL lcore' '$TMP/badlcores2.out'"
+check "... nor a runtime directory" bash -c "! test -e '$DPDK_RUN/$ID-x'"
 
 finish
