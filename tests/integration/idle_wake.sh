@@ -32,8 +32,9 @@ shim_test_init iw-$$ "$@"
 SA=$TMP/a.sock
 SB=$TMP/b.sock
 SC=$TMP/c.sock
+WAIT_MS=10000 # a wait's bound
 EAGER=(-o lcores.idle.yield=false -o lcores.idle.spin_polls=0
-  -o lcores.idle.pause_polls=0 -o lcores.idle.wait_ms=10000)
+  -o lcores.idle.pause_polls=0 -o lcores.idle.wait_ms=$WAIT_MS)
 TWO=(-o 'eal.workers=[1,2]' -o 'eal.extra_args=["--lcores=0@0,1@1,2@1"]')
 veth_pair
 export AFP_QPAIRS=2
@@ -120,7 +121,7 @@ PY
   echo "$MOVED_TEXT"
 }
 port=19300
-WAIT_US=10000000 # lcores.idle.wait_ms in EAGER
+WAIT_US=$((WAIT_MS * 1000))
 # run NAME MIN_WAITS CLIENT_ARGS...: a verified urnic-perf run B -> A (the
 # server's own options in SRV); both ends exit 0, each service waited at
 # least MIN_WAITS times, no wait timed out, and (a latency run) no

@@ -149,6 +149,18 @@ finish() {
   [ "$fail" = 0 ]
 }
 
+# eal_prefix ROLE: the EAL file prefix urnicd_start gives a service.
+eal_prefix() { echo "${ID:-it}-$1"; }
+# eal_run_dir PREFIX: EAL's runtime directory of a prefix (root's, else
+# the user's).
+eal_run_dir() {
+  if [ "$(id -u)" = 0 ]; then
+    echo "/var/run/dpdk/$1"
+  else
+    echo "${XDG_RUNTIME_DIR:-/tmp}/dpdk/$1"
+  fi
+}
+
 # urnicd_start ROLE IP SOCK [urnicd options]: URNICD (in network namespace
 # $IN_NS if set) at IP/24 with its control socket at SOCK, worker lcore 1,
 # yielding when idle, no periodic stats, log $TMP/urnicd-ROLE.log
@@ -160,7 +172,7 @@ urnicd_start() {
   [ -n "${IN_NS:-}" ] && pre=(ip netns exec "$IN_NS")
   "${pre[@]}" env ${URNICD_ENV:-} "$URNICD" -o "port.ipv4=$ip/24" -o "control.socket=$sock" \
     -o "eal.main_lcore=0" -o "eal.workers=[1]" \
-    -o "eal.file_prefix=${ID:-it}-$role" -o stats.period_ms=0 \
+    -o "eal.file_prefix=$(eal_prefix "$role")" -o stats.period_ms=0 \
     -o lcores.idle.yield=true "$@" >>"$TMP/urnicd-$role.log" 2>&1 &
   LAST_PID=$!
   PIDS+=("$LAST_PID")

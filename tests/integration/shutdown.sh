@@ -140,15 +140,14 @@ start_b
 check "a new urnicd starts over the stale socket and answers" wait_sock "$SB"
 check "... and serves a verified run" verified_run 18900
 
+check "A's EAL runtime directory is there while it runs" \
+  test -d "$(eal_run_dir "$(eal_prefix server)")"
 kill -TERM "$PA" "$PB"
 exits_within 30 "$PA" || true
 check "service A exits 0 on SIGTERM" stopped_clean "$TMP/urnicd-server.log"
 exits_within 30 "$PB" || true
-# EAL's runtime directory of a prefix: root's, else the user's.
-DPDK_RUN=/var/run/dpdk
-[ "$(id -u)" = 0 ] || DPDK_RUN=${XDG_RUNTIME_DIR:-/tmp}/dpdk
 check "... and leaves no EAL runtime directory behind (its prefix's)" \
-  bash -c "! test -e '$DPDK_RUN/${ID:-it}-server'"
+  bash -c "! test -e '$(eal_run_dir "$(eal_prefix server)")'"
 
 # A configuration EAL accepts but urnicd cannot run: refused, not a hang.
 cfg_rc=0
@@ -165,6 +164,6 @@ timeout 30 "$URNICD" -o "port.vdev=net_memif0,role=server,socket=$TMP/x.sock,id=
   >"$TMP/badlcores2.out" 2>&1 || cfg_rc=$?
 check "a worker lcore missing from --lcores: refused at start (exit $cfg_rc)" \
   bash -c "[ $cfg_rc = 2 ] && grep -q 'worker lcore 2 is not an EAL lcore' '$TMP/badlcores2.out'"
-check "... nor a runtime directory" bash -c "! test -e '$DPDK_RUN/$ID-x'"
+check "... nor a runtime directory" bash -c "! test -e '$(eal_run_dir "$ID-x")'"
 
 finish
