@@ -354,6 +354,9 @@ struct Schema<CcConfig> {
        .member = &S::shared_min_window,
        .min = 1,
        .max = 1048576},
+      {.key = "shared_max_window",
+       .member = &S::shared_max_window,
+       .max = 1048576},
       {.key = "grant", .member = &S::grant, .max = 1048576},
       {.key = "ecn", .member = &S::ecn},
       {.key = "cnp_interval_us", .member = &S::cnp_interval_us, .max = 1000000},
@@ -1529,6 +1532,14 @@ void Decoder::check_cross_fields(const Config& cfg) const {
          "transport.cc.shared_min_window",
          "shared_min_window " + std::to_string(t.cc.shared_min_window) +
              " is above shared_init_window " +
+             std::to_string(t.cc.shared_init_window));
+  }
+  if (t.cc.shared_max_window &&
+      t.cc.shared_max_window < t.cc.shared_init_window) {
+    fail(recorded("transport.cc.shared_max_window"),
+         "transport.cc.shared_max_window",
+         "shared_max_window " + std::to_string(t.cc.shared_max_window) +
+             " is below shared_init_window " +
              std::to_string(t.cc.shared_init_window));
   }
 

@@ -164,6 +164,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.cc.init_window, 32u);
   EXPECT_EQ(t.cc.min_window, 2u);
   EXPECT_TRUE(t.cc.pipe_floor);
+  EXPECT_EQ(t.cc.shared_max_window, 0u);  // max_unacked
   // The config's DCQCN defaults are the engine's (congestion.h).
   const transport::DcqcnParams e;
   const DcqcnConfig& d = t.cc.dcqcn;
@@ -421,6 +422,8 @@ field_mutations() {
            [](Config& c) { c.transport.cc.shared_init_window = 1024; }},
           {"transport.cc.shared_min_window",
            [](Config& c) { c.transport.cc.shared_min_window = 32; }},
+          {"transport.cc.shared_max_window",
+           [](Config& c) { c.transport.cc.shared_max_window = 4096; }},
           {"transport.cc.grant", [](Config& c) { c.transport.cc.grant = 0; }},
           {"transport.cc.ecn", [](Config& c) { c.transport.cc.ecn = false; }},
           {"transport.cc.cnp_interval_us",
