@@ -8,6 +8,7 @@
 
 #include "dataplane/service/intr_thread.h"
 
+#include <rte_eal.h>
 #include <rte_interrupts.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -16,7 +17,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
+#include <string>
 
 namespace urnic::service::intr_thread {
 namespace {
@@ -28,7 +31,8 @@ struct Executor {
   std::condition_variable cv;
   State state = State::kIdle;
   const std::function<void()>* fn = nullptr;
-  bool park = false;  // block after fn, for good
+  bool park = false;    // block after fn, for good
+  bool parked = false;  // a park was taken: the thread takes nothing more
   int efd = -1;
   bool registered = false;
 };
@@ -85,6 +89,7 @@ bool submit(const std::function<void()>& fn, bool park, int timeout_ms) {
     return false;
   }
   std::unique_lock lk(e.mu);
+  if (e.parked) return park;
   e.fn = &fn;
   e.park = park;
   e.state = State::kQueued;
@@ -106,6 +111,7 @@ bool submit(const std::function<void()>& fn, bool park, int timeout_ms) {
   // Taken: wait for it however long it takes (it is ours, not a handler's).
   e.cv.wait(lk, [&] { return e.state == State::kDone; });
   if (!park) e.state = State::kIdle;
+  e.parked = park;
   return true;
 }
 
@@ -118,6 +124,29 @@ bool run(const std::function<void()>& fn, int timeout_ms) {
 bool park(int timeout_ms) {
   static const std::function<void()> nothing = [] {};
   return submit(nothing, true, timeout_ms);
+}
+
+namespace {
+
+// The files in it, not recursively, then the directory if that emptied it.
+void remove_runtime_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::error_code rm;  // a failed remove does not end the walk
+  for (fs::directory_iterator it(dir, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (!it->is_directory(rm)) fs::remove(it->path(), rm);
+  fs::remove(dir, rm);  // fails, harmlessly, if anything is left
+}
+
+}  // namespace
+
+void eal_cleanup(int timeout_ms) {
+  park(timeout_ms);
+  const bool primary = rte_eal_process_type() == RTE_PROC_PRIMARY;
+  const std::string dir = rte_eal_get_runtime_dir();
+  rte_eal_cleanup();
+  if (primary && !dir.empty()) remove_runtime_dir(dir);
 }
 
 }  // namespace urnic::service::intr_thread

@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -61,34 +60,6 @@ std::string check_eal(const config::Config& cfg,
   return {};
 }
 
-// EAL leaves its runtime directory (/var/run/dpdk/<file_prefix>: the
-// shared config and memory-table files, ~3.3 MB with --no-huge) behind
-// after rte_eal_cleanup, so one per prefix ever used piles up where
-// prefixes are made per run (the tests': 1 534 of them, 4.7 GB, after a
-// few runs of the suite, in RAM where /run is a tmpfs). A primary removes
-// its own once EAL has let go of it: the files in it, not recursively,
-// then the directory if that emptied it. A secondary's belongs to its
-// primary.
-void remove_runtime_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::error_code rm;
-  for (fs::directory_iterator it(dir, ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec))
-    if (!it->is_directory(rm)) fs::remove(it->path(), rm);
-  fs::remove(dir, rm);  // fails, harmlessly, if anything is left
-}
-
-// rte_eal_cleanup unmaps DPDK's memory while its interrupt thread still
-// runs: the thread is parked first (intr_thread.h), then the process exits.
-void eal_cleanup() {
-  intr_thread::park(2000);
-  const bool primary = rte_eal_process_type() == RTE_PROC_PRIMARY;
-  const std::string dir = rte_eal_get_runtime_dir();
-  rte_eal_cleanup();
-  if (primary && !dir.empty()) remove_runtime_dir(dir);
-}
-
 int run(const config::Config& cfg, char* prog) {
   std::vector<std::string> args = eal_args(cfg, prog);
   std::vector<char*> argv;
@@ -102,7 +73,7 @@ int run(const config::Config& cfg, char* prog) {
   }
   if (const std::string why = check_eal(cfg, args, parsed); !why.empty()) {
     fprintf(stderr, "urnicd: %s\n", why.c_str());
-    eal_cleanup();
+    intr_thread::eal_cleanup(2000);
     return 2;
   }
   int rc = 0;
@@ -118,7 +89,7 @@ int run(const config::Config& cfg, char* prog) {
       rc = 1;
     }
   }
-  eal_cleanup();
+  intr_thread::eal_cleanup(2000);
   return rc;
 }
 

@@ -1,7 +1,8 @@
 // intr_thread: work run on EAL's interrupt thread (dataplane/service/
 // intr_thread.h) — that it runs there, after a handler already running,
 // is withdrawn (never run) when the thread stays busy past the timeout, and
-// that park() leaves the thread taking nothing more. A real EAL (no
+// that park() leaves the thread taking nothing more, and that eal_cleanup
+// removes EAL's runtime directory. A real EAL (no
 // hugepages, no PCI, a file prefix of its own); a second interrupt source of
 // the test's own plays a PMD's slow handler.
 #define ALLOW_EXPERIMENTAL_API 1
@@ -15,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,8 +46,14 @@ class EalEnv : public ::testing::Environment {
     for (auto& a : args) argv.push_back(a.data());
     ASSERT_GE(rte_eal_init(static_cast<int>(argv.size()), argv.data()), 0);
   }
-  // As urnicd does: the thread parked (by the last test), then cleanup.
-  void TearDown() override { rte_eal_cleanup(); }
+  // As urnicd ends: the thread parked (already, by the last test), then
+  // EAL's cleanup, and its runtime directory gone with it.
+  void TearDown() override {
+    const std::string dir = rte_eal_get_runtime_dir();
+    ASSERT_TRUE(std::filesystem::is_directory(dir)) << dir;
+    intr_thread::eal_cleanup(2000);
+    EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  }
 };
 const auto* const env = ::testing::AddGlobalTestEnvironment(new EalEnv);
 
@@ -136,6 +144,7 @@ TEST(IntrThread, WithdrawnWhenTheThreadStaysBusy) {
 // Last: irreversible.
 TEST(IntrThread, ParkedTakesNothingMore) {
   EXPECT_TRUE(intr_thread::park(2000));
+  EXPECT_TRUE(intr_thread::park(2000));  // again: nothing to do
   std::atomic<int> calls{0};
   EXPECT_FALSE(intr_thread::run([&] { ++calls; }, 200));
   // Nor does any other handler run.
