@@ -212,8 +212,7 @@ struct CcConfig {
   // share (window / QPs with packets in flight) or its own, the smaller.
   uint32_t shared_init_window = 256;
   uint32_t shared_min_window = 16;
-  // Its ceiling; 0: max_unacked (what one QP may have in flight), or
-  // shared_init_window if that is more.
+  // Its ceiling; 0: none.
   uint32_t shared_max_window = 0;
   // Grants of the shared window: a QP with nothing in flight starts only
   // when the window has room for this many packets (or fewer QPs send

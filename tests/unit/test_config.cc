@@ -164,7 +164,7 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(t.cc.init_window, 32u);
   EXPECT_EQ(t.cc.min_window, 2u);
   EXPECT_TRUE(t.cc.pipe_floor);
-  EXPECT_EQ(t.cc.shared_max_window, 0u);  // max_unacked
+  EXPECT_EQ(t.cc.shared_max_window, 0u);  // no ceiling
   // The config's DCQCN defaults are the engine's (congestion.h).
   const transport::DcqcnParams e;
   const DcqcnConfig& d = t.cc.dcqcn;

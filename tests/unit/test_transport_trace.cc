@@ -968,7 +968,6 @@ TEST_F(TransportTrace, SharedWindowDoesNotGrowWhereItDoesNotLimit) {
   ec.cc.init_window = 8;
   ec.cc.shared_init_window = 16;
   ec.cc.shared_min_window = 4;
-  ec.cc.shared_max_window = 1u << 20;  // not the ceiling: the validation
   use_engine(ec);
   ASSERT_TRUE(up());
   constexpr uint32_t kWrs = 400;
@@ -993,14 +992,14 @@ TEST_F(TransportTrace, SharedWindowDoesNotGrowWhereItDoesNotLimit) {
   EXPECT_EQ(max_shared, 24u);
 }
 
-// The shared window's ceiling (CcParams::shared_max_window). 0, the
-// default, is max_unacked: the QPs of an lcore together keep in flight
-// what one QP may. Four QPs that lose nothing, each ACKed every 10 us up
-// to its newest packet, grow the window to that and no further; a ceiling
-// that is set is where it stops. In flight stays within the window and one
-// grant (16, the default). Uncapped, 256 QPs on a lossless af_packet
-// port held 1 100-2 900 packets in flight, a standing queue in the peer's
-// ring (perf/README.md, "The standing queue").
+// The shared window's ceiling (CcParams::shared_max_window). Four QPs
+// that lose nothing, each ACKed every 10 us up to its newest packet, grow
+// the window past 64 by default (0: no ceiling) and, with a ceiling of 64,
+// to that and no further, in flight within it and one grant (16, the
+// default). Uncapped, 256 QPs on a lossless af_packet port held 1 100-2 900
+// packets in flight, a standing queue in the peer's ring; capped by
+// default at max_unacked, 256 QPs on memif lost a fifth of their goodput
+// (perf/README.md, "The standing queue").
 TEST_F(TransportTrace, SharedWindowStopsAtItsCeiling) {
   constexpr int kQps = 4;
   struct Run {
@@ -1060,13 +1059,14 @@ TEST_F(TransportTrace, SharedWindowStopsAtItsCeiling) {
   };
   const Run by_default = run(0);
   EXPECT_EQ(by_default.done, kQps * 600u);
-  EXPECT_EQ(by_default.max_shared, 32u);  // max_unacked
-  EXPECT_LE(by_default.max_in_flight, 32u + 16);
+  EXPECT_GT(by_default.max_shared, 64u);
+  EXPECT_GT(by_default.max_in_flight, 64u + 16);
+  EXPECT_LE(by_default.max_in_flight, kQps * 32u);  // their own windows
   const Run set = run(64);
   EXPECT_EQ(set.done, kQps * 600u);
   EXPECT_EQ(set.max_shared, 64u);
   EXPECT_LE(set.max_in_flight, 64u + 16);
-  EXPECT_GT(set.max_in_flight, 32u + 16);  // four QPs' 4 x 32 would use more
+  EXPECT_GT(set.max_in_flight, 32u + 16);
   std::printf(
       "[ ceiling  ] default: window %u at most, %lu in flight; 64: %u, %lu\n",
       by_default.max_shared,
