@@ -290,6 +290,24 @@ class TransportTrace : public ::testing::Test {
     return rc == 0 ? qp_ : nullptr;
   }
 
+  // The i-th of several RC QPs on one engine: peer QPN kPeerQpn + i, send
+  // PSNs from sq_psn_of(i), a 1 KiB MTU, brought up to RTS; nullptr (and
+  // a failure) if it did not come up.
+  static uint32_t sq_psn_of(int i) {
+    return kSqPsn + static_cast<uint32_t>(i) * 4096;
+  }
+  Qp* up_rc(int i) {
+    Qp* q = create_qp(IBV_QPT_RC);
+    if (!q) {
+      ADD_FAILURE() << "create_qp " << i;
+      return nullptr;
+    }
+    const int rc = bring_up(q, IBV_QPT_RC, kPeerQpn + static_cast<uint32_t>(i),
+                            sq_psn_of(i), kRqPsn, IBV_MTU_1024);
+    EXPECT_EQ(rc, 0) << "bring_up " << i;
+    return rc == 0 ? q : nullptr;
+  }
+
   int to_error(Qp* qp) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
@@ -1016,16 +1034,14 @@ TEST_F(TransportTrace, SharedWindowStopsAtItsCeiling) {
     ec.tail_probe_ns = 0;
     use_engine(ec);
     std::vector<Qp*> qps;
+    Run r;
     for (int i = 0; i < kQps; ++i) {
-      Qp* q = create_qp(IBV_QPT_RC);
-      EXPECT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
-                         IBV_MTU_1024),
-                0);
+      Qp* q = up_rc(i);
+      if (!q) return r;
       qps.push_back(q);
     }
     constexpr uint32_t kWrs = 600;  // per QP
     std::vector<uint32_t> posted(kQps, 0);
-    Run r;
     for (int round = 0; round < 400 && r.done < kQps * kWrs; ++round) {
       for (int i = 0; i < kQps; ++i) {
         while (posted[i] < kWrs &&
@@ -1044,7 +1060,7 @@ TEST_F(TransportTrace, SharedWindowStopsAtItsCeiling) {
       for (int i = 0; i < kQps; ++i) {
         if (newest[i] < 0) continue;
         const auto psn = static_cast<uint32_t>(newest[i]);
-        wire::RoceFields a = ack(psn, psn - (kSqPsn + i * 4096) + 1);
+        wire::RoceFields a = ack(psn, psn - sq_psn_of(i) + 1);
         a.dqpn = qps[i]->qpn();
         inject(a);
       }
@@ -1108,18 +1124,16 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
   auto run = [&](uint32_t grant) {
     use_engine(grant_engine(32, 32, grant));
     std::vector<Qp*> qps;
+    GrantRun r;
+    r.first_round.assign(kQps, -1);
     for (int i = 0; i < kQps; ++i) {
-      Qp* q = create_qp(IBV_QPT_RC);
-      EXPECT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
-                         IBV_MTU_1024),
-                0);
+      Qp* q = up_rc(i);
+      if (!q) return r;
       for (uint32_t k = 0; k < kWrs; ++k)
         EXPECT_EQ(engine_->post_send(q, wr(k + 1, IBV_WR_SEND, {sge(0, 4096)})),
                   0);
       qps.push_back(q);
     }
-    GrantRun r;
-    r.first_round.assign(kQps, -1);
     std::vector<uint32_t> done(kQps, 0);
     for (; r.rounds < 400 && !r.all_done; ++r.rounds) {
       poll(static_cast<uint64_t>(r.rounds) * 10 * kUs);
@@ -1140,7 +1154,7 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
       for (int i = 0; i < kQps; ++i) {
         if (ack_to[i] < 0) continue;
         const auto psn = static_cast<uint32_t>(ack_to[i]);
-        wire::RoceFields a = ack(psn, (psn - (kSqPsn + i * 4096) + 1) / 4);
+        wire::RoceFields a = ack(psn, (psn - sq_psn_of(i) + 1) / 4);
         a.dqpn = qps[i]->qpn();
         inject(a);
       }
@@ -1188,10 +1202,8 @@ TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
   use_engine(grant_engine(16, 16, 8));
   constexpr int kQps = 32;
   for (int i = 0; i < kQps; ++i) {
-    Qp* q = create_qp(IBV_QPT_RC);
-    ASSERT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
-                       IBV_MTU_1024),
-              0);
+    Qp* q = up_rc(i);
+    ASSERT_NE(q, nullptr);
     ASSERT_EQ(engine_->post_send(q, wr(1, IBV_WR_SEND, {sge(0, 4096)})), 0);
   }
   poll(0);
@@ -1426,10 +1438,8 @@ TEST_F(TransportTrace, APacedQpWhoseShareShrankAsksForAnAck) {
   for (const Pkt& x : p) ASSERT_FALSE(x.f.ack_req) << dump(p);
   // Three more QPs with packets in flight: the share is 16 / 4 = 4.
   for (uint32_t i = 1; i <= 3; ++i) {
-    Qp* q = create_qp(IBV_QPT_RC);
-    ASSERT_EQ(bring_up(q, IBV_QPT_RC, kPeerQpn + i, kSqPsn + i * 4096, kRqPsn,
-                       IBV_MTU_1024),
-              0);
+    Qp* q = up_rc(static_cast<int>(i));
+    ASSERT_NE(q, nullptr);
     ASSERT_EQ(engine_->post_send(q, wr(100 + i, IBV_WR_SEND, {sge(0, 1024)})),
               0);
   }
