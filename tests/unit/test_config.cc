@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/urnic_config.h"
+#include "dataplane/service/engine_config.h"
 #include "dataplane/transport/congestion.h"
 #include "dataplane/transport/types.h"
 
@@ -184,6 +185,74 @@ TEST(ConfigDefaults, TransportDefaults) {
   EXPECT_EQ(d.rpg_hai_rate, e.rpg_hai_rate);
   EXPECT_EQ(d.rpg_time_share_qps, e.rpg_time_share_qps);
   EXPECT_EQ(t.cc.pace_burst_kb * 1024, transport::CcParams{}.pace_burst_bytes);
+}
+
+// Every `transport:` key reaches the engine (service::engine_config):
+// each set to a value of its own, none its default, so a key the mapping
+// drops or swaps with another shows.
+TEST(ConfigEngine, EveryTransportKeyReachesTheEngine) {
+  TransportConfig t;
+  uint32_t v = 1000;
+  for (uint32_t* f :
+       {&t.ack_req_every, &t.max_unacked, &t.tx_budget, &t.tx_quantum,
+        &t.poll_budget, &t.timer_tick_us, &t.tail_probe_us, &t.cc.init_window,
+        &t.cc.min_window, &t.cc.shared_init_window, &t.cc.shared_min_window,
+        &t.cc.shared_max_window, &t.cc.grant, &t.cc.cnp_interval_us,
+        &t.cc.pace_burst_kb})
+    *f = ++v;
+  DcqcnConfig& d = t.cc.dcqcn;
+  for (uint32_t* f :
+       {&d.rpg_max_rate, &d.rpg_min_rate, &d.rate_to_set_on_first_cnp,
+        &d.rpg_min_dec_fac, &d.rpg_gd, &d.dce_tcp_g, &d.dce_tcp_rtt,
+        &d.initial_alpha_value, &d.rate_reduce_monitor_period,
+        &d.rpg_time_reset, &d.rpg_byte_reset, &d.rpg_threshold, &d.rpg_ai_rate,
+        &d.rpg_hai_rate, &d.rpg_time_share_qps})
+    *f = ++v;
+  t.cc.pipe_floor = false;
+  t.cc.ecn = false;
+  for (const char* algo : {"off", "window", "dcqcn"}) {
+    SCOPED_TRACE(algo);
+    t.cc.algorithm = algo;
+    const transport::EngineConfig e = service::engine_config(t, 12345);
+    EXPECT_EQ(e.cc.window, std::string(algo) != "off");
+    EXPECT_EQ(e.cc.dcqcn, std::string(algo) == "dcqcn");
+  }
+  const transport::EngineConfig e = service::engine_config(t, 12345);
+  EXPECT_EQ(e.ack_req_every, t.ack_req_every);
+  EXPECT_EQ(e.max_unacked, t.max_unacked);
+  EXPECT_EQ(e.tx_budget, t.tx_budget);
+  EXPECT_EQ(e.tx_quantum, t.tx_quantum);
+  EXPECT_EQ(e.poll_budget, t.poll_budget);
+  EXPECT_EQ(e.timer_tick_ns, uint64_t{t.timer_tick_us} * 1000);
+  EXPECT_EQ(e.tail_probe_ns, uint64_t{t.tail_probe_us} * 1000);
+  const transport::CcParams& c = e.cc;
+  EXPECT_EQ(c.init_window, t.cc.init_window);
+  EXPECT_EQ(c.min_window, t.cc.min_window);
+  EXPECT_FALSE(c.pipe_floor);
+  EXPECT_EQ(c.shared_init_window, t.cc.shared_init_window);
+  EXPECT_EQ(c.shared_min_window, t.cc.shared_min_window);
+  EXPECT_EQ(c.shared_max_window, t.cc.shared_max_window);
+  EXPECT_EQ(c.grant, t.cc.grant);
+  EXPECT_FALSE(c.ecn);
+  EXPECT_EQ(c.cnp_interval_ns, uint64_t{t.cc.cnp_interval_us} * 1000);
+  EXPECT_EQ(c.pace_burst_bytes, t.cc.pace_burst_kb * 1024);
+  EXPECT_EQ(c.line_rate_mbps, 12345u);
+  const transport::DcqcnParams& p = c.dcqcn_params;
+  EXPECT_EQ(p.rpg_max_rate, d.rpg_max_rate);
+  EXPECT_EQ(p.rpg_min_rate, d.rpg_min_rate);
+  EXPECT_EQ(p.rate_to_set_on_first_cnp, d.rate_to_set_on_first_cnp);
+  EXPECT_EQ(p.rpg_min_dec_fac, d.rpg_min_dec_fac);
+  EXPECT_EQ(p.rpg_gd, d.rpg_gd);
+  EXPECT_EQ(p.dce_tcp_g, d.dce_tcp_g);
+  EXPECT_EQ(p.dce_tcp_rtt, d.dce_tcp_rtt);
+  EXPECT_EQ(p.initial_alpha_value, d.initial_alpha_value);
+  EXPECT_EQ(p.rate_reduce_monitor_period, d.rate_reduce_monitor_period);
+  EXPECT_EQ(p.rpg_time_reset, d.rpg_time_reset);
+  EXPECT_EQ(p.rpg_byte_reset, d.rpg_byte_reset);
+  EXPECT_EQ(p.rpg_threshold, d.rpg_threshold);
+  EXPECT_EQ(p.rpg_ai_rate, d.rpg_ai_rate);
+  EXPECT_EQ(p.rpg_hai_rate, d.rpg_hai_rate);
+  EXPECT_EQ(p.rpg_time_share_qps, d.rpg_time_share_qps);
 }
 
 TEST(ConfigDefaults, EmbeddedDefaultHasLimitsAndTransportDefaults) {
