@@ -31,7 +31,8 @@ inline transport::EngineConfig engine_config(const config::TransportConfig& t,
   ec.cc.pipe_floor = cc.pipe_floor;
   ec.cc.shared_init_window = cc.shared_init_window;
   ec.cc.shared_min_window = cc.shared_min_window;
-  ec.cc.shared_max_window = cc.shared_max_window;
+  // 0: no ceiling, CcParams' own (2^20).
+  if (cc.shared_max_window) ec.cc.shared_max_window = cc.shared_max_window;
   ec.cc.grant = cc.grant;
   ec.cc.ecn = cc.ecn;
   ec.cc.cnp_interval_ns = uint64_t{cc.cnp_interval_us} * 1000;

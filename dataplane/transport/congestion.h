@@ -95,14 +95,13 @@ struct CcParams {
   // The window all RC QPs of one engine (lcore) share (SharedWindow).
   uint32_t shared_init_window = 256;
   uint32_t shared_min_window = 16;
-  // 0: none (Engine makes it kNoSharedCeiling). Uncapped, the window grown
+  // The default is no ceiling (the config's 0). Uncapped, the window grown
   // by every ACK while nothing is lost held 1 100-2 900 packets in flight
   // at 256 QPs on a 4096-frame af_packet ring, a standing queue that cost
   // the sender ~1 000 cycles per packet; capped at max_unacked it cost
   // memif's 256 QPs a fifth of their goodput and bought af_packet's none
   // (perf/README.md, "The standing queue"): a knob, not a default.
-  uint32_t shared_max_window = 0;
-  static constexpr uint32_t kNoSharedCeiling = 1u << 20;
+  uint32_t shared_max_window = 1u << 20;
   // Grants (Engine::cc_may_send, dataplane/NOTES.md): a QP with nothing in
   // flight starts only with room for `grant` packets in the shared window
   // (or while fewer QPs send than it holds grants), in FIFO order; one sending

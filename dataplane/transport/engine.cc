@@ -66,8 +66,6 @@ Engine::Engine(Device& dev, PacketIo& io, const EngineConfig& cfg,
   if (cfg_.homes == 0) cfg_.homes = 1;
   if (cfg_.home >= cfg_.homes) cfg_.home = cfg_.homes - 1;
   cfg_.cc.max_window = cfg_.max_unacked;
-  if (cfg_.cc.shared_max_window == 0)
-    cfg_.cc.shared_max_window = CcParams::kNoSharedCeiling;
   cc_shared_.reset(cfg_.cc);
   // Slot numbers need room for max_qp slots above the reserved QPNs; what
   // is left of the 24 bits tags each reuse of a slot.

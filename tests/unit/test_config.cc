@@ -253,6 +253,10 @@ TEST(ConfigEngine, EveryTransportKeyReachesTheEngine) {
   EXPECT_EQ(p.rpg_ai_rate, d.rpg_ai_rate);
   EXPECT_EQ(p.rpg_hai_rate, d.rpg_hai_rate);
   EXPECT_EQ(p.rpg_time_share_qps, d.rpg_time_share_qps);
+  // shared_max_window 0: no ceiling, the engine's own default.
+  t.cc.shared_max_window = 0;
+  EXPECT_EQ(service::engine_config(t, 12345).cc.shared_max_window,
+            transport::CcParams{}.shared_max_window);
 }
 
 TEST(ConfigDefaults, EmbeddedDefaultHasLimitsAndTransportDefaults) {

@@ -1012,7 +1012,7 @@ TEST_F(TransportTrace, SharedWindowDoesNotGrowWhereItDoesNotLimit) {
 
 // The shared window's ceiling (CcParams::shared_max_window). Four QPs
 // that lose nothing, each ACKed every 10 us up to its newest packet, grow
-// the window past their own windows' 4 x 32 by default (0: no ceiling),
+// the window past their own windows' 4 x 32 by default (no ceiling),
 // while at least half of it is in use, and, with a ceiling of 64,
 // to that and no further, in flight within it and one grant (16, the
 // default). Uncapped, 256 QPs on a lossless af_packet port held 1 100-2 900
@@ -1074,7 +1074,7 @@ TEST_F(TransportTrace, SharedWindowStopsAtItsCeiling) {
     EXPECT_EQ(ctr(ECtr::cc_shared_cuts), 0u);
     return r;
   };
-  const Run by_default = run(0);
+  const Run by_default = run(CcParams{}.shared_max_window);
   EXPECT_EQ(by_default.done, kQps * 600u);
   EXPECT_GT(by_default.max_shared, kQps * 32u);  // no ceiling, not 4 x 32
   EXPECT_GT(by_default.max_in_flight, 64u + 16);
