@@ -231,10 +231,10 @@ struct CcConfig {
 
 // Transport engine tuning (transport::EngineConfig and the timer wheel).
 struct TransportConfig {
-  uint32_t ack_req_every = 16;  // AckReq on at least every Nth packet
+  uint32_t ack_req_every = 32;  // AckReq on at least every Nth packet
   uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
   uint32_t tx_budget = 64;      // packets one QP may send per poll
-  uint32_t tx_quantum = 16384;  // bytes one QP may send per turn (DRR)
+  uint32_t tx_quantum = 32768;  // bytes one QP may send per turn (DRR)
   uint32_t poll_budget = 256;   // packets one engine poll sends, all QPs
   uint32_t timer_tick_us = 1;   // timer wheel resolution
   // Tail-loss probe floor (transport::EngineConfig::tail_probe_ns); 0: off.

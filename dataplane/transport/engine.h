@@ -148,10 +148,10 @@ struct EngineCounters {
 };
 
 struct EngineConfig {
-  uint32_t ack_req_every = 16;  // AckReq on at least every Nth packet
+  uint32_t ack_req_every = 32;  // AckReq on at least every Nth packet
   uint32_t max_unacked = 512;   // requester window, in packets (PSNs)
   uint32_t tx_budget = 64;      // packets one poll() may send per QP
-  uint32_t tx_quantum = 16384;  // bytes per QP turn (round-robin by bytes)
+  uint32_t tx_quantum = 32768;  // bytes per QP turn (round-robin by bytes)
   // Packets one poll() sends over all QPs: the caller then gets back to RX,
   // so the peer's ACKs are read while many QPs have data.
   uint32_t poll_budget = 256;

@@ -177,10 +177,15 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w, uint32_t rd_pkts, bool rd_new) {
     // would otherwise send none), and at least every ack_req_every packets
     // or twice per window, whichever is more often: in a small window the
     // loss of its one ACK-soliciting packet would otherwise cost a timeout
-    // (and a retry) although the packets before it arrived.
+    // (and a retry) although the packets before it arrived. That window is
+    // the QP's own, not its share of the lcore's shared one: while many QPs
+    // divide that, the others fill the pipe as this one waits, and asking
+    // twice per share made a 16-QP receiver send an ACK per 12 packets
+    // (perf/README.md, "One ACK per QP's run").
     const uint32_t win = window(e, qp);
+    const uint32_t own = std::max(qp.cc_.window(), win);
     const uint32_t every =
-        std::max(std::min(e.config().ack_req_every, win / 2), 1u);
+        std::max(std::min(e.config().ack_req_every, own / 2), 1u);
     f.ack_req =
         rc && (last || qp.req_.ackreq_next ||
                qp.req_.pkts_since_ackreq + 1 >= every || e.cc_turn_ends(qp) ||

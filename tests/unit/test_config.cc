@@ -154,10 +154,10 @@ TEST(ConfigDefaults, LimitsDefaultsAreTheDeviceLimits) {
 
 TEST(ConfigDefaults, TransportDefaults) {
   const TransportConfig t;
-  EXPECT_EQ(t.ack_req_every, 16u);
+  EXPECT_EQ(t.ack_req_every, 32u);
   EXPECT_EQ(t.max_unacked, 512u);
   EXPECT_EQ(t.tx_budget, 64u);
-  EXPECT_EQ(t.tx_quantum, 16384u);
+  EXPECT_EQ(t.tx_quantum, 32768u);
   EXPECT_EQ(t.timer_tick_us, 1u);
   EXPECT_EQ(t.tail_probe_us, 200u);
   EXPECT_TRUE(t.zero_copy_tx);
