@@ -314,10 +314,11 @@ std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
   };
   appendf(s,
           "%8s %7s %5s %12s %12s %8s %6s %6s %8s %8s %10s %10s %7s %7s %5s "
-          "%5s %6s %7s %7s %7s %6s  %s\n",
+          "%5s %6s %8s %7s %7s %7s %6s  %s\n",
           "qpn", "pid", "lcore", "tx_pkts", "rx_pkts", "retx", "tmo", "rnr",
           "dup", "oos", "acks_tx", "acks_rx", "nak_rx", "nak_tx", "cqovf",
-          "cwnd", "cuts", "cnp_tx", "cnp_rx", "rate", "rcuts", "nak_cause");
+          "cwnd", "cuts", "srtt_us", "cnp_tx", "cnp_rx", "rate", "rcuts",
+          "nak_cause");
   for (const QpRow& q : rows) {
     // DCQCN rate in Mb/s; "-" while the QP is not rate-limited.
     char rate[24] = "-";
@@ -333,13 +334,14 @@ std::string format_qps_text(const Snapshot& cur, uint64_t tsc_hz,
             "%#8x %7d %5u %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %6" PRIu64
             " %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10" PRIu64 " %10" PRIu64
             " %7" PRIu64 " %7" PRIu64 " %5" PRIu64 " %5" PRIu64 " %6" PRIu64
-            " %7" PRIu64 " %7" PRIu64 " %7s %6" PRIu64 "  %s\n",
+            " %8" PRIu64 " %7" PRIu64 " %7" PRIu64 " %7s %6" PRIu64 "  %s\n",
             q.qpn, q.pid, q.lcore, at(q, "tx_packets"), at(q, "rx_packets"),
             at(q, "retransmits"), at(q, "timeouts"), at(q, "rnr_waits"),
             at(q, "dup_packets"), at(q, "out_of_seq"), at(q, "acks_tx"),
             at(q, "acks_rx"), sum(q, "rx"), sum(q, "tx"), at(q, "cq_overflows"),
-            at(q, "cc_window"), at(q, "cc_window_cuts"), at(q, "cnps_tx"),
-            at(q, "cnps_rx"), rate, at(q, "cc_rate_cuts"), cause);
+            at(q, "cc_window"), at(q, "cc_window_cuts"), at(q, "srtt_us"),
+            at(q, "cnps_tx"), at(q, "cnps_rx"), rate, at(q, "cc_rate_cuts"),
+            cause);
   }
   if (next) appendf(s, "next %u\n", next);
   return s;

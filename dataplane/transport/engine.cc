@@ -428,6 +428,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.probe_due_ = false;
   qp.probe_one_ = false;
   qp.srtt_ns_ = 0;
+  qp.ctr_.srtt_us.set(0);
   qp.rttvar_ns_ = 0;
   qp.pause_.reset();
   qp.rtt_timing_ = false;
@@ -1141,12 +1142,13 @@ void Engine::rtt_progress(Qp& qp) {
   if (!qp.srtt_ns_) {  // RFC 6298 2.2, 2.3
     qp.srtt_ns_ = sample;
     qp.rttvar_ns_ = sample / 2;
-    return;
+  } else {
+    const uint64_t dev =
+        sample > qp.srtt_ns_ ? sample - qp.srtt_ns_ : qp.srtt_ns_ - sample;
+    qp.rttvar_ns_ = (3 * qp.rttvar_ns_ + dev) / 4;
+    qp.srtt_ns_ = (7 * qp.srtt_ns_ + sample) / 8;
   }
-  const uint64_t dev =
-      sample > qp.srtt_ns_ ? sample - qp.srtt_ns_ : qp.srtt_ns_ - sample;
-  qp.rttvar_ns_ = (3 * qp.rttvar_ns_ + dev) / 4;
-  qp.srtt_ns_ = (7 * qp.srtt_ns_ + sample) / 8;
+  qp.ctr_.srtt_us.set(qp.srtt_ns_ / 1000);
 }
 
 // --- payload helpers --------------------------------------------------------

@@ -29,11 +29,15 @@ constexpr uint32_t kFirstQpn = 0x11;  // QPN 0 and 1 are SMI/GSI
   X(naks_inv_req_rx) X(naks_op_rx)      X(naks_seq_tx)     X(naks_rnr_tx)    \
   X(naks_access_tx)  X(naks_inv_req_tx) X(naks_op_tx)      X(cq_overflows)  \
   X(cc_window_cuts)  X(cc_window)       X(cnps_tx)         X(cnps_rx)        \
-  X(cc_rate_cuts)    X(cc_rate_mbps)      X(tail_probes)     X(nak_cause)
+  X(cc_rate_cuts)    X(cc_rate_mbps)      X(tail_probes)     X(nak_cause)     \
+  X(srtt_us)
 // clang-format on
 // cc_window (the current congestion window, packets), cc_rate_mbps (the
-// DCQCN rate, 0 while unlimited) and nak_cause (the RespResult the QP last
-// refused a request for, 0 = none) are gauges, the rest count events.
+// DCQCN rate, 0 while unlimited), nak_cause (the RespResult the QP last
+// refused a request for, 0 = none) and srtt_us (the smoothed round trip of
+// its requests, RFC 6298; 0 before the first sample) are gauges, the rest
+// count events. A QP's share of the shared window over its round trip is
+// its rate: QPs of one lcore whose round trips differ get different rates.
 
 // What the responder made of one request packet: ok, RNR, or the one
 // reason it refused it. Each refusal has its engine counter, NAK and name

@@ -1144,7 +1144,8 @@ int run_client(Run& r, Channel& ch) {
     if (win0.ok && win1.ok)
       for (const auto& [k, v] : win1.sum) {
         // Levels, not counts (qp.h): a difference means nothing.
-        if (k == "cc_window" || k == "cc_rate_mbps" || k == "nak_cause")
+        if (k == "cc_window" || k == "cc_rate_mbps" || k == "nak_cause" ||
+            k == "srtt_us")
           continue;
         const auto it = win0.sum.find(k);
         x.svc_window[k] = v - (it == win0.sum.end() ? 0 : it->second);

@@ -936,6 +936,32 @@ TEST_F(TransportTrace, CongestionWindowStartsSmallAndGrowsOnAcks) {
   EXPECT_EQ(qp_->counters().cc_window.get(), 8u);
 }
 
+// urnicctl qps shows a QP's smoothed round trip (srtt_us): one AckReq
+// packet timed at a time, RFC 6298's average of the samples.
+TEST_F(TransportTrace, QpCountersShowTheSmoothedRoundTrip) {
+  ASSERT_TRUE(up());
+  EXPECT_EQ(qp_->counters().srtt_us.get(), 0u);  // no sample yet
+  ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(0);
+  ASSERT_EQ(sent().size(), 1u);
+  // Peer: ACK after 80 us (inject hands it to the engine at its clock).
+  // Expect: the first sample is the round trip.
+  poll(80 * kUs);
+  inject(ack(kSqPsn, 1));
+  poll(80 * kUs);
+  EXPECT_EQ(cq_poll().size(), 1u);
+  EXPECT_EQ(qp_->counters().srtt_us.get(), 80u);
+  // A second request, answered after 160 us: 7/8 of 80 and 1/8 of 160.
+  ASSERT_EQ(post(wr(2, IBV_WR_SEND, {sge(0, 8)})), 0);
+  poll(100 * kUs);
+  ASSERT_EQ(sent().size(), 1u);
+  poll(260 * kUs);
+  inject(ack(kSqPsn + 1, 2));
+  poll(260 * kUs);
+  EXPECT_EQ(cq_poll().size(), 1u);
+  EXPECT_EQ(qp_->counters().srtt_us.get(), 90u);
+}
+
 // The engine's shared window (all RC QPs of one lcore): a QP may have its
 // share of it in flight when that is less than its own window, and every
 // ACK grows both.
