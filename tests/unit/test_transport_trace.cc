@@ -962,6 +962,32 @@ TEST_F(TransportTrace, QpCountersShowTheSmoothedRoundTrip) {
   EXPECT_EQ(qp_->counters().srtt_us.get(), 90u);
 }
 
+// AckReq at least twice per window is judged on the QP's own window, not on
+// its share of the shared one: while other QPs divide that, they keep the
+// pipe full as this one waits, and asking twice per share doubled the ACKs
+// a 16-QP receiver sent (perf/README.md, "One ACK per QP's run").
+TEST_F(TransportTrace, AckReqSpacingFollowsTheQpsOwnWindow) {
+  for (const bool own_small : {false, true}) {
+    SCOPED_TRACE(own_small);
+    EngineConfig ec;
+    ec.cc.init_window = own_small ? 16 : 64;
+    ec.cc.shared_init_window = own_small ? 64 : 16;
+    ec.cc.shared_min_window = 4;
+    use_engine(ec);
+    ASSERT_TRUE(up());
+    ASSERT_EQ(post(wr(1, IBV_WR_SEND, {sge(0, 64 * 1024)})), 0);  // 64 pkts
+    poll(0);
+    const auto p = sent();
+    // Expect: 16 packets either way (the share, or the QP's own window).
+    // Own window 64, share 16: only the 16th asks (it fills the window).
+    // Own window 16: the 8th too (twice per window).
+    ASSERT_EQ(p.size(), 16u) << dump(p);
+    for (size_t i = 0; i < p.size(); ++i)
+      EXPECT_EQ(p[i].f.ack_req, i == 15 || (own_small && i == 7))
+          << "packet " << i << dump(p);
+  }
+}
+
 // The engine's shared window (all RC QPs of one lcore): a QP may have its
 // share of it in flight when that is less than its own window, and every
 // ACK grows both.
