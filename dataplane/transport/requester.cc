@@ -183,7 +183,7 @@ bool send_one(Engine& e, Qp& qp, SendWqe& w, uint32_t rd_pkts, bool rd_new) {
     // twice per share made a 16-QP receiver send an ACK per 12 packets
     // (perf/README.md, "One ACK per QP's run").
     const uint32_t win = window(e, qp);
-    const uint32_t own = std::max(qp.cc_.window(), win);
+    const uint32_t own = e.config().cc.window ? qp.cc_.window() : win;
     const uint32_t every =
         std::max(std::min(e.config().ack_req_every, own / 2), 1u);
     f.ack_req =
