@@ -476,13 +476,19 @@ class Engine {
   // without, held by fewer QPs at a time. The window alone (the pipe,
   // measured from the lowest RTT) starved two workers on shared CPUs,
   // whose queues ride out the time a lcore is off the CPU.
+  // The floor stops at shared_init_window, what a path is assumed to hold
+  // before anything is measured: 256 QPs on one lcore otherwise kept 512
+  // packets in flight into a 512-frame af_packet ring that the shared
+  // window (300-500) did not (perf/README.md, "The grants' floor capped").
   // Under heavy loss (CcParams::kFloorResentPct) the floor counts the QPs
   // in flight or granted only: the path evidently holds less.
   uint64_t cc_limit() const {
     const uint32_t qps =
         cc_floor_hold_ ? cc_active_ + cc_granted_ : cc_active_ + cc_waiting_;
-    return std::max<uint64_t>(cc_shared_.window(),
-                              uint64_t{std::max(cfg_.cc.min_window, 1u)} * qps);
+    const uint64_t floor =
+        std::min<uint64_t>(uint64_t{std::max(cfg_.cc.min_window, 1u)} * qps,
+                           std::max(cfg_.cc.shared_init_window, 1u));
+    return std::max<uint64_t>(cc_shared_.window(), floor);
   }
   // Every RC data packet sent, `resent` if sent before: keeps
   // cc_floor_hold_.
@@ -499,10 +505,16 @@ class Engine {
     }
     cc_floor_sent_ = cc_floor_resent_ = 0;
   }
-  // A grant: cc.grant packets, but at most half the limit, so that a
-  // window cut to its floor still lets two QPs take turns.
+  // A grant: cc.grant packets, kCrowdedGrants times that while more QPs
+  // have work than the limit holds grants (they take turns either way, and
+  // a turn costs an ACK), but at most half the limit, so that a window cut
+  // to its floor still lets two QPs take turns.
   uint64_t cc_grant() const {
-    return std::clamp<uint64_t>(cc_limit() / 2, 1, cfg_.cc.grant);
+    const uint64_t limit = cc_limit(), grant = cfg_.cc.grant;
+    const uint64_t with_work = uint64_t{cc_active_} + cc_granted_ + cc_waiting_;
+    const uint64_t g =
+        with_work * grant > limit ? grant * CcParams::kCrowdedGrants : grant;
+    return std::clamp<uint64_t>(limit / 2, 1, g);
   }
   // Packets in flight and granted.
   uint64_t cc_committed() const {

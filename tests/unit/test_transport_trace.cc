@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <span>
 #include <sstream>
@@ -1254,7 +1255,9 @@ TEST_F(TransportTrace, SharedWindowGrantsTakeTurns) {
 // kept 2 048 packets in flight into a 512-frame ring, resent half of them
 // and failed with retry exceeded (perf/README.md).
 TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
-  use_engine(grant_engine(16, 16, 8));
+  // A shared window of 16 (its ceiling) under a floor capped at 64 (the
+  // initial window, GrantFloorStopsAtTheInitialSharedWindow).
+  use_engine(grant_engine(64, 16, 8));
   constexpr int kQps = 32;
   for (int i = 0; i < kQps; ++i) {
     Qp* q = up_rc(i);
@@ -1284,6 +1287,68 @@ TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
   sample(0);
   EXPECT_EQ(e.cc_limit(), 2u * kQps) << "restored";
   EXPECT_EQ(ctr(ECtr::cc_floor_drops), 1u);
+}
+
+// The grants' floor, min_window per QP with work, stops at the initial
+// shared window: 32 QPs with work have a floor of 32, not 64. They are more
+// than the limit holds grants of 8, so a grant is twice that (16): two QPs
+// go at a time, 16 packets each, the 16th asking for the ACK. Two QPs with
+// work are not crowded and get grants of 8.
+TEST_F(TransportTrace, GrantFloorStopsAtTheInitialSharedWindow) {
+  use_engine(grant_engine(32, 32, 8));
+  const Engine& e = *engine_;
+  std::vector<Qp*> qps;
+  auto post = [&](Qp* q) {
+    for (uint64_t k = 0; k < 8; ++k)  // 4 KiB SENDs: 32 packets
+      ASSERT_EQ(engine_->post_send(q, wr(k + 1, IBV_WR_SEND, {sge(0, 4096)})),
+                0);
+  };
+  for (int i = 0; i < 2; ++i) {
+    qps.push_back(up_rc(i));
+    ASSERT_NE(qps.back(), nullptr);
+  }
+  post(qps[0]);
+  post(qps[1]);
+  poll(0);
+  EXPECT_EQ(e.cc_grant(), 8u) << "two QPs: not crowded";
+  EXPECT_EQ(e.cc_limit(), 32u);
+  const auto first = sent();
+  for (int i = 2; i < 32; ++i) {
+    qps.push_back(up_rc(i));
+    ASSERT_NE(qps.back(), nullptr);
+    post(qps.back());
+  }
+  poll(kUs);
+  EXPECT_EQ(sent().size(), 0u) << "the window is full";
+  EXPECT_EQ(e.cc_active_ + e.cc_granted_ + e.cc_waiting_, 32u);
+  EXPECT_EQ(e.cc_limit(), 32u) << "2 x 32 QPs, capped at the initial 32";
+  EXPECT_EQ(e.cc_grant(), 16u) << "crowded: twice the grant of 8";
+
+  // Drain QPs 0 and 1 with one ACK each: the next two in the queue take
+  // grants of 16 and stop there, the last packet of each asking for an ACK.
+  std::vector<int64_t> last(2, -1);
+  for (const Pkt& p : first) {
+    const int i = static_cast<int>(p.f.dqpn - kPeerQpn);
+    ASSERT_TRUE(i == 0 || i == 1) << dump({p});
+    last[i] = p.f.psn;
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_GE(last[i], 0);
+    const auto psn = static_cast<uint32_t>(last[i]);
+    wire::RoceFields a = ack(psn, (psn - sq_psn_of(i) + 1) / 4);
+    a.dqpn = qps[i]->qpn();
+    inject(a);
+  }
+  poll(2 * kUs);
+  std::map<int, std::vector<Pkt>> by_qp;
+  for (const Pkt& p : sent())
+    by_qp[static_cast<int>(p.f.dqpn - kPeerQpn)].push_back(p);
+  ASSERT_EQ(by_qp.size(), 2u);
+  for (const auto& [i, pkts] : by_qp) {
+    EXPECT_GE(i, 2) << "QPs 0 and 1 queue behind the others";
+    EXPECT_EQ(pkts.size(), 16u) << "QP " << i;
+    EXPECT_TRUE(pkts.back().f.ack_req) << "QP " << i;
+  }
 }
 
 // A QP whose peer went silent keeps its packets counted until its timeout
