@@ -110,11 +110,12 @@ struct CcParams {
   // an ACK. 0: off.
   uint32_t grant = 16;
   static constexpr uint32_t kGrantBursts = 4;
-  // While more QPs have work than the limit holds grants, a grant is this
-  // many times `grant`: 32 packets, one transmit turn (tx_quantum, 32 KiB)
-  // at a 1 KiB MTU. Each turn ends in an ACK, so 256 QPs on one lcore sent
-  // 6.3 ACKs per 100 packets with grants of 16 and 4.5 with 32; with 16 QPs
-  // (not crowded) the grant stays, as longer ones cost two workers there.
+  // While the QPs with work would fill the limit twice over with grants, a
+  // grant is this many times `grant`: 32 packets, one transmit turn
+  // (tx_quantum, 32 KiB) at a 1 KiB MTU. Each turn ends in an ACK, so 256 QPs
+  // on one lcore sent 6.3 ACKs per 100 packets with grants of 16 and 4.5 with
+  // 32; with 16 QPs (not crowded) the grant stays, as longer ones cost two
+  // workers there.
   static constexpr uint32_t kCrowdedGrants = 2;
   // The floor of what grants fill (Engine::cc_limit), min_window per QP
   // with work, is dropped to min_window per QP in flight while the

@@ -505,15 +505,18 @@ class Engine {
     }
     cc_floor_sent_ = cc_floor_resent_ = 0;
   }
-  // A grant: cc.grant packets, kCrowdedGrants times that while more QPs
-  // have work than the limit holds grants (they take turns either way, and
-  // a turn costs an ACK), but at most half the limit, so that a window cut
-  // to its floor still lets two QPs take turns.
+  // A grant: cc.grant packets, kCrowdedGrants times that while the QPs
+  // with work would fill the limit twice over with grants (most of them
+  // wait their turn either way, and a turn costs an ACK), but at most half
+  // the limit, so that a window cut to its floor still lets two QPs take
+  // turns. Twice over, not once: two workers' 8 QPs each (8 x 16 = 128)
+  // crossed a window of 128 now and then and took the longer grants.
   uint64_t cc_grant() const {
     const uint64_t limit = cc_limit(), grant = cfg_.cc.grant;
     const uint64_t with_work = uint64_t{cc_active_} + cc_granted_ + cc_waiting_;
-    const uint64_t g =
-        with_work * grant > limit ? grant * CcParams::kCrowdedGrants : grant;
+    const uint64_t g = with_work * grant > 2 * limit
+                           ? grant * CcParams::kCrowdedGrants
+                           : grant;
     return std::clamp<uint64_t>(limit / 2, 1, g);
   }
   // Packets in flight and granted.

@@ -1290,10 +1290,10 @@ TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
 }
 
 // The grants' floor, min_window per QP with work, stops at the initial
-// shared window: 32 QPs with work have a floor of 32, not 64. They are more
-// than the limit holds grants of 8, so a grant is twice that (16): two QPs
-// go at a time, 16 packets each, the 16th asking for the ACK. Two QPs with
-// work are not crowded and get grants of 8.
+// shared window: 32 QPs with work have a floor of 32, not 64. With grants
+// of 8 they would fill it eight times over, so a grant is twice that (16):
+// two QPs go at a time, 16 packets each, the 16th asking for the ACK. Two
+// QPs with work are not crowded and get grants of 8.
 TEST_F(TransportTrace, GrantFloorStopsAtTheInitialSharedWindow) {
   use_engine(grant_engine(32, 32, 8));
   const Engine& e = *engine_;
