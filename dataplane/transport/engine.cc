@@ -112,10 +112,10 @@ bool Engine::cc_may_send(Qp& qp, int32_t out) {
     // that does: an unanswered tail would wait for a probe. Its ACKs make
     // it ready again.
     if (qp.req_.pkts_since_ackreq != 0) return true;
-    const uint64_t g = cc_grant();
-    if (static_cast<uint32_t>(out) >= g && cc_committed() >= cc_limit())
+    const CcTurns t = cc_turns();
+    if (static_cast<uint32_t>(out) >= t.grant && t.committed >= t.limit)
       return false;
-    return cc_wait_.empty() || qp.cc_burst_ < g * CcParams::kGrantBursts;
+    return cc_wait_.empty() || qp.cc_burst_ < t.grant * CcParams::kGrantBursts;
   }
   if (qp.cc_admitted_) return true;  // the requester takes the grant once sent
   if (!cc_wait_.empty() || !cc_admissible()) {
@@ -133,16 +133,15 @@ bool Engine::cc_may_send(Qp& qp, int32_t out) {
 
 bool Engine::cc_admissible() const {
   if (cc_active_ + cc_granted_ == 0) return true;  // someone has to go
-  const uint64_t g = cc_grant(), limit = cc_limit();
   // Room for a grant; or, while no more than the limit is committed, fewer
   // QPs sending than the limit holds grants: a QP whose peer went silent
   // keeps its packets counted until its timeout (for ever with timeout 0)
   // and must not hold up the others' turns. In flight stays within the
   // limit plus one grant.
-  const uint64_t committed = cc_committed();
-  return committed + g <= limit ||
-         (committed <= limit &&
-          (uint64_t{cc_active_} + cc_granted_ + 1) * g <= limit);
+  const CcTurns t = cc_turns();
+  return t.committed + t.grant <= t.limit ||
+         (t.committed <= t.limit &&
+          (uint64_t{cc_active_} + cc_granted_ + 1) * t.grant <= t.limit);
 }
 
 // Grants go in queue order while the head is admissible.

@@ -348,10 +348,10 @@ class Engine {
   // (its turn ends, or it fills the shared window): it asks for an ACK.
   bool cc_turn_ends(const Qp& qp) const {
     if (!cfg_.cc.window || !cfg_.cc.grant) return false;
-    const uint64_t g = cc_grant();
+    const CcTurns t = cc_turns();
     return (!cc_wait_.empty() &&
-            qp.cc_burst_ + 1 >= g * CcParams::kGrantBursts) ||
-           (qp.cc_out_ + 1 >= g && cc_committed() + 1 >= cc_limit());
+            qp.cc_burst_ + 1 >= t.grant * CcParams::kGrantBursts) ||
+           (qp.cc_out_ + 1 >= t.grant && t.committed + 1 >= t.limit);
   }
   // An admitted QP that will not send (no work, not RTS) gives its grant
   // back; a QP leaving RTS leaves the queue.
@@ -511,18 +511,26 @@ class Engine {
   // the limit, so that a window cut to its floor still lets two QPs take
   // turns. Twice over, not once: two workers' 8 QPs each (8 x 16 = 128)
   // crossed a window of 128 now and then and took the longer grants.
-  uint64_t cc_grant() const {
-    const uint64_t limit = cc_limit(), grant = cfg_.cc.grant;
+  uint64_t cc_grant(uint64_t limit) const {
+    const uint64_t grant = cfg_.cc.grant;
     const uint64_t with_work = uint64_t{cc_active_} + cc_granted_ + cc_waiting_;
     const uint64_t g = with_work * grant > 2 * limit
                            ? grant * CcParams::kCrowdedGrants
                            : grant;
     return std::clamp<uint64_t>(limit / 2, 1, g);
   }
-  // Packets in flight and granted.
-  uint64_t cc_committed() const {
-    return cc_in_flight_ + uint64_t{cc_granted_} * cc_grant();
+  // The limit, the grant and what is committed (packets in flight and
+  // granted), each computed once: the requester asks for all three per
+  // packet (cc_may_send, cc_turn_ends).
+  struct CcTurns {
+    uint64_t limit, grant, committed;
+  };
+  CcTurns cc_turns() const {
+    const uint64_t limit = cc_limit(), grant = cc_grant(limit);
+    return {limit, grant, cc_in_flight_ + uint64_t{cc_granted_} * grant};
   }
+  uint64_t cc_grant() const { return cc_grant(cc_limit()); }
+  uint64_t cc_committed() const { return cc_turns().committed; }
 };
 
 }  // namespace urnic::transport
