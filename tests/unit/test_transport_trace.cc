@@ -1293,7 +1293,8 @@ TEST_F(TransportTrace, HeavyResendingDropsTheGrantFloorToTheQpsInFlight) {
 // shared window: 32 QPs with work have a floor of 32, not 64. With grants
 // of 8 they would fill it eight times over, so a grant is twice that (16):
 // two QPs go at a time, 16 packets each, the 16th asking for the ACK. Two
-// QPs with work are not crowded and get grants of 8.
+// or six QPs with work (16 or 48 packets of grants: not twice over) are not
+// crowded and get grants of 8.
 TEST_F(TransportTrace, GrantFloorStopsAtTheInitialSharedWindow) {
   use_engine(grant_engine(32, 32, 8));
   const Engine& e = *engine_;
@@ -1317,6 +1318,13 @@ TEST_F(TransportTrace, GrantFloorStopsAtTheInitialSharedWindow) {
     qps.push_back(up_rc(i));
     ASSERT_NE(qps.back(), nullptr);
     post(qps.back());
+    if (i != 5) continue;
+    // Six QPs' grants of 8 (48) fill the limit of 32 once over, not twice:
+    // not crowded yet.
+    poll(kUs / 2);
+    ASSERT_EQ(e.cc_active_ + e.cc_granted_ + e.cc_waiting_, 6u);
+    EXPECT_EQ(e.cc_limit(), 32u);
+    EXPECT_EQ(e.cc_grant(), 8u) << "six QPs: once over, not crowded";
   }
   poll(kUs);
   EXPECT_EQ(sent().size(), 0u) << "the window is full";
